@@ -1,0 +1,26 @@
+//! surge-block: block devices stacked as layers.
+//!
+//! Every device, from a plain file to an elastic cache, implements [`BlockDev`]:
+//! a synchronous, thread-safe trait with positional I/O. Layers own their children
+//! as `Arc<dyn BlockDev>` and are themselves `BlockDev`s, so stacks compose freely.
+//! Callers (the NBD server's worker pool, experiments, tests) issue requests from
+//! many threads at once; a device must be safe under that concurrency.
+//!
+//! This crate knows nothing of NBD or clouds.
+
+pub mod clock;
+pub mod counted;
+pub mod dev;
+pub mod error;
+pub mod file;
+pub mod memory;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+pub use clock::{Clock, SystemClock, VirtualClock};
+pub use counted::{Counted, IoStats};
+pub use dev::{check_range, BlockDev, Caps, Extent, ExtentKind, ZeroMode};
+pub use error::{BlockError, Result};
+pub use file::{FileDev, FileOptions};
+pub use memory::MemoryDev;

@@ -1,0 +1,1 @@
+//! surge-cloud (to be written)

@@ -1,0 +1,1 @@
+//! surge-nbd (to be written)

@@ -1,0 +1,1 @@
+//! surge-policy (to be written)
