@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install everything the tests need on a fresh Debian machine, then run them all.
+# This is the README's test command; .ci/run calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "== installing test dependencies (apt-get)"
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+  qemu-utils fio nbdkit libnbd-bin nbdfuse fuse3 e2fsprogs util-linux \
+  openssl gnutls-bin ca-certificates >/dev/null
+
+echo "== cargo build"
+cargo build --release --workspace --locked 2>&1 | tail -3
+
+echo "== cargo test"
+cargo test --workspace --locked
+
+# Further steps (real-client checks, bounded fuzzing, quick experiments) live in
+# scripts/ci.d/, one file each, run in name order.
+for step in scripts/ci.d/*.sh; do
+  [ -e "$step" ] || continue
+  echo "== $step"
+  bash "$step"
+done
+echo "== all tests passed"
