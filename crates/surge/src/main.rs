@@ -1,1 +1,44 @@
-fn main() {}
+//! The `surge` binary: one subcommand per module under `cmd/`.
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// surge: elastic, cheap cloud storage throughput.
+///
+/// surge exports block volumes over NBD and reshapes the storage beneath them
+/// as demand changes.
+#[derive(Parser)]
+#[command(name = "surge", version, about, long_about = None)]
+struct Cli {
+    /// Log filter (tracing env-filter syntax), e.g. `info`, `surge_nbd=debug`.
+    #[arg(long, global = true, env = "SURGE_LOG", default_value = "info")]
+    log: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Export volumes over NBD (unix socket and TCP).
+    Serve(cmd::serve::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Serve(a) => cmd::serve::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("surge: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

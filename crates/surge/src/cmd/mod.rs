@@ -1,0 +1,3 @@
+//! Subcommands, one module each: `Args` (clap) and `run(args) -> anyhow::Result<()>`.
+
+pub mod serve;
