@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod experiment;
 
 /// surge: elastic, cheap cloud storage throughput.
 ///
@@ -23,6 +24,8 @@ struct Cli {
 enum Command {
     /// Export volumes over NBD (unix socket and TCP).
     Serve(cmd::serve::Args),
+    /// Run a self-contained experiment on the local cloud and write a report.
+    Experiment(cmd::experiment::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +36,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Experiment(a) => cmd::experiment::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,3 +1,4 @@
 //! Subcommands, one module each: `Args` (clap) and `run(args) -> anyhow::Result<()>`.
 
 pub mod serve;
+pub mod experiment;

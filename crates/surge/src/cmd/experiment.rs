@@ -1,0 +1,24 @@
+//! `surge experiment NAME --out DIR [--quick]`: self-contained experiments on the
+//! local cloud. Each lives in `crate::experiment::<name>` and writes `report.md`,
+//! `results.json` and plots into the output directory.
+
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Which experiment to run.
+    pub name: String,
+    /// Directory for report.md, results.json and plots (created if missing).
+    #[arg(long, default_value = "out")]
+    pub out: PathBuf,
+    /// Reduced scale for CI: same proportions, shorter run.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.out)?;
+    match args.name.as_str() {
+        other => anyhow::bail!("unknown experiment {other:?}"),
+    }
+}

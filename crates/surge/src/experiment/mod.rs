@@ -1,0 +1,1 @@
+//! Experiments: one module each, run by `surge experiment NAME`.
