@@ -3,7 +3,10 @@
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod config;
+mod control;
 mod experiment;
+mod spec;
 
 /// surge: elastic, cheap cloud storage throughput.
 ///

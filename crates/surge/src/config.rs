@@ -1,0 +1,235 @@
+//! `surge serve` configuration: the TOML file (`--config FILE`), listener
+//! addresses, and the defaults used when nothing is given.
+//!
+//! ```toml
+//! data_dir = "/var/lib/surge"          # optional
+//! control = "/run/surge/control.sock"  # optional
+//! workers = 8                          # optional
+//! listen = ["unix:/run/surge/nbd.sock", "tcp:127.0.0.1:10809"]
+//!
+//! [[pool]]                             # shared devices (for share: exports)
+//! name = "shared"
+//! spec = "file:/srv/shared.img"
+//!
+//! [[export]]                           # in order: the first also answers to ""
+//! name = "disk"
+//! spec = "file:/var/lib/surge/disk.img,create=10GiB"
+//! read_only = false                    # optional
+//! ```
+//! Spec strings are exactly those of `--export NAME=SPEC`.
+
+use crate::spec::{validate_name, ExportSpec, SpecError};
+use anyhow::Context as _;
+use serde::Deserialize;
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// Default NBD port (IANA).
+pub const NBD_PORT: u16 = 10809;
+/// Size of the `default` export created when none is given.
+pub const DEFAULT_EXPORT_SIZE: &str = "1GiB";
+
+/// Where to listen for NBD clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl FromStr for ListenAddr {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        let shape = || format!("listen address {s:?} must be unix:PATH or tcp:HOST:PORT (e.g. tcp:127.0.0.1:10809)");
+        let (scheme, rest) = s.split_once(':').with_context(shape)?;
+        match scheme {
+            "unix" if !rest.is_empty() => Ok(ListenAddr::Unix(PathBuf::from(rest))),
+            "tcp" => {
+                let addr = rest
+                    .to_socket_addrs()
+                    .with_context(|| format!("{}: cannot resolve {rest:?}", shape()))?
+                    .next()
+                    .with_context(|| format!("{rest:?} resolves to no address"))?;
+                Ok(ListenAddr::Tcp(addr))
+            }
+            _ => anyhow::bail!(shape()),
+        }
+    }
+}
+
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+impl ListenAddr {
+    /// Plaintext NBD off the machine needs an explicit `--insecure` (TLS comes later).
+    pub fn check_exposure(&self, insecure: bool) -> anyhow::Result<()> {
+        match self {
+            ListenAddr::Tcp(a) if !a.ip().is_loopback() && !insecure => anyhow::bail!(
+                "refusing to listen on {a}: it is not a loopback address and NBD here is unencrypted \
+                 and unauthenticated; pass --insecure if every host that can reach it is trusted"
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One `[[export]]` table.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportEntry {
+    pub name: String,
+    pub spec: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// One `[[pool]]` table.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolEntry {
+    pub name: String,
+    pub spec: String,
+}
+
+/// The TOML file as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub data_dir: Option<PathBuf>,
+    pub control: Option<PathBuf>,
+    pub workers: Option<usize>,
+    #[serde(default)]
+    pub insecure: bool,
+    #[serde(default)]
+    pub listen: Vec<String>,
+    #[serde(default, rename = "pool")]
+    pub pools: Vec<PoolEntry>,
+    #[serde(default, rename = "export")]
+    pub exports: Vec<ExportEntry>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
+    }
+
+    /// The exports as specs, with their read-only flags.
+    pub fn export_specs(&self) -> Result<Vec<(ExportSpec, bool)>, SpecError> {
+        self.exports.iter().map(|e| Ok((entry_spec(&e.name, &e.spec)?, e.read_only))).collect()
+    }
+
+    pub fn pool_specs(&self) -> Result<Vec<ExportSpec>, SpecError> {
+        self.pools.iter().map(|p| entry_spec(&p.name, &p.spec)).collect()
+    }
+}
+
+fn entry_spec(name: &str, spec: &str) -> Result<ExportSpec, SpecError> {
+    validate_name(name)?;
+    format!("{name}={spec}").parse()
+}
+
+/// `$XDG_DATA_HOME/surge`, else `~/.local/share/surge`.
+pub fn default_data_dir() -> anyhow::Result<PathBuf> {
+    dirs::data_dir()
+        .map(|d| d.join("surge"))
+        .context("cannot find a data directory ($XDG_DATA_HOME or $HOME); pass --data-dir DIR")
+}
+
+/// The export served when none is configured: a sparse file in the data dir.
+pub fn default_export(data_dir: &Path) -> ExportSpec {
+    ExportSpec {
+        name: "default".into(),
+        kind: "file".into(),
+        args: format!("{},create={DEFAULT_EXPORT_SIZE}", data_dir.join("default.img").display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_parse_unix_and_tcp() {
+        assert_eq!("unix:/tmp/s.sock".parse::<ListenAddr>().unwrap(), ListenAddr::Unix("/tmp/s.sock".into()));
+        assert_eq!(
+            "tcp:127.0.0.1:10809".parse::<ListenAddr>().unwrap(),
+            ListenAddr::Tcp("127.0.0.1:10809".parse().unwrap())
+        );
+        assert_eq!("tcp:[::1]:99".parse::<ListenAddr>().unwrap(), ListenAddr::Tcp("[::1]:99".parse().unwrap()));
+        assert!(matches!("tcp:localhost:10809".parse::<ListenAddr>().unwrap(), ListenAddr::Tcp(a) if a.ip().is_loopback()));
+        for bad in ["", "unix:", "tcp:", "tcp:127.0.0.1", "udp:1.2.3.4:5", "/tmp/x.sock"] {
+            let e = bad.parse::<ListenAddr>().expect_err(bad).to_string();
+            assert!(e.contains("unix:PATH or tcp:HOST:PORT"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn non_loopback_tcp_needs_insecure() {
+        let public: ListenAddr = "tcp:0.0.0.0:10809".parse().unwrap();
+        assert!(public.check_exposure(false).unwrap_err().to_string().contains("--insecure"));
+        public.check_exposure(true).unwrap();
+        "tcp:127.0.0.1:1".parse::<ListenAddr>().unwrap().check_exposure(false).unwrap();
+        "unix:/x".parse::<ListenAddr>().unwrap().check_exposure(false).unwrap();
+    }
+
+    #[test]
+    fn config_file_keeps_export_order_and_flags() {
+        let c: FileConfig = toml::from_str(
+            r#"
+            listen = ["unix:/tmp/a.sock"]
+            workers = 4
+            [[pool]]
+            name = "p"
+            spec = "memory:1GiB"
+            [[export]]
+            name = "b"
+            spec = "memory:1MiB"
+            [[export]]
+            name = "a"
+            spec = "file:/x.img,create=1GiB"
+            read_only = true
+            "#,
+        )
+        .unwrap();
+        let specs = c.export_specs().unwrap();
+        assert_eq!(specs.iter().map(|(s, _)| s.name.as_str()).collect::<Vec<_>>(), ["b", "a"]);
+        assert_eq!(specs[1], ("a=file:/x.img,create=1GiB".parse().unwrap(), true));
+        assert_eq!(c.pool_specs().unwrap()[0].kind, "memory");
+        assert_eq!(c.workers, Some(4));
+    }
+
+    #[test]
+    fn config_typos_are_errors_not_silently_ignored() {
+        let e = toml::from_str::<FileConfig>("listn = []").unwrap_err().to_string();
+        assert!(e.contains("listn"), "{e}");
+        let e = toml::from_str::<FileConfig>("[[export]]\nname='a'\nspec='memory:1M'\nreadonly=true").unwrap_err().to_string();
+        assert!(e.contains("readonly"), "{e}");
+        let c: FileConfig = toml::from_str("[[export]]\nname='bad name'\nspec='memory:1M'").unwrap();
+        assert!(c.export_specs().is_err());
+        let c: FileConfig = toml::from_str("[[export]]\nname='a'\nspec='memory'").unwrap();
+        assert!(c.export_specs().unwrap_err().to_string().contains("NAME=KIND:ARGS"));
+    }
+
+    #[test]
+    fn load_names_the_file_on_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        assert!(format!("{:#}", FileConfig::load(&p).unwrap_err()).contains("c.toml"));
+        std::fs::write(&p, "workers = 'many'").unwrap();
+        assert!(format!("{:#}", FileConfig::load(&p).unwrap_err()).contains("c.toml"));
+    }
+
+    #[test]
+    fn default_export_is_a_sparse_file_in_the_data_dir() {
+        let s = default_export(Path::new("/d"));
+        assert_eq!(s.to_string(), "default=file:/d/default.img,create=1GiB");
+    }
+}
