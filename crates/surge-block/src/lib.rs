@@ -10,6 +10,7 @@
 
 pub mod clock;
 pub mod counted;
+pub mod crashpoint;
 pub mod dev;
 pub mod error;
 pub mod file;
