@@ -13,6 +13,7 @@ pub mod counted;
 pub mod crashpoint;
 pub mod dev;
 pub mod error;
+pub mod fault;
 pub mod file;
 pub mod memory;
 
