@@ -1,1 +1,50 @@
-//! surge-nbd (to be written)
+//! surge-nbd: the NBD protocol for surge, written from NetworkBlockDevice/nbd
+//! `doc/proto.md`.
+//!
+//! * [`Server`] serves [`Export`]s (any `Arc<dyn BlockDev>`) over unix sockets and
+//!   TCP: fixed newstyle handshake (GO, INFO, LIST, ABORT, EXPORT_NAME,
+//!   STRUCTURED_REPLY, LIST/SET_META_CONTEXT with `base:allocation`), commands
+//!   READ, WRITE(+FUA), FLUSH, TRIM, WRITE_ZEROES(+NO_HOLE, FAST_ZERO), CACHE,
+//!   BLOCK_STATUS and DISC, many requests in flight per connection with replies
+//!   out of order, transmission flags advertised from the device's [`Caps`].
+//! * [`client::Client`] is a small blocking client (used by tests, torture tests
+//!   and experiments; later for remote base images).
+//! * [`proto`] holds the wire constants and pure parsers; [`fuzz_handshake`] and
+//!   [`fuzz_requests`] feed arbitrary bytes to the real server code.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use surge_nbd::{Export, Listen, Server, ServerConfig};
+//! let dev = Arc::new(surge_block::MemoryDev::new(64 << 20));
+//! let server = Server::start(ServerConfig::new(vec![Export::new("disk", dev)])).unwrap();
+//! server.listen(&Listen::Unix("/tmp/surge.sock".into())).unwrap();
+//! // ... later, e.g. on SIGTERM: stop accepting, finish in-flight requests, flush.
+//! server.shutdown().unwrap();
+//! ```
+//!
+//! Request flow: acceptor thread → one thread per connection runs the handshake,
+//! then reads requests (buffered) and write payloads into a pooled buffer → the
+//! export's worker pool (crossbeam channel) does the device I/O → the worker sends
+//! the reply with one `writev` under the connection's writer lock.
+//!
+//! Errors: device errors go on the wire as `BlockError::errno()` mapped by
+//! [`proto::wire_errno`]; reads, CACHE and BLOCK_STATUS past the end get EINVAL,
+//! writes, TRIM and WRITE_ZEROES past the end ENOSPC (as the spec says), writes
+//! to read-only exports EPERM, FAST_ZERO on a device without fast zeroing
+//! ENOTSUP; the connection stays usable. Garbage magic or a write payload over
+//! [`HARD_MAX_PAYLOAD`] closes only that connection.
+//!
+//! [`Caps`]: surge_block::Caps
+
+pub mod client;
+mod fuzz;
+mod handshake;
+mod io;
+pub mod proto;
+mod server;
+mod transmission;
+
+pub use fuzz::{fuzz_handshake, fuzz_requests};
+pub use io::Socket;
+pub use server::{Export, ExportStats, Listen, Result, Server, ServerConfig, ServerError, ServerStats};
+pub use transmission::{HARD_MAX_PAYLOAD, MAX_BLOCK};

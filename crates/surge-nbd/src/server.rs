@@ -1,0 +1,479 @@
+//! The server: configuration, listeners, per-export worker pools, statistics and
+//! graceful shutdown.
+
+use crate::handshake;
+use crate::io::Socket;
+use crate::transmission::{self, Dispatch, Work};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io::{self, BufReader};
+use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use surge_block::{BlockDev, Caps};
+use thiserror::Error;
+use tracing::{info, warn};
+
+/// One named volume the server offers.
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub dev: Arc<dyn BlockDev>,
+    /// Refuse writes even if the device accepts them.
+    pub read_only: bool,
+}
+
+impl Export {
+    pub fn new(name: impl Into<String>, dev: Arc<dyn BlockDev>) -> Self {
+        Export { name: name.into(), description: String::new(), dev, read_only: false }
+    }
+}
+
+/// What the server serves and how.
+pub struct ServerConfig {
+    /// Named exports; the first also answers to the default name "".
+    pub exports: Vec<Export>,
+    /// Threads doing device I/O for each export, shared by all its connections.
+    /// 0 runs every request on the connection's reader thread (no parallelism).
+    pub workers_per_export: usize,
+    /// Requests in flight per connection before the server stops reading more.
+    pub max_in_flight: usize,
+}
+
+impl ServerConfig {
+    pub fn new(exports: Vec<Export>) -> Self {
+        ServerConfig { exports, workers_per_export: 8, max_in_flight: 64 }
+    }
+}
+
+/// Where to accept connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
+            Listen::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("no exports configured")]
+    NoExports,
+    #[error("export name {0:?} is used twice")]
+    DuplicateExport(String),
+    #[error("export name {0:?} is longer than 4096 bytes")]
+    ExportNameTooLong(String),
+    #[error("cannot listen on {listen}: {source}")]
+    Listen { listen: Listen, source: io::Error },
+    #[error("{listen} is in use by a running server")]
+    SocketInUse { listen: Listen },
+    #[error("cannot start a thread: {0}")]
+    Thread(io::Error),
+    #[error("flushing export {name:?} at shutdown failed: {source}")]
+    Flush { name: String, source: surge_block::BlockError },
+}
+
+pub type Result<T, E = ServerError> = std::result::Result<T, E>;
+
+/// Counters of one export, cumulative since the server started.
+#[derive(Debug, Default)]
+pub struct ExportCounters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub flushes: AtomicU64,
+    pub trims: AtomicU64,
+    pub zeroes: AtomicU64,
+    pub block_status: AtomicU64,
+    pub caches: AtomicU64,
+    pub errors: AtomicU64,
+    pub connections: AtomicU64,
+    pub active_connections: AtomicU64,
+}
+
+/// A snapshot of [`ExportCounters`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExportStats {
+    pub name: String,
+    pub reads: u64,
+    pub writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub flushes: u64,
+    pub trims: u64,
+    pub zeroes: u64,
+    pub block_status: u64,
+    pub caches: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+    /// Connections that entered transmission on this export.
+    pub connections: u64,
+    pub active_connections: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ServerStats {
+    /// Connections accepted (including ones that never finished the handshake).
+    pub connections_accepted: u64,
+    pub exports: Vec<ExportStats>,
+}
+
+/// An export as the running server holds it.
+pub(crate) struct ExportState {
+    pub export: Export,
+    pub caps: Caps,
+    pub read_only: bool,
+    pub counters: ExportCounters,
+    pub work: Option<Sender<Work>>,
+}
+
+impl ExportState {
+    pub fn size(&self) -> u64 {
+        self.export.dev.size()
+    }
+}
+
+/// State shared by the acceptors, connections and workers.
+pub(crate) struct Shared {
+    pub exports: Vec<ExportState>,
+    pub max_in_flight: usize,
+    pub shutting_down: AtomicBool,
+    connections_accepted: AtomicU64,
+    next_conn_id: AtomicU64,
+    live: Mutex<HashMap<u64, LiveConnection>>,
+}
+
+impl Shared {
+    pub(crate) fn new(cfg: ServerConfig, work: &[Option<Sender<Work>>]) -> Shared {
+        let exports = cfg
+            .exports
+            .into_iter()
+            .zip(work)
+            .map(|(export, work)| {
+                let caps = export.dev.caps();
+                let read_only = export.read_only || caps.read_only;
+                ExportState { export, caps, read_only, counters: ExportCounters::default(), work: work.clone() }
+            })
+            .collect();
+        Shared {
+            exports,
+            max_in_flight: cfg.max_in_flight.max(1),
+            shutting_down: AtomicBool::new(false),
+            connections_accepted: AtomicU64::new(0),
+            next_conn_id: AtomicU64::new(1),
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The export a client means by `name` ("" is the first one).
+    pub fn find_export(&self, name: &str) -> Option<usize> {
+        if name.is_empty() {
+            return (!self.exports.is_empty()).then_some(0);
+        }
+        self.exports.iter().position(|e| e.export.name == name)
+    }
+}
+
+struct LiveConnection {
+    socket: Socket,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Acceptor {
+    listen: Listen,
+    thread: JoinHandle<()>,
+}
+
+/// A running NBD server. Dropping it without [`Server::shutdown`] leaves its
+/// threads running until the process exits.
+pub struct Server {
+    shared: Arc<Shared>,
+    acceptors: Mutex<Vec<Acceptor>>,
+    workers: Vec<JoinHandle<()>>,
+    work: Vec<Option<Sender<Work>>>,
+}
+
+/// How long a client may take to finish the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often acceptors look at the shutdown flag.
+const ACCEPT_POLL_MS: i32 = 100;
+
+impl Server {
+    /// Validates the configuration and starts the worker pools; call
+    /// [`Server::listen`] to accept connections.
+    pub fn start(cfg: ServerConfig) -> Result<Server> {
+        validate(&cfg)?;
+        let mut workers = Vec::new();
+        let mut work = Vec::new();
+        let mut receivers: Vec<Option<Receiver<Work>>> = Vec::new();
+        for _ in &cfg.exports {
+            if cfg.workers_per_export == 0 {
+                work.push(None);
+                receivers.push(None);
+            } else {
+                let (tx, rx) = crossbeam_channel::unbounded();
+                work.push(Some(tx));
+                receivers.push(Some(rx));
+            }
+        }
+        let nworkers = cfg.workers_per_export;
+        let shared = Arc::new(Shared::new(cfg, &work));
+        for (idx, rx) in receivers.into_iter().enumerate() {
+            let Some(rx) = rx else { continue };
+            for w in 0..nworkers {
+                let (shared, rx) = (shared.clone(), rx.clone());
+                let name = format!("nbd-w{idx}.{w}");
+                let t = std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || transmission::worker_loop(&shared.exports[idx], rx))
+                    .map_err(ServerError::Thread)?;
+                workers.push(t);
+            }
+        }
+        Ok(Server { shared, acceptors: Mutex::new(Vec::new()), workers, work })
+    }
+
+    /// Binds `listen` and accepts connections on it in a background thread.
+    /// A stale unix socket file (nobody listening) is replaced.
+    pub fn listen(&self, listen: &Listen) -> Result<()> {
+        let err = |source| ServerError::Listen { listen: listen.clone(), source };
+        let listener = match listen {
+            Listen::Unix(path) => {
+                remove_stale_socket(path, listen)?;
+                AnyListener::Unix(UnixListener::bind(path).map_err(err)?)
+            }
+            Listen::Tcp(addr) => AnyListener::Tcp(TcpListener::bind(addr).map_err(err)?),
+        };
+        let shared = self.shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("nbd-accept {listen}"))
+            .spawn(move || accept_loop(shared, listener))
+            .map_err(ServerError::Thread)?;
+        info!(%listen, "listening");
+        self.acceptors.lock().push(Acceptor { listen: listen.clone(), thread });
+        Ok(())
+    }
+
+    /// The local address of a TCP listener (useful after binding port 0).
+    pub fn local_addrs(&self) -> Vec<Listen> {
+        self.acceptors.lock().iter().map(|a| a.listen.clone()).collect()
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ServerStats {
+            connections_accepted: c(&self.shared.connections_accepted),
+            exports: self
+                .shared
+                .exports
+                .iter()
+                .map(|e| {
+                    let k = &e.counters;
+                    ExportStats {
+                        name: e.export.name.clone(),
+                        reads: c(&k.reads),
+                        writes: c(&k.writes),
+                        bytes_read: c(&k.bytes_read),
+                        bytes_written: c(&k.bytes_written),
+                        flushes: c(&k.flushes),
+                        trims: c(&k.trims),
+                        zeroes: c(&k.zeroes),
+                        block_status: c(&k.block_status),
+                        caches: c(&k.caches),
+                        errors: c(&k.errors),
+                        connections: c(&k.connections),
+                        active_connections: c(&k.active_connections),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Stops accepting, lets every connection finish the requests it has already
+    /// read (their replies are sent), closes the connections, then flushes every
+    /// writable export. Returns the first flush error, after trying them all.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        for a in self.acceptors.lock().drain(..) {
+            let _ = a.thread.join();
+            if let Listen::Unix(path) = &a.listen {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        // Half-close each connection: readers see EOF, finish in-flight work, exit.
+        let threads: Vec<JoinHandle<()>> = {
+            let mut live = self.shared.live.lock();
+            live.values_mut()
+                .filter_map(|c| {
+                    let _ = c.socket.shutdown(Shutdown::Read);
+                    c.thread.take()
+                })
+                .collect()
+        };
+        for t in threads {
+            let _ = t.join();
+        }
+        self.stop_workers();
+        let mut first_err = None;
+        for e in self.shared.exports.iter().filter(|e| !e.read_only) {
+            if let Err(source) = e.export.dev.flush() {
+                warn!(export = %e.export.name, error = %source, "flush at shutdown failed");
+                first_err.get_or_insert(ServerError::Flush { name: e.export.name.clone(), source });
+            }
+        }
+        info!("server stopped");
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn stop_workers(&mut self) {
+        for tx in self.work.iter().flatten() {
+            for _ in 0..self.workers.len() {
+                let _ = tx.send(Work::Stop);
+            }
+        }
+        for t in self.workers.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn validate(cfg: &ServerConfig) -> Result<()> {
+    if cfg.exports.is_empty() {
+        return Err(ServerError::NoExports);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for e in &cfg.exports {
+        if e.name.len() > crate::proto::MAX_STRING {
+            return Err(ServerError::ExportNameTooLong(e.name.clone()));
+        }
+        if !seen.insert(e.name.as_str()) {
+            return Err(ServerError::DuplicateExport(e.name.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// Removes a unix socket file nobody listens on; refuses one that is live.
+fn remove_stale_socket(path: &std::path::Path, listen: &Listen) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(ServerError::SocketInUse { listen: listen.clone() });
+    }
+    std::fs::remove_file(path).map_err(|source| ServerError::Listen { listen: listen.clone(), source })
+}
+
+enum AnyListener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl AnyListener {
+    fn fd(&self) -> i32 {
+        match self {
+            AnyListener::Unix(l) => l.as_raw_fd(),
+            AnyListener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+
+    fn accept(&self) -> io::Result<Socket> {
+        Ok(match self {
+            AnyListener::Unix(l) => Socket::Unix(l.accept()?.0),
+            AnyListener::Tcp(l) => {
+                let s = l.accept()?.0;
+                s.set_nodelay(true)?;
+                Socket::Tcp(s)
+            }
+        })
+    }
+}
+
+/// Waits up to `ms` for the listener to have a pending connection.
+fn readable(fd: i32, ms: i32) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: AnyListener) {
+    while !shared.shutting_down.load(Ordering::SeqCst) {
+        if !readable(listener.fd(), ACCEPT_POLL_MS) {
+            continue;
+        }
+        match listener.accept() {
+            Ok(socket) => {
+                if let Err(e) = spawn_connection(&shared, socket) {
+                    warn!(error = %e, "cannot start connection");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn spawn_connection(shared: &Arc<Shared>, socket: Socket) -> io::Result<()> {
+    shared.connections_accepted.fetch_add(1, Ordering::Relaxed);
+    let id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
+    let control = socket.try_clone()?;
+    let mut live = shared.live.lock();
+    let s = shared.clone();
+    let thread = std::thread::Builder::new().name(format!("nbd-conn{id}")).spawn(move || {
+        run_connection(&s, id, socket);
+        s.live.lock().remove(&id);
+    })?;
+    live.insert(id, LiveConnection { socket: control, thread: Some(thread) });
+    Ok(())
+}
+
+/// One connection from accept to close.
+fn run_connection(shared: &Arc<Shared>, id: u64, socket: Socket) {
+    let peer = socket.peer();
+    let span = tracing::info_span!("conn", id, %peer);
+    let _g = span.enter();
+    let result = serve_socket(shared, socket);
+    match result {
+        Ok(summary) => info!(%summary, "connection closed"),
+        Err(e) => warn!(error = %e, "connection closed with error"),
+    }
+}
+
+fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
+    let control = socket.try_clone()?;
+    let mut writer = socket.try_clone()?;
+    let mut reader = BufReader::with_capacity(transmission::READ_BUFFER, socket);
+    control.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let Some(neg) = handshake::negotiate(shared, &mut reader, &mut writer)? else {
+        return Ok("during handshake".into());
+    };
+    control.set_read_timeout(None)?;
+    let export = &shared.exports[neg.export];
+    info!(export = %export.export.name, structured = neg.structured, "connection open");
+    export.counters.connections.fetch_add(1, Ordering::Relaxed);
+    export.counters.active_connections.fetch_add(1, Ordering::Relaxed);
+    let dispatch = match &export.work {
+        Some(tx) => Dispatch::Pool(tx.clone()),
+        None => Dispatch::Inline,
+    };
+    let out = transmission::serve(shared, &neg, reader, Box::new(writer), Some(control), dispatch);
+    export.counters.active_connections.fetch_sub(1, Ordering::Relaxed);
+    out
+}
