@@ -25,8 +25,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Export volumes over NBD (unix socket and TCP).
     Serve(cmd::serve::Args),
+    Status(cmd::status::Args),
+    Set(cmd::set::Args),
     /// Run a self-contained experiment on the local cloud and write a report.
     Experiment(cmd::experiment::Args),
 }
@@ -39,6 +40,8 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Status(a) => cmd::status::run(a),
+        Command::Set(a) => cmd::set::run(a),
         Command::Experiment(a) => cmd::experiment::run(a),
     };
     match result {

@@ -1,8 +1,454 @@
-//! `surge serve` (being written).
+//! `surge serve`: build the exports from specs, serve them over NBD, answer the
+//! control API, and shut down gracefully on SIGINT/SIGTERM.
 
-#[derive(clap::Args)]
-pub struct Args {}
+use crate::config::{self, FileConfig, ListenAddr, NBD_PORT};
+use crate::control::{self, Controllable, ControlServer, Registry};
+use crate::spec::{self, BuildContext, ExportSpec};
+use anyhow::Context as _;
+use parking_lot::RwLock;
+use serde_json::json;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use surge_block::{BlockDev, Counted, SystemClock};
+use surge_nbd::{Export, Listen, Server, ServerConfig};
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("surge serve is not implemented yet")
+const ABOUT: &str = "Export volumes over NBD (unix socket and TCP)";
+
+const LONG_ABOUT: &str = "\
+Export block volumes over the NBD protocol to qemu, nbd-client (/dev/nbdX), \
+nbdfuse, nbdinfo/nbdcopy and fio's nbd engine.
+
+With no arguments, surge serves one export named `default`: a sparse 1 GiB file \
+<data-dir>/default.img (created if missing), on the unix socket <data-dir>/surge.sock \
+and on tcp:127.0.0.1:10809 if that port is free, and prints how to connect.
+
+An export is NAME=KIND:ARGS. Kinds:
+  file:PATH[,direct][,create=SIZE][,ro]   a file or block device; create=SIZE makes a
+                                          sparse file if PATH is missing; direct uses
+                                          O_DIRECT for 4 KiB-aligned requests
+  memory:SIZE                             a sparse in-memory volume (lost on exit)
+Relative paths are taken from the data directory. Sizes: 4096, 512KiB, 64MiB, 1GiB, \
+100G (= GiB), 10GB (= 10^9 bytes).
+
+SIGINT or SIGTERM stops accepting connections, finishes the requests already \
+received, flushes every export and exits 0. `surge status` shows exports, I/O \
+counters and connections through the control socket.";
+
+const EXAMPLES: &str = "\
+Examples:
+  surge serve
+  surge serve --listen unix:/tmp/nbd.sock --export disk=file:/srv/disk.img,create=10GiB
+  surge serve --listen tcp:127.0.0.1:10809 --export scratch=memory:4GiB \\
+              --export base=file:/srv/base.img --read-only base
+  surge serve --config /etc/surge.toml
+Then, for instance:
+  qemu-img info 'nbd+unix:///disk?socket=/tmp/nbd.sock'
+  nbdinfo nbd://127.0.0.1:10809/scratch";
+
+#[derive(clap::Args, Debug)]
+#[command(about = ABOUT, long_about = LONG_ABOUT, after_long_help = EXAMPLES)]
+pub struct Args {
+    /// Where to accept NBD clients: unix:PATH or tcp:HOST:PORT (repeatable).
+    #[arg(long = "listen", value_name = "ADDR")]
+    pub listen: Vec<ListenAddr>,
+    /// An export, NAME=KIND:ARGS, e.g. disk=file:/srv/disk.img or tmp=memory:64MiB (repeatable).
+    #[arg(long = "export", value_name = "NAME=KIND:ARGS")]
+    pub exports: Vec<ExportSpec>,
+    /// A shared device that several exports build on, NAME=KIND:ARGS (repeatable).
+    #[arg(long = "pool", value_name = "NAME=KIND:ARGS")]
+    pub pools: Vec<ExportSpec>,
+    /// Serve this export read-only (repeatable).
+    #[arg(long = "read-only", value_name = "NAME")]
+    pub read_only: Vec<String>,
+    /// Directory for default volumes and sockets [default: $XDG_DATA_HOME/surge or ~/.local/share/surge].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// TOML file with listeners, pools and exports (flags add to it).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Control socket for `surge status` / `surge set` [default: <data-dir>/control.sock].
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// I/O threads per export.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// Allow TCP listeners on non-loopback addresses (NBD is unencrypted).
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// Everything `serve` will do, resolved from flags, the config file and defaults.
+#[derive(Debug)]
+pub struct Plan {
+    pub data_dir: PathBuf,
+    pub control: PathBuf,
+    pub workers: Option<usize>,
+    pub listeners: Vec<ListenAddr>,
+    /// The default TCP listener is skipped (not an error) if its port is taken.
+    pub optional_tcp: Option<ListenAddr>,
+    pub pools: Vec<ExportSpec>,
+    pub exports: Vec<(ExportSpec, bool)>,
+}
+
+/// Merge flags over the config file, then fill in defaults.
+pub fn plan(args: Args) -> anyhow::Result<Plan> {
+    let file = match &args.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    let data_dir = match args.data_dir.or(file.data_dir.clone()) {
+        Some(d) => d,
+        None => config::default_data_dir()?,
+    };
+    let control = args.control.or(file.control.clone()).unwrap_or_else(|| data_dir.join("control.sock"));
+    let insecure = args.insecure || file.insecure;
+
+    let mut listeners: Vec<ListenAddr> =
+        file.listen.iter().map(|s| s.parse()).collect::<anyhow::Result<_>>().context("config: listen")?;
+    listeners.extend(args.listen);
+    let mut optional_tcp = None;
+    if listeners.is_empty() {
+        listeners.push(ListenAddr::Unix(data_dir.join("surge.sock")));
+        optional_tcp = Some(ListenAddr::Tcp(([127, 0, 0, 1], NBD_PORT).into()));
+    }
+    for l in &listeners {
+        l.check_exposure(insecure)?;
+    }
+
+    let mut exports = file.export_specs()?;
+    exports.extend(args.exports.into_iter().map(|s| (s, false)));
+    if exports.is_empty() {
+        exports.push((config::default_export(&data_dir), false));
+    }
+    apply_read_only(&mut exports, &args.read_only)?;
+    check_unique(exports.iter().map(|(s, _)| s.name.as_str()), "export")?;
+
+    let mut pools = file.pool_specs()?;
+    pools.extend(args.pools);
+    check_unique(pools.iter().map(|s| s.name.as_str()), "pool")?;
+
+    Ok(Plan { data_dir, control, workers: args.workers.or(file.workers), listeners, optional_tcp, pools, exports })
+}
+
+fn apply_read_only(exports: &mut [(ExportSpec, bool)], names: &[String]) -> anyhow::Result<()> {
+    for name in names {
+        let Some(i) = exports.iter().position(|(s, _)| &s.name == name) else {
+            let known: Vec<_> = exports.iter().map(|(s, _)| s.name.as_str()).collect();
+            anyhow::bail!("--read-only {name}: no such export (exports: {})", known.join(", "));
+        };
+        exports[i].1 = true;
+    }
+    Ok(())
+}
+
+fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> anyhow::Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for n in names {
+        anyhow::ensure!(seen.insert(n), "{what} name {n:?} is used twice");
+    }
+    Ok(())
+}
+
+/// The running server, shared with status reporters; taken out at shutdown.
+type ServerCell = Arc<RwLock<Option<Server>>>;
+
+/// What `surge status` shows for one export.
+struct ExportControl {
+    name: String,
+    kind: String,
+    description: String,
+    detail: serde_json::Value,
+    read_only: bool,
+    counted: Arc<Counted>,
+    server: ServerCell,
+}
+
+impl Controllable for ExportControl {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn kind(&self) -> String {
+        "export".into()
+    }
+    fn status(&self) -> serde_json::Value {
+        let conns = self.server.read().as_ref().and_then(|s| s.stats().exports.into_iter().find(|e| e.name == self.name));
+        json!({
+            "kind": self.kind,
+            "description": self.description,
+            "size_bytes": self.counted.size(),
+            "read_only": self.read_only,
+            "detail": self.detail,
+            "io": self.counted.stats(),
+            "connections": {
+                "active": conns.as_ref().map_or(0, |c| c.active_connections),
+                "total": conns.as_ref().map_or(0, |c| c.connections),
+            },
+        })
+    }
+}
+
+/// One export, built and counted, before the server owns it.
+struct Prepared {
+    export: Export,
+    control: Arc<ExportControl>,
+    extra: Vec<Arc<dyn Controllable>>,
+}
+
+fn build_context(plan: &Plan) -> anyhow::Result<BuildContext> {
+    let mut ctx = BuildContext::new(plan.data_dir.clone(), Arc::new(SystemClock::new()));
+    for p in &plan.pools {
+        let built = spec::build(p, &ctx).with_context(|| format!("pool {}", p.name))?;
+        ctx.pools.insert(p.name.clone(), built.dev);
+    }
+    Ok(ctx)
+}
+
+fn prepare(spec: &ExportSpec, read_only: bool, ctx: &BuildContext, server: &ServerCell) -> anyhow::Result<Prepared> {
+    let built = spec::build(spec, ctx).with_context(|| format!("export {}", spec.name))?;
+    let counted = Arc::new(Counted::new(built.dev));
+    let read_only = read_only || counted.caps().read_only;
+    let export =
+        Export { name: spec.name.clone(), description: built.description.clone(), dev: counted.clone(), read_only };
+    let control = Arc::new(ExportControl {
+        name: spec.name.clone(),
+        kind: spec.kind.clone(),
+        description: built.description,
+        detail: built.detail,
+        read_only,
+        counted,
+        server: server.clone(),
+    });
+    Ok(Prepared { export, control, extra: built.controls })
+}
+
+fn to_listen(l: &ListenAddr) -> Listen {
+    match l {
+        ListenAddr::Unix(p) => Listen::Unix(p.clone()),
+        ListenAddr::Tcp(a) => Listen::Tcp(*a),
+    }
+}
+
+/// Bind every listener; the default TCP one only if its port is free.
+fn start_listeners(server: &Server, plan: &Plan) -> anyhow::Result<Vec<ListenAddr>> {
+    let mut bound = Vec::new();
+    for l in &plan.listeners {
+        if let ListenAddr::Unix(p) = l {
+            control::remove_stale_socket(p)?;
+        }
+        server.listen(&to_listen(l)).with_context(|| format!("listening on {l}"))?;
+        bound.push(l.clone());
+    }
+    if let Some(l) = &plan.optional_tcp {
+        match server.listen(&to_listen(l)) {
+            Ok(()) => bound.push(l.clone()),
+            Err(e) => tracing::warn!("not listening on {l}: {e}"),
+        }
+    }
+    Ok(bound)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    // Catch signals before anything listens, so an early SIGTERM is graceful too.
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .context("installing signal handlers")?;
+    let plan = plan(args)?;
+    std::fs::create_dir_all(&plan.data_dir).with_context(|| format!("creating data dir {}", plan.data_dir.display()))?;
+
+    let ctx = build_context(&plan)?;
+    let cell: ServerCell = Arc::new(RwLock::new(None));
+    let prepared: Vec<Prepared> =
+        plan.exports.iter().map(|(s, ro)| prepare(s, *ro, &ctx, &cell)).collect::<anyhow::Result<_>>()?;
+
+    let registry = Registry::new();
+    let mut exports = Vec::new();
+    for p in prepared {
+        registry.register(p.control.clone())?;
+        for c in p.extra {
+            registry.register(c)?;
+        }
+        exports.push(p.export);
+    }
+    let summary: Vec<ExportSummary> = exports.iter().map(ExportSummary::of).collect();
+
+    let mut cfg = ServerConfig::new(exports);
+    if let Some(w) = plan.workers {
+        anyhow::ensure!(w > 0, "--workers must be at least 1");
+        cfg.workers_per_export = w;
+    }
+    let server = Server::start(cfg).context("starting the NBD server")?;
+    let bound = start_listeners(&server, &plan);
+    *cell.write() = Some(server);
+    let bound = match bound {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = shutdown(&cell);
+            return Err(e);
+        }
+    };
+    let control = ControlServer::start(&plan.control, registry.clone());
+    let control = match control {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = shutdown(&cell);
+            return Err(e);
+        }
+    };
+    print_instructions(&summary, &bound, control.path());
+
+    let sig = signals.forever().next();
+    tracing::info!(signal = ?sig, "shutting down: finishing in-flight requests and flushing");
+    drop(control);
+    shutdown(&cell).context("shutting down")?;
+    Ok(())
+}
+
+fn shutdown(cell: &ServerCell) -> anyhow::Result<()> {
+    match cell.write().take() {
+        Some(s) => s.shutdown().map_err(Into::into),
+        None => Ok(()),
+    }
+}
+
+/// What the connection instructions need to know about an export.
+struct ExportSummary {
+    name: String,
+    size: u64,
+    description: String,
+    read_only: bool,
+}
+
+impl ExportSummary {
+    fn of(e: &Export) -> Self {
+        ExportSummary { name: e.name.clone(), size: e.dev.size(), description: e.description.clone(), read_only: e.read_only }
+    }
+}
+
+/// Tell the user, on stdout, exactly how to reach what is being served.
+fn print_instructions(exports: &[ExportSummary], bound: &[ListenAddr], control: &Path) {
+    let text = instructions(exports, bound, control);
+    let mut out = std::io::stdout().lock();
+    // A closed stdout must not take the server down.
+    let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+}
+
+pub fn nbd_uri(listen: &ListenAddr, export: &str) -> String {
+    match listen {
+        ListenAddr::Unix(p) => format!("nbd+unix:///{export}?socket={}", p.display()),
+        ListenAddr::Tcp(a) => format!("nbd://{a}/{export}"),
+    }
+}
+
+fn instructions(exports: &[ExportSummary], bound: &[ListenAddr], control: &Path) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(s, "surge is serving {} export(s):", exports.len());
+    for e in exports {
+        let ro = if e.read_only { ", read-only" } else { "" };
+        let _ = writeln!(s, "  {:<12} {:>10}{ro}  {}", e.name, spec::format_size(e.size), e.description);
+    }
+    let _ = writeln!(s, "listening on: {}", bound.iter().map(|l| l.to_string()).collect::<Vec<_>>().join("  "));
+    let first = &exports[0].name;
+    let _ = writeln!(s, "\nConnect with:");
+    for l in bound {
+        let uri = nbd_uri(l, first);
+        let _ = writeln!(s, "  nbdinfo '{uri}'");
+        let _ = writeln!(s, "  qemu-img info '{uri}'");
+    }
+    let uri = nbd_uri(&bound[0], first);
+    let _ = writeln!(s, "  fio --name=t --ioengine=nbd --uri='{uri}' --rw=randread --bs=4k --iodepth=32 --size=64M");
+    let _ = writeln!(s, "  mkdir -p /tmp/nbd && nbdfuse /tmp/nbd '{uri}' &   # then: losetup -f --show /tmp/nbd/nbd");
+    match bound.iter().find(|l| matches!(l, ListenAddr::Unix(_))) {
+        Some(ListenAddr::Unix(p)) => {
+            let _ = writeln!(s, "  nbd-client -unix {} /dev/nbd0 -N {first}   # where the nbd kernel module exists", p.display());
+        }
+        _ => {
+            if let Some(ListenAddr::Tcp(a)) = bound.first() {
+                let _ = writeln!(s, "  nbd-client {} {} /dev/nbd0 -N {first}   # where the nbd kernel module exists", a.ip(), a.port());
+            }
+        }
+    }
+    let _ = writeln!(s, "Status: surge status --control {}", control.display());
+    let _ = writeln!(s, "Stop with Ctrl-C or SIGTERM: in-flight requests finish, data is flushed.");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    fn args(v: &[&str]) -> Args {
+        T::try_parse_from(std::iter::once("serve").chain(v.iter().copied())).unwrap().a
+    }
+
+    #[test]
+    fn no_arguments_serve_a_default_file_on_default_sockets() {
+        let p = plan(args(&["--data-dir", "/d"])).unwrap();
+        assert_eq!(p.listeners, [ListenAddr::Unix("/d/surge.sock".into())]);
+        assert_eq!(p.optional_tcp, Some("tcp:127.0.0.1:10809".parse().unwrap()));
+        assert_eq!(p.control, Path::new("/d/control.sock"));
+        assert_eq!(p.exports, [("default=file:/d/default.img,create=1GiB".parse().unwrap(), false)]);
+    }
+
+    #[test]
+    fn given_listeners_replace_the_defaults() {
+        let p = plan(args(&["--data-dir", "/d", "--listen", "tcp:127.0.0.1:1", "--export", "m=memory:1M"])).unwrap();
+        assert_eq!(p.listeners.len(), 1);
+        assert_eq!(p.optional_tcp, None);
+        assert_eq!(p.exports[0].0.name, "m");
+    }
+
+    #[test]
+    fn read_only_must_name_an_export() {
+        let p = plan(args(&["--data-dir", "/d", "--export", "a=memory:1M", "--read-only", "a"])).unwrap();
+        assert!(p.exports[0].1);
+        let e = plan(args(&["--data-dir", "/d", "--export", "a=memory:1M", "--read-only", "b"])).unwrap_err();
+        assert!(e.to_string().contains("no such export") && e.to_string().contains("a"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_exports_and_public_tcp_are_refused() {
+        let e = plan(args(&["--data-dir", "/d", "--export", "a=memory:1M", "--export", "a=memory:2M"])).unwrap_err();
+        assert!(e.to_string().contains("used twice"));
+        let e = plan(args(&["--data-dir", "/d", "--listen", "tcp:0.0.0.0:10809"])).unwrap_err();
+        assert!(e.to_string().contains("--insecure"));
+        plan(args(&["--data-dir", "/d", "--listen", "tcp:0.0.0.0:10809", "--insecure"])).unwrap();
+    }
+
+    #[test]
+    fn bad_specs_fail_at_argument_parsing_with_the_shape() {
+        let Err(e) = T::try_parse_from(["serve", "--export", "justaname"]) else { panic!("accepted") };
+        assert!(e.to_string().contains("NAME=KIND:ARGS"), "{e}");
+        let Err(e) = T::try_parse_from(["serve", "--listen", "10809"]) else { panic!("accepted") };
+        assert!(e.to_string().contains("unix:PATH or tcp:HOST:PORT"), "{e}");
+    }
+
+    #[test]
+    fn config_file_and_flags_combine() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, "listen=['unix:/x.sock']\nworkers=3\n[[export]]\nname='a'\nspec='memory:1M'\n").unwrap();
+        let p = plan(args(&["--data-dir", "/d", "--config", cfg.to_str().unwrap(), "--export", "b=memory:2M"])).unwrap();
+        assert_eq!(p.exports.iter().map(|(s, _)| s.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(p.workers, Some(3));
+        assert_eq!(p.listeners, [ListenAddr::Unix("/x.sock".into())]);
+    }
+
+    #[test]
+    fn instructions_name_every_uri_and_the_control_socket() {
+        let e = [ExportSummary { name: "default".into(), size: 1 << 30, description: "file /d/default.img".into(), read_only: false }];
+        let bound = ["unix:/d/surge.sock".parse().unwrap(), "tcp:127.0.0.1:10809".parse().unwrap()];
+        let t = instructions(&e, &bound, Path::new("/d/control.sock"));
+        assert!(t.contains("nbdinfo 'nbd+unix:///default?socket=/d/surge.sock'"), "{t}");
+        assert!(t.contains("qemu-img info 'nbd://127.0.0.1:10809/default'"), "{t}");
+        assert!(t.contains("nbdfuse") && t.contains("nbd-client -unix /d/surge.sock"), "{t}");
+        assert!(t.contains("1GiB") && t.contains("surge status --control /d/control.sock"), "{t}");
+    }
 }
