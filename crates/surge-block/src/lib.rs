@@ -16,6 +16,7 @@ pub mod error;
 pub mod fault;
 pub mod file;
 pub mod memory;
+pub mod model;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;

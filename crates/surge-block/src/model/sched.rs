@@ -1,0 +1,218 @@
+//! The pure scheduler of a device model: given an I/O of `bytes` at `now`, the
+//! time at which it may complete. No I/O, no clock: time is passed in, so it is
+//! exact on virtual time and shared by the device layer and simulators.
+//!
+//! A [`Shape`] is a conjunction of token buckets: an IOPS ceiling, a throughput
+//! ceiling, and optional burst-credit buckets (in operations, like gp2 and Azure
+//! premium, or in bytes, like st1/sc1). A credit bucket refills at the baseline
+//! rate and every charged unit takes one credit, so with credits the volume runs
+//! at the peak rate and without them at the baseline: exactly AWS's burst model.
+
+use super::bucket::Bucket;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What an I/O does. Today all kinds are charged alike (EBS and Azure meter reads
+/// and writes the same way); the kind is kept for models that will not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoKind {
+    Read,
+    Write,
+    /// `write_zeroes` that really writes.
+    Zero,
+}
+
+/// A burst-credit bucket: holds up to `capacity` units, refills at `baseline`
+/// units/s, starts with `initial`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credits {
+    pub capacity: u64,
+    pub baseline: u64,
+    pub initial: u64,
+}
+
+/// How a volume serves I/O. Rates are integers: operations/s and bytes/s.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Shape {
+    /// Peak operations per second (the burst rate when `op_credits` is set).
+    pub iops: Option<u64>,
+    /// Peak bytes per second (the burst rate when `byte_credits` is set).
+    pub bps: Option<u64>,
+    /// An I/O larger than this counts as several operations (EBS SSD: 256 KiB).
+    pub op_size: Option<u64>,
+    /// Bytes are charged in whole units of this size, at least one per I/O
+    /// (st1/sc1: every I/O up to 1 MiB counts as 1 MiB). 0 or 1: exact bytes.
+    pub byte_unit: u64,
+    /// Burst credits in operations (gp2, Azure premium).
+    pub op_credits: Option<Credits>,
+    /// Burst credits in bytes (st1, sc1, Azure premium).
+    pub byte_credits: Option<Credits>,
+    /// Added to every I/O's completion; does not consume capacity.
+    pub latency: Duration,
+}
+
+/// What one I/O is charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    pub ops: u64,
+    pub bytes: u64,
+}
+
+impl Shape {
+    pub fn charge(&self, bytes: u64) -> Charge {
+        if bytes == 0 {
+            return Charge { ops: 0, bytes: 0 };
+        }
+        let ops = match self.op_size {
+            Some(s) if s > 0 => bytes.div_ceil(s),
+            _ => 1,
+        };
+        let bytes = if self.byte_unit > 1 { bytes.div_ceil(self.byte_unit) * self.byte_unit } else { bytes };
+        Charge { ops, bytes }
+    }
+}
+
+/// Remaining burst credits, where the shape has a credit bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CreditBalance {
+    /// Operation credits (gp2: I/O credits).
+    pub ops: Option<u64>,
+    pub ops_capacity: Option<u64>,
+    /// Byte credits (st1/sc1 throughput credits).
+    pub bytes: Option<u64>,
+    pub bytes_capacity: Option<u64>,
+}
+
+impl CreditBalance {
+    /// Fullest-relative balance in percent (CloudWatch's BurstBalance), if any bucket.
+    pub fn percent(&self) -> Option<f64> {
+        let pct = |v: Option<u64>, c: Option<u64>| match (v, c) {
+            (Some(v), Some(c)) if c > 0 => Some(v as f64 * 100.0 / c as f64),
+            _ => None,
+        };
+        match (pct(self.ops, self.ops_capacity), pct(self.bytes, self.bytes_capacity)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The IOPS bucket holds one operation and the throughput bucket one largest
+/// operation (`op_size`, else 1 MiB): a request after idle starts at once, so a
+/// small I/O is not delayed by its transfer time, but nothing more is saved up
+/// and the ceilings hold over any window.
+const RATE_CAP: u64 = 1;
+
+impl Shape {
+    fn byte_cap(&self) -> u64 {
+        self.op_size.unwrap_or(1 << 20).max(self.byte_unit).max(1)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    shape: Shape,
+    iops: Option<Bucket>,
+    bps: Option<Bucket>,
+    op_credits: Option<Bucket>,
+    byte_credits: Option<Bucket>,
+}
+
+fn ns(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+fn credit_bucket(c: &Option<Credits>, now: u64) -> Option<Bucket> {
+    c.map(|c| Bucket::new(c.baseline, c.capacity, c.initial, now))
+}
+
+impl Scheduler {
+    pub fn new(shape: Shape, now: Duration) -> Self {
+        let now = ns(now);
+        Scheduler {
+            iops: shape.iops.map(|r| Bucket::new(r, RATE_CAP, RATE_CAP, now)),
+            bps: shape.bps.map(|r| Bucket::new(r, shape.byte_cap(), shape.byte_cap(), now)),
+            op_credits: credit_bucket(&shape.op_credits, now),
+            byte_credits: credit_bucket(&shape.byte_credits, now),
+            shape,
+        }
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// Reserve service for an I/O of `bytes` submitted at `now`; returns when it
+    /// completes (including the base latency). Requests complete in the order
+    /// they are reserved.
+    pub fn reserve(&mut self, now: Duration, _kind: IoKind, bytes: u64) -> Duration {
+        let c = self.shape.charge(bytes);
+        let now_ns = ns(now);
+        if c.ops == 0 {
+            return now + self.shape.latency;
+        }
+        let mut t = now_ns;
+        for (b, n) in self.buckets(c) {
+            t = t.max(b.ready(now_ns, n));
+        }
+        for (b, n) in self.buckets_mut(c) {
+            b.take(now_ns, t, n);
+        }
+        Duration::from_nanos(t) + self.shape.latency
+    }
+
+    fn buckets(&self, c: Charge) -> impl Iterator<Item = (&Bucket, u64)> {
+        [(&self.iops, c.ops), (&self.op_credits, c.ops), (&self.bps, c.bytes), (&self.byte_credits, c.bytes)]
+            .into_iter()
+            .filter_map(|(b, n)| b.as_ref().map(|b| (b, n)))
+    }
+
+    fn buckets_mut(&mut self, c: Charge) -> impl Iterator<Item = (&mut Bucket, u64)> {
+        [(&mut self.iops, c.ops), (&mut self.op_credits, c.ops), (&mut self.bps, c.bytes), (&mut self.byte_credits, c.bytes)]
+            .into_iter()
+            .filter_map(|(b, n)| b.as_mut().map(|b| (b, n)))
+    }
+
+    /// Credits left at `now` (after all reservations so far).
+    pub fn credits(&self, now: Duration) -> CreditBalance {
+        let now = ns(now);
+        CreditBalance {
+            ops: self.op_credits.as_ref().map(|b| b.balance(now)),
+            ops_capacity: self.op_credits.as_ref().map(|b| b.capacity()),
+            bytes: self.byte_credits.as_ref().map(|b| b.balance(now)),
+            bytes_capacity: self.byte_credits.as_ref().map(|b| b.capacity()),
+        }
+    }
+
+    /// Set the credit balances (e.g. restored after a restart); `None` leaves one as is.
+    pub fn set_credits(&mut self, now: Duration, ops: Option<u64>, bytes: Option<u64>) {
+        let now = ns(now);
+        if let (Some(b), Some(v)) = (self.op_credits.as_mut(), ops) {
+            b.set_balance(now, v);
+        }
+        if let (Some(b), Some(v)) = (self.byte_credits.as_mut(), bytes) {
+            b.set_balance(now, v);
+        }
+    }
+
+    /// Live parameter change (resize, new provisioned IOPS...): rates change from
+    /// `now`, credit balances carry over (clamped to the new capacity); a bucket
+    /// the new shape adds starts at its `initial`.
+    pub fn update(&mut self, now: Duration, shape: Shape) {
+        let t = ns(now);
+        fn upd(slot: &mut Option<Bucket>, rate: Option<u64>, cap: u64, initial: u64, t: u64) {
+            match (slot.as_mut(), rate) {
+                (Some(b), Some(r)) => b.update(t, r, cap),
+                (None, Some(r)) => *slot = Some(Bucket::new(r, cap, initial, t)),
+                (_, None) => *slot = None,
+            }
+        }
+        upd(&mut self.iops, shape.iops, RATE_CAP, RATE_CAP, t);
+        upd(&mut self.bps, shape.bps, shape.byte_cap(), shape.byte_cap(), t);
+        let oc = shape.op_credits;
+        upd(&mut self.op_credits, oc.map(|c| c.baseline), oc.map_or(0, |c| c.capacity), oc.map_or(0, |c| c.initial), t);
+        let bc = shape.byte_credits;
+        upd(&mut self.byte_credits, bc.map(|c| c.baseline), bc.map_or(0, |c| c.capacity), bc.map_or(0, |c| c.initial), t);
+        self.shape = shape;
+    }
+}
