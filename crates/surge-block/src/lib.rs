@@ -8,6 +8,7 @@
 //!
 //! This crate knows nothing of NBD or clouds.
 
+pub mod cache;
 pub mod clock;
 pub mod counted;
 pub mod crashpoint;
