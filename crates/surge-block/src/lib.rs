@@ -14,6 +14,7 @@ pub mod counted;
 pub mod crashpoint;
 pub mod dev;
 pub mod error;
+pub mod fairq;
 pub mod fault;
 pub mod file;
 pub mod memory;

@@ -1,0 +1,323 @@
+//! Fair sharing of one device among tenants.
+//!
+//! [`FairQueue`] wraps a shared `Arc<dyn BlockDev>` and hands out [`Tenant`]
+//! handles, each a `BlockDev` of its own. A request on a handle is queued in the
+//! pure [`Scheduler`] (SFQ(D) with mClock reservations and limits); the calling
+//! thread parks until the scheduler dispatches it, does the I/O on the shared
+//! device outside the lock, and its completion frees a slot for the next one.
+//! Weights, reservations, limits, the depth and adaptive control change live.
+
+pub mod adaptive;
+pub mod sched;
+pub mod stats;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
+
+pub use adaptive::AdaptiveConfig;
+pub use sched::{Dispatch, Phase, ReqId, SchedConfig, Scheduler, TenantConfig, TenantCounters, TenantId};
+pub use stats::{Histogram, RecentStats};
+
+use crate::clock::Clock;
+use crate::dev::{BlockDev, Caps, Extent, ZeroMode};
+use crate::error::{BlockError, Result};
+use parking_lot::Mutex;
+use serde::Serialize;
+use stats::Recent;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::Thread;
+use std::time::Duration;
+
+/// Longest a parked request sleeps before it re-checks time-based eligibility
+/// itself (covers clocks that move without telling us, such as virtual ones).
+const POLL: Duration = Duration::from_millis(20);
+/// Epoch of the recent-rate and latency statistics.
+const STATS_EPOCH: Duration = Duration::from_secs(5);
+
+struct Waiter {
+    granted: AtomicBool,
+    thread: Thread,
+}
+
+struct TenantInfo {
+    name: String,
+    recent: Recent,
+    bytes: u64,
+    ops: u64,
+}
+
+struct Shared {
+    sched: Scheduler,
+    waiters: HashMap<ReqId, Arc<Waiter>>,
+    tenants: Vec<TenantInfo>,
+}
+
+/// One shared device, many weighted tenants.
+pub struct FairQueue {
+    dev: Arc<dyn BlockDev>,
+    clock: Arc<dyn Clock>,
+    shared: Mutex<Shared>,
+}
+
+/// A tenant's view of the shared device.
+pub struct Tenant {
+    queue: Arc<FairQueue>,
+    id: TenantId,
+}
+
+/// A tenant's share and what it has had.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantStats {
+    pub name: String,
+    pub config: TenantConfig,
+    pub ops: u64,
+    pub bytes: u64,
+    pub queued: usize,
+    pub in_flight: usize,
+    pub by_reservation: u64,
+    pub recent: RecentStats,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueStats {
+    pub config: SchedConfig,
+    /// D in force now (differs from `config.depth` under adaptive control).
+    pub depth: usize,
+    pub outstanding: usize,
+    pub tenants: Vec<TenantStats>,
+}
+
+impl FairQueue {
+    pub fn new(dev: Arc<dyn BlockDev>, cfg: SchedConfig, clock: Arc<dyn Clock>) -> Arc<Self> {
+        let shared = Shared { sched: Scheduler::new(cfg), waiters: HashMap::new(), tenants: Vec::new() };
+        Arc::new(FairQueue { dev, clock, shared: Mutex::new(shared) })
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDev> {
+        &self.dev
+    }
+
+    /// A handle for tenant `name`, created with `cfg` if new (an existing
+    /// tenant keeps its share, so several exports may join one tenant).
+    pub fn tenant(self: &Arc<Self>, name: &str, cfg: TenantConfig) -> Arc<Tenant> {
+        let mut s = self.shared.lock();
+        let id = match s.tenants.iter().position(|t| t.name == name) {
+            Some(id) => id,
+            None => {
+                let now = self.clock.now();
+                s.tenants.push(TenantInfo { name: name.to_string(), recent: Recent::new(STATS_EPOCH, now), bytes: 0, ops: 0 });
+                s.sched.add_tenant(cfg)
+            }
+        };
+        Arc::new(Tenant { queue: self.clone(), id })
+    }
+
+    pub fn tenant_names(&self) -> Vec<String> {
+        self.shared.lock().tenants.iter().map(|t| t.name.clone()).collect()
+    }
+
+    fn id_of(s: &Shared, name: &str) -> Result<TenantId> {
+        s.tenants.iter().position(|t| t.name == name).ok_or_else(|| BlockError::Gone(format!("no tenant {name:?}")))
+    }
+
+    pub fn tenant_config(&self, name: &str) -> Result<TenantConfig> {
+        let s = self.shared.lock();
+        Ok(s.sched.tenant_config(Self::id_of(&s, name)?))
+    }
+
+    /// Change a tenant's weight, reservation or limit live.
+    pub fn set_tenant(&self, name: &str, cfg: TenantConfig) -> Result<()> {
+        self.update(|s, now| {
+            let id = Self::id_of(s, name)?;
+            s.sched.set_tenant(id, cfg, now);
+            Ok(())
+        })
+    }
+
+    pub fn set_depth(&self, depth: usize) {
+        let _ = self.update(|s, _| {
+            s.sched.set_depth(depth);
+            Ok(())
+        });
+    }
+
+    pub fn set_overhead(&self, overhead: u64) {
+        let _ = self.update(|s, _| {
+            s.sched.set_overhead(overhead);
+            Ok(())
+        });
+    }
+
+    pub fn set_adaptive(&self, adaptive: Option<AdaptiveConfig>) {
+        let _ = self.update(|s, _| {
+            s.sched.set_adaptive(adaptive);
+            Ok(())
+        });
+    }
+
+    /// Re-evaluate time-based eligibility now (after moving a virtual clock).
+    pub fn kick(&self) {
+        let _ = self.update(|_, _| Ok(()));
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Shared, Duration) -> Result<()>) -> Result<()> {
+        let now = self.clock.now();
+        let mut s = self.shared.lock();
+        f(&mut s, now)?;
+        pump(&mut s, now);
+        Ok(())
+    }
+
+    pub fn stats(&self) -> QueueStats {
+        let now = self.clock.now();
+        let mut s = self.shared.lock();
+        let Shared { sched, tenants, .. } = &mut *s;
+        let tenants = tenants
+            .iter_mut()
+            .enumerate()
+            .map(|(id, t)| {
+                let c = sched.counters(id);
+                TenantStats {
+                    name: t.name.clone(),
+                    config: sched.tenant_config(id),
+                    ops: t.ops,
+                    bytes: t.bytes,
+                    queued: c.queued,
+                    in_flight: c.in_flight,
+                    by_reservation: c.by_reservation,
+                    recent: t.recent.snapshot(now),
+                }
+            })
+            .collect();
+        QueueStats { config: sched.config().clone(), depth: sched.depth(), outstanding: sched.outstanding(), tenants }
+    }
+
+    /// Run `io` for tenant `id` once the scheduler lets a request of `bytes` through.
+    fn run<T>(&self, id: TenantId, bytes: u64, io: impl FnOnce() -> T) -> T {
+        let queued_at = self.clock.now();
+        let req = self.admit(id, bytes, queued_at);
+        let _done = Completion { queue: self, req, bytes, queued_at };
+        io()
+    }
+
+    /// Queue a request and park until it is dispatched.
+    fn admit(&self, id: TenantId, bytes: u64, now: Duration) -> ReqId {
+        let waiter = Arc::new(Waiter { granted: AtomicBool::new(false), thread: std::thread::current() });
+        let req = {
+            let mut s = self.shared.lock();
+            let req = s.sched.enqueue(id, bytes, now);
+            s.waiters.insert(req, waiter.clone());
+            pump(&mut s, now);
+            req
+        };
+        while !waiter.granted.load(Ordering::Acquire) {
+            std::thread::park_timeout(self.park_time());
+            if !waiter.granted.load(Ordering::Acquire) {
+                let now = self.clock.now();
+                pump(&mut self.shared.lock(), now);
+            }
+        }
+        req
+    }
+
+    /// How long to park: until the next time-based eligibility, at most POLL.
+    fn park_time(&self) -> Duration {
+        let now = self.clock.now();
+        let next = self.shared.lock().sched.next_wakeup(now);
+        next.map_or(POLL, |t| t.saturating_sub(now).min(POLL))
+    }
+
+    fn complete(&self, req: ReqId, bytes: u64, queued_at: Duration) {
+        let now = self.clock.now();
+        let mut s = self.shared.lock();
+        if let Some((t, _)) = s.sched.complete(req, now) {
+            let info = &mut s.tenants[t];
+            info.ops += 1;
+            info.bytes += bytes;
+            info.recent.record(now, bytes, now.saturating_sub(queued_at));
+        }
+        pump(&mut s, now);
+    }
+}
+
+/// Dispatch all that may go now and wake their callers.
+fn pump(s: &mut Shared, now: Duration) {
+    while let Some(d) = s.sched.dispatch(now) {
+        if let Some(w) = s.waiters.remove(&d.req) {
+            w.granted.store(true, Ordering::Release);
+            w.thread.unpark();
+        }
+    }
+}
+
+/// Frees the request's slot even if the I/O panics.
+struct Completion<'a> {
+    queue: &'a FairQueue,
+    req: ReqId,
+    bytes: u64,
+    queued_at: Duration,
+}
+
+impl Drop for Completion<'_> {
+    fn drop(&mut self) {
+        self.queue.complete(self.req, self.bytes, self.queued_at);
+    }
+}
+
+impl Tenant {
+    pub fn queue(&self) -> &Arc<FairQueue> {
+        &self.queue
+    }
+
+    pub fn id(&self) -> TenantId {
+        self.id
+    }
+
+    pub fn name(&self) -> String {
+        self.queue.shared.lock().tenants[self.id].name.clone()
+    }
+
+    fn dev(&self) -> &dyn BlockDev {
+        &*self.queue.dev
+    }
+
+    fn sched<T>(&self, bytes: u64, io: impl FnOnce() -> T) -> T {
+        self.queue.run(self.id, bytes, io)
+    }
+}
+
+impl BlockDev for Tenant {
+    fn size(&self) -> u64 {
+        self.dev().size()
+    }
+    fn caps(&self) -> Caps {
+        self.dev().caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.sched(buf.len() as u64, || self.dev().read_at(buf, offset))
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        self.sched(buf.len() as u64, || self.dev().write_at(buf, offset, fua))
+    }
+    fn flush(&self) -> Result<()> {
+        self.sched(0, || self.dev().flush())
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.sched(0, || self.dev().discard(offset, len))
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
+        // Zeroes written as buffers cost their length; native zeroing costs a request.
+        let bytes = if self.dev().caps().fast_zero { 0 } else { len };
+        self.sched(bytes, || self.dev().write_zeroes(offset, len, mode))
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        // Metadata only: not worth a slot.
+        self.dev().block_status(offset, len)
+    }
+    fn prefetch(&self, offset: u64, len: u64) -> Result<()> {
+        self.sched(len, || self.dev().prefetch(offset, len))
+    }
+}
