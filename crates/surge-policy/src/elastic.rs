@@ -1,0 +1,519 @@
+//! The elastic-cache policy: when to provision a cache, when to drain it (phase 2)
+//! and when to delete it, and how big the next one should be.
+//!
+//! Fed with cumulative counters at arbitrary times; decides once per utilization
+//! window. Utilization = application throughput over the window / the backing
+//! volume's reserved bandwidth (the paper's definition): with no cache the
+//! application cannot exceed the backing, so a saturating burst reads ~100 %.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ElasticConfig {
+    /// Utilization window (paper: 5 s).
+    pub window: Duration,
+    /// Utilization threshold UT (paper: 0.30).
+    pub ut: f64,
+    /// Inactivity delay ID before phase 2 (paper: 30 s).
+    pub inactivity_delay: Duration,
+    /// Reserved bandwidth of the backing volume, bytes/s.
+    pub backing_bw: f64,
+    /// Size of the first cache (paper: 10 GB).
+    pub initial_cache: u64,
+    pub min_cache: u64,
+    pub max_cache: u64,
+    /// Cache sizes are rounded up to a multiple of this (cloud volumes come in GiB).
+    pub granularity: u64,
+    /// Learn the burst period and provision before the next burst.
+    pub learn_period: bool,
+    /// Expected provisioning (create + attach) delay, for pre-provisioning lead.
+    pub attach_delay: Duration,
+}
+
+impl Default for ElasticConfig {
+    fn default() -> Self {
+        const GIB: u64 = 1 << 30;
+        ElasticConfig {
+            window: Duration::from_secs(5),
+            ut: 0.30,
+            inactivity_delay: Duration::from_secs(30),
+            backing_bw: 33e6,
+            initial_cache: 10 * GIB,
+            min_cache: GIB,
+            max_cache: 64 * GIB,
+            granularity: GIB,
+            learn_period: false,
+            attach_delay: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the cache layer reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheObs {
+    pub attached: bool,
+    pub dirty_bytes: u64,
+    /// Most bytes in use at once since attach.
+    pub used_high_bytes: u64,
+    /// Dirty bytes flushed early because the cache was full (cumulative).
+    pub evicted_dirty_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Create and attach a cache volume of this size.
+    Provision { size: u64 },
+    /// Phase 2: flush at full speed, writes bypass.
+    StartDrain,
+    /// Back to phase 1 (demand rose again while draining).
+    Resume,
+    /// Cache is clean: detach and delete it.
+    Detach,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    pub at: Duration,
+    pub action: Action,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Idle,
+    Provisioning,
+    /// Attached before a predicted burst, waiting for it.
+    Armed,
+    Boost,
+    Drain,
+    Detaching,
+}
+
+/// What one cached burst taught us.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BurstRecord {
+    pub start: Duration,
+    pub cache_size: u64,
+    pub used: u64,
+    pub evicted: u64,
+    pub next_size: u64,
+}
+
+#[derive(Debug)]
+pub struct ElasticPolicy {
+    cfg: ElasticConfig,
+    state: State,
+    win_start: Option<(Duration, u64)>,
+    below_since: Option<Duration>,
+    cache_size: u64,
+    next_size: u64,
+    evicted_at_attach: u64,
+    evicted_in_boost: u64,
+    used_high: u64,
+    state_since: Duration,
+    burst_start: Option<Duration>,
+    /// Starts of bursts (first window above UT), for period learning.
+    burst_starts: Vec<Duration>,
+    pub history: Vec<BurstRecord>,
+    last_util: f64,
+}
+
+fn round_up(v: u64, g: u64) -> u64 {
+    v.div_ceil(g.max(1)) * g.max(1)
+}
+
+impl ElasticPolicy {
+    pub fn new(cfg: ElasticConfig) -> Self {
+        let next = round_up(cfg.initial_cache, cfg.granularity).clamp(cfg.min_cache, cfg.max_cache);
+        ElasticPolicy {
+            cfg,
+            state: State::Idle,
+            win_start: None,
+            below_since: None,
+            cache_size: 0,
+            next_size: next,
+            evicted_at_attach: 0,
+            evicted_in_boost: 0,
+            used_high: 0,
+            state_since: Duration::ZERO,
+            burst_start: None,
+            burst_starts: Vec::new(),
+            history: Vec::new(),
+            last_util: 0.0,
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+    pub fn next_size(&self) -> u64 {
+        self.next_size
+    }
+    pub fn last_utilization(&self) -> f64 {
+        self.last_util
+    }
+    pub fn config(&self) -> &ElasticConfig {
+        &self.cfg
+    }
+
+    fn go(&mut self, s: State, now: Duration) {
+        self.state = s;
+        self.state_since = now;
+    }
+
+    /// The provisioned cache is attached (after the provider's delay).
+    pub fn attached(&mut self, now: Duration, size: u64, obs: CacheObs) {
+        self.cache_size = size;
+        self.evicted_at_attach = obs.evicted_dirty_bytes;
+        self.evicted_in_boost = 0;
+        self.used_high = 0;
+        self.below_since = None;
+        let armed = self.state == State::Provisioning && self.burst_start.is_none();
+        self.go(if armed { State::Armed } else { State::Boost }, now);
+    }
+
+    /// Provisioning failed: back to idle (the next window retries).
+    pub fn provision_failed(&mut self, now: Duration) {
+        self.go(State::Idle, now);
+    }
+
+    /// The cache was detached and deleted.
+    pub fn detached(&mut self, now: Duration) {
+        self.cache_size = 0;
+        self.burst_start = None;
+        self.go(State::Idle, now);
+    }
+
+    /// Feed cumulative application bytes (reads + writes) and the cache's state.
+    /// Returns the decisions to apply, each with its reason.
+    pub fn tick(&mut self, now: Duration, app_bytes: u64, obs: CacheObs) -> Vec<Decision> {
+        let mut out = Vec::new();
+        if matches!(self.state, State::Boost | State::Armed) {
+            self.used_high = self.used_high.max(obs.used_high_bytes);
+        }
+        if self.state == State::Boost {
+            self.evicted_in_boost = obs.evicted_dirty_bytes.saturating_sub(self.evicted_at_attach);
+        }
+        // Drain completes whenever it completes, not only at window ends.
+        if self.state == State::Drain && obs.attached && obs.dirty_bytes == 0 {
+            self.finish_burst(now);
+            out.push(self.decide(now, Action::Detach, "cache is clean after draining: detach and delete it".into()));
+            self.go(State::Detaching, now);
+        }
+        let (ws, wb) = *self.win_start.get_or_insert((now, app_bytes));
+        let elapsed = now.saturating_sub(ws);
+        if elapsed < self.cfg.window {
+            self.pre_provision(now, &mut out);
+            return out;
+        }
+        let util = (app_bytes.saturating_sub(wb)) as f64 / elapsed.as_secs_f64() / self.cfg.backing_bw;
+        self.win_start = Some((now, app_bytes));
+        self.last_util = util;
+        let above = util > self.cfg.ut;
+        let pct = |u: f64| format!("{:.0} %", u * 100.0);
+        match self.state {
+            State::Idle if above => {
+                self.note_burst_start(ws);
+                let size = self.next_size;
+                out.push(self.decide(
+                    now,
+                    Action::Provision { size },
+                    format!("utilization {} > UT {} over the last {:?}: provision a {} cache", pct(util), pct(self.cfg.ut), elapsed, gib(size)),
+                ));
+                self.go(State::Provisioning, now);
+            }
+            State::Provisioning if above && self.burst_start.is_none() => self.note_burst_start(ws),
+            State::Armed => {
+                if above {
+                    self.note_burst_start(ws);
+                    self.go(State::Boost, now);
+                } else if now.saturating_sub(self.state_since) > self.cfg.attach_delay + self.cfg.inactivity_delay + self.cfg.window {
+                    // Predicted burst did not come: give the (clean) cache back.
+                    out.push(self.decide(now, Action::StartDrain, "predicted burst did not come: release the pre-provisioned cache".into()));
+                    self.go(State::Drain, now);
+                }
+            }
+            State::Boost => {
+                if above {
+                    self.below_since = None;
+                } else {
+                    let since = *self.below_since.get_or_insert(ws);
+                    let below = now.saturating_sub(since);
+                    if below >= self.cfg.inactivity_delay {
+                        out.push(self.decide(
+                            now,
+                            Action::StartDrain,
+                            format!(
+                                "utilization below UT {} for {:?} >= ID {:?}: phase 2 (flush at full speed, writes bypass); {} dirty",
+                                pct(self.cfg.ut),
+                                below,
+                                self.cfg.inactivity_delay,
+                                gib(obs.dirty_bytes)
+                            ),
+                        ));
+                        self.go(State::Drain, now);
+                    }
+                }
+            }
+            State::Drain if above && obs.attached && obs.dirty_bytes > 0 => {
+                self.below_since = None;
+                out.push(self.decide(now, Action::Resume, format!("utilization {} > UT while draining: back to phase 1", pct(util))));
+                self.go(State::Boost, now);
+            }
+            _ => {}
+        }
+        self.pre_provision(now, &mut out);
+        out
+    }
+
+    fn note_burst_start(&mut self, at: Duration) {
+        if self.burst_start.is_none() {
+            self.burst_start = Some(at);
+            self.burst_starts.push(at);
+        }
+    }
+
+    /// Learn the next size from this burst: shrink to what was used, grow by
+    /// what had to be evicted early.
+    fn finish_burst(&mut self, _now: Duration) {
+        let (used, evicted) = (self.used_high, self.evicted_in_boost);
+        let want = if evicted > 0 { self.cache_size + evicted } else { used };
+        self.next_size = round_up(want, self.cfg.granularity).clamp(self.cfg.min_cache, self.cfg.max_cache);
+        self.history.push(BurstRecord {
+            start: self.burst_start.unwrap_or_default(),
+            cache_size: self.cache_size,
+            used,
+            evicted,
+            next_size: self.next_size,
+        });
+    }
+
+    /// The period of the last bursts, if they repeat (last two intervals within 25 %).
+    pub fn period(&self) -> Option<Duration> {
+        let s = &self.burst_starts;
+        if s.len() < 3 {
+            return None;
+        }
+        let a = s[s.len() - 1] - s[s.len() - 2];
+        let b = s[s.len() - 2] - s[s.len() - 3];
+        let (fa, fb) = (a.as_secs_f64(), b.as_secs_f64());
+        ((fa - fb).abs() <= 0.25 * fa.max(fb)).then_some(a)
+    }
+
+    fn pre_provision(&mut self, now: Duration, out: &mut Vec<Decision>) {
+        if !self.cfg.learn_period || self.state != State::Idle {
+            return;
+        }
+        let (Some(p), Some(&last)) = (self.period(), self.burst_starts.last()) else { return };
+        let next = last + p;
+        let lead = self.cfg.attach_delay + self.cfg.window;
+        if now + lead >= next && now < next + self.cfg.window {
+            let size = self.next_size;
+            out.push(self.decide(
+                now,
+                Action::Provision { size },
+                format!("bursts repeat every {:.1} s; next expected at {:.1} s: pre-provision a {} cache {:.1} s ahead", p.as_secs_f64(), next.as_secs_f64(), gib(size), lead.as_secs_f64()),
+            ));
+            self.burst_start = None;
+            self.go(State::Provisioning, now);
+        }
+    }
+
+    fn decide(&self, at: Duration, action: Action, reason: String) -> Decision {
+        tracing::info!(?action, %reason, "elastic policy decision");
+        Decision { at, action, reason }
+    }
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    const MB: f64 = 1e6;
+
+    fn s(x: f64) -> Duration {
+        Duration::from_secs_f64(x)
+    }
+
+    /// Drives a policy second by second with a demand function (bytes/s) and a
+    /// trivial cache model, recording decisions.
+    struct Sim {
+        p: ElasticPolicy,
+        now: f64,
+        bytes: u64,
+        obs: CacheObs,
+        log: Vec<Decision>,
+    }
+
+    impl Sim {
+        fn new(cfg: ElasticConfig) -> Self {
+            let mut p = ElasticPolicy::new(cfg);
+            assert!(p.tick(Duration::ZERO, 0, CacheObs::default()).is_empty());
+            Sim { p, now: 0.0, bytes: 0, obs: CacheObs::default(), log: vec![] }
+        }
+        fn run(&mut self, secs: f64, rate: f64) {
+            let end = self.now + secs;
+            while self.now < end - 1e-9 {
+                self.now += 1.0;
+                self.bytes += rate as u64;
+                let d = self.p.tick(s(self.now), self.bytes, self.obs);
+                for d in d {
+                    match d.action {
+                        Action::Provision { size } => {
+                            self.obs.attached = true;
+                            self.p.attached(s(self.now), size, self.obs);
+                        }
+                        Action::Detach => {
+                            self.obs = CacheObs { evicted_dirty_bytes: self.obs.evicted_dirty_bytes, ..CacheObs::default() };
+                            self.p.detached(s(self.now));
+                        }
+                        _ => {}
+                    }
+                    self.log.push(d);
+                }
+            }
+        }
+        fn actions(&self) -> Vec<(u64, &Action)> {
+            self.log.iter().map(|d| (d.at.as_secs(), &d.action)).collect()
+        }
+    }
+
+    #[test]
+    fn burst_above_ut_provisions_at_the_end_of_its_first_window() {
+        let mut sim = Sim::new(ElasticConfig::default());
+        sim.run(20.0, 1.0 * MB); // 3 %: nothing
+        assert!(sim.log.is_empty());
+        sim.run(5.0, 33.0 * MB);
+        assert_eq!(sim.actions(), vec![(25, &Action::Provision { size: 10 * GIB })]);
+        assert!(sim.log[0].reason.contains("UT"), "{}", sim.log[0].reason);
+    }
+
+    #[test]
+    fn demand_just_below_ut_never_provisions() {
+        let mut sim = Sim::new(ElasticConfig::default());
+        sim.run(100.0, 0.29 * 33.0 * MB);
+        assert!(sim.log.is_empty(), "{:?}", sim.log);
+    }
+
+    #[test]
+    fn drain_starts_only_after_id_below_ut_and_detach_when_clean() {
+        let mut sim = Sim::new(ElasticConfig::default());
+        sim.run(10.0, 100.0 * MB);
+        assert_eq!(sim.p.state(), State::Boost);
+        sim.obs.dirty_bytes = GIB;
+        sim.run(25.0, 0.0);
+        assert_eq!(sim.p.state(), State::Boost, "25 s below UT < ID");
+        sim.run(10.0, 0.0);
+        assert_eq!(sim.p.state(), State::Drain);
+        let drain_at = sim.log.iter().find(|d| d.action == Action::StartDrain).unwrap().at.as_secs();
+        assert_eq!(drain_at, 40, "below since 10 s, ID 30 s");
+        sim.run(5.0, 0.0);
+        assert_eq!(sim.p.state(), State::Drain, "still dirty");
+        sim.obs.dirty_bytes = 0;
+        sim.run(1.0, 0.0);
+        assert_eq!(sim.log.last().unwrap().action, Action::Detach);
+    }
+
+    #[test]
+    fn a_window_above_ut_resets_the_inactivity_delay() {
+        let mut sim = Sim::new(ElasticConfig::default());
+        sim.run(10.0, 100.0 * MB);
+        sim.obs.dirty_bytes = GIB;
+        sim.run(25.0, 0.0);
+        sim.run(5.0, 100.0 * MB);
+        sim.run(25.0, 0.0);
+        assert_eq!(sim.p.state(), State::Boost);
+        sim.run(10.0, 0.0);
+        assert_eq!(sim.p.state(), State::Drain);
+    }
+
+    #[test]
+    fn demand_during_drain_resumes_phase_one() {
+        let mut sim = Sim::new(ElasticConfig::default());
+        sim.run(10.0, 100.0 * MB);
+        sim.obs.dirty_bytes = GIB;
+        sim.run(40.0, 0.0);
+        assert_eq!(sim.p.state(), State::Drain);
+        sim.run(5.0, 100.0 * MB);
+        assert_eq!(sim.p.state(), State::Boost);
+        assert_eq!(sim.log.last().unwrap().action, Action::Resume);
+    }
+
+    #[test]
+    fn cache_shrinks_to_used_then_grows_by_evicted() {
+        let mut sim = Sim::new(ElasticConfig::default());
+        // Burst 1 uses 3.2 GiB of 10.
+        sim.run(10.0, 100.0 * MB);
+        sim.obs.used_high_bytes = 3 * GIB + GIB / 5;
+        sim.obs.dirty_bytes = GIB;
+        sim.run(40.0, 0.0);
+        sim.obs.dirty_bytes = 0;
+        sim.run(5.0, 0.0);
+        assert_eq!(sim.p.next_size(), 4 * GIB, "rounded up to whole GiB");
+        // Burst 2 evicts 1.5 GiB early.
+        sim.run(10.0, 100.0 * MB);
+        let prov = sim.log.iter().filter_map(|d| if let Action::Provision { size } = d.action { Some(size) } else { None }).last();
+        assert_eq!(prov, Some(4 * GIB));
+        sim.obs.used_high_bytes = 4 * GIB;
+        sim.obs.evicted_dirty_bytes += GIB + GIB / 2;
+        sim.run(5.0, 100.0 * MB);
+        sim.obs.dirty_bytes = GIB;
+        sim.run(40.0, 0.0);
+        sim.obs.dirty_bytes = 0;
+        sim.run(5.0, 0.0);
+        assert_eq!(sim.p.next_size(), 6 * GIB, "4 + 1.5 rounded up");
+        assert_eq!(sim.p.history.len(), 2);
+    }
+
+    #[test]
+    fn size_bounds_hold() {
+        let cfg = ElasticConfig { min_cache: 2 * GIB, max_cache: 5 * GIB, ..ElasticConfig::default() };
+        let mut sim = Sim::new(cfg);
+        assert_eq!(sim.p.next_size(), 5 * GIB, "initial clamped to max");
+        sim.run(10.0, 100.0 * MB);
+        sim.obs.used_high_bytes = GIB / 10;
+        sim.run(40.0, 0.0);
+        sim.run(2.0, 0.0);
+        assert_eq!(sim.p.next_size(), 2 * GIB, "shrunk to min");
+    }
+
+    #[test]
+    fn learned_period_pre_provisions_before_the_next_burst() {
+        let cfg = ElasticConfig { learn_period: true, attach_delay: s(10.0), ..ElasticConfig::default() };
+        let mut sim = Sim::new(cfg);
+        // Bursts of 20 s every 200 s.
+        for _ in 0..3 {
+            sim.run(20.0, 100.0 * MB);
+            sim.run(180.0, 0.0);
+        }
+        assert_eq!(sim.p.period(), Some(s(200.0)));
+        sim.run(20.0, 100.0 * MB);
+        let provs: Vec<u64> = sim.log.iter().filter(|d| matches!(d.action, Action::Provision { .. })).map(|d| d.at.as_secs()).collect();
+        // Fourth burst starts at 600 s: provisioned at least the attach delay ahead,
+        // at most attach delay + two windows.
+        let last = *provs.last().unwrap();
+        assert!((575..=590).contains(&last), "{provs:?}");
+        assert!(sim.log.iter().any(|d| d.reason.contains("pre-provision")));
+    }
+
+    #[test]
+    fn pre_provisioned_cache_is_released_if_the_burst_does_not_come() {
+        let cfg = ElasticConfig { learn_period: true, attach_delay: s(10.0), ..ElasticConfig::default() };
+        let mut sim = Sim::new(cfg);
+        for _ in 0..3 {
+            sim.run(20.0, 100.0 * MB);
+            sim.run(180.0, 0.0);
+        }
+        sim.run(100.0, 0.0);
+        assert!(sim.log.iter().any(|d| d.reason.contains("did not come")), "{:?}", sim.log);
+        assert_eq!(sim.p.state(), State::Idle);
+    }
+}
