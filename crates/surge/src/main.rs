@@ -6,6 +6,7 @@ mod cmd;
 mod config;
 mod control;
 mod experiment;
+mod faultspec;
 mod spec;
 
 /// surge: elastic, cheap cloud storage throughput.

@@ -136,7 +136,7 @@ impl Built {
 }
 
 /// Kinds [`build_kind`] knows, for error messages and `--help`.
-pub const KINDS: &[&str] = &["file", "memory"];
+pub const KINDS: &[&str] = &["file", "memory", "fault"];
 
 /// Build the device of one spec.
 pub fn build(spec: &ExportSpec, ctx: &BuildContext) -> Result<Built> {
@@ -148,6 +148,7 @@ pub fn build_kind(kind: &str, args: &str, ctx: &BuildContext) -> Result<Built> {
     match kind {
         "file" => build_file(args, ctx),
         "memory" => build_memory(args),
+        "fault" => crate::faultspec::build_fault(args, ctx),
         other => Err(SpecError::UnknownKind { kind: other.to_string(), known: KINDS.join(", ") }),
     }
 }
