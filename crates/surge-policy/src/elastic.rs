@@ -29,6 +29,9 @@ pub struct ElasticConfig {
     pub learn_period: bool,
     /// Expected provisioning (create + attach) delay, for pre-provisioning lead.
     pub attach_delay: Duration,
+    /// How far toward the used size a cache shrinks after a burst: 1.0 = all the
+    /// way (the paper), 0.5 = halfway.
+    pub shrink: f64,
 }
 
 impl Default for ElasticConfig {
@@ -44,7 +47,8 @@ impl Default for ElasticConfig {
             max_cache: 64 * GIB,
             granularity: GIB,
             learn_period: false,
-            attach_delay: Duration::from_secs(10),
+            attach_delay: Duration::from_secs(3),
+            shrink: 1.0,
         }
     }
 }
@@ -106,7 +110,8 @@ pub struct BurstRecord {
 pub struct ElasticPolicy {
     cfg: ElasticConfig,
     state: State,
-    win_start: Option<(Duration, u64)>,
+    /// (time, cumulative bytes) samples covering the last window.
+    samples: std::collections::VecDeque<(Duration, u64)>,
     below_since: Option<Duration>,
     cache_size: u64,
     next_size: u64,
@@ -115,8 +120,10 @@ pub struct ElasticPolicy {
     used_high: u64,
     state_since: Duration,
     burst_start: Option<Duration>,
-    /// Starts of bursts (first window above UT), for period learning.
+    /// Starts of bursts (utilization first above UT), for period learning.
     burst_starts: Vec<Duration>,
+    /// Ends of bursts (utilization first back below UT).
+    burst_ends: Vec<Duration>,
     pub history: Vec<BurstRecord>,
     last_util: f64,
 }
@@ -131,7 +138,7 @@ impl ElasticPolicy {
         ElasticPolicy {
             cfg,
             state: State::Idle,
-            win_start: None,
+            samples: Default::default(),
             below_since: None,
             cache_size: 0,
             next_size: next,
@@ -141,6 +148,7 @@ impl ElasticPolicy {
             state_since: Duration::ZERO,
             burst_start: None,
             burst_starts: Vec::new(),
+            burst_ends: Vec::new(),
             history: Vec::new(),
             last_util: 0.0,
         }
@@ -187,7 +195,21 @@ impl ElasticPolicy {
         self.go(State::Idle, now);
     }
 
-    /// Feed cumulative application bytes (reads + writes) and the cache's state.
+    /// Utilization over the sliding window ending at `now`; `None` until a
+    /// full window of samples exists.
+    fn utilization(&mut self, now: Duration, app_bytes: u64) -> Option<f64> {
+        self.samples.push_back((now, app_bytes));
+        while self.samples.len() > 2 && now.saturating_sub(self.samples[1].0) >= self.cfg.window {
+            self.samples.pop_front();
+        }
+        let (t0, b0) = self.samples[0];
+        let span = now.saturating_sub(t0);
+        (span >= self.cfg.window && !span.is_zero())
+            .then(|| app_bytes.saturating_sub(b0) as f64 / span.as_secs_f64() / self.cfg.backing_bw)
+    }
+
+    /// Feed cumulative application bytes (reads + writes) and the cache's state,
+    /// as often as you like (each call evaluates the sliding window ending now).
     /// Returns the decisions to apply, each with its reason.
     pub fn tick(&mut self, now: Duration, app_bytes: u64, obs: CacheObs) -> Vec<Decision> {
         let mut out = Vec::new();
@@ -197,41 +219,39 @@ impl ElasticPolicy {
         if self.state == State::Boost {
             self.evicted_in_boost = obs.evicted_dirty_bytes.saturating_sub(self.evicted_at_attach);
         }
-        // Drain completes whenever it completes, not only at window ends.
+        // Drain completes whenever it completes.
         if self.state == State::Drain && obs.attached && obs.dirty_bytes == 0 {
-            self.finish_burst(now);
+            self.finish_burst();
             out.push(self.decide(now, Action::Detach, "cache is clean after draining: detach and delete it".into()));
             self.go(State::Detaching, now);
         }
-        let (ws, wb) = *self.win_start.get_or_insert((now, app_bytes));
-        let elapsed = now.saturating_sub(ws);
-        if elapsed < self.cfg.window {
-            self.pre_provision(now, &mut out);
+        let Some(util) = self.utilization(now, app_bytes) else {
             return out;
-        }
-        let util = (app_bytes.saturating_sub(wb)) as f64 / elapsed.as_secs_f64() / self.cfg.backing_bw;
-        self.win_start = Some((now, app_bytes));
+        };
         self.last_util = util;
         let above = util > self.cfg.ut;
+        if !above && self.burst_start.is_some() && self.burst_ends.len() < self.burst_starts.len() {
+            self.burst_ends.push(now);
+        }
         let pct = |u: f64| format!("{:.0} %", u * 100.0);
+        let window = self.cfg.window;
         match self.state {
             State::Idle if above => {
-                self.note_burst_start(ws);
+                self.note_burst_start(now);
                 let size = self.next_size;
                 out.push(self.decide(
                     now,
                     Action::Provision { size },
-                    format!("utilization {} > UT {} over the last {:?}: provision a {} cache", pct(util), pct(self.cfg.ut), elapsed, gib(size)),
+                    format!("utilization {} > UT {} over the last {:?}: provision a {} cache", pct(util), pct(self.cfg.ut), window, gib(size)),
                 ));
                 self.go(State::Provisioning, now);
             }
-            State::Provisioning if above && self.burst_start.is_none() => self.note_burst_start(ws),
+            State::Provisioning if above && self.burst_start.is_none() => self.note_burst_start(now),
             State::Armed => {
                 if above {
-                    self.note_burst_start(ws);
+                    self.note_burst_start(now);
                     self.go(State::Boost, now);
-                } else if now.saturating_sub(self.state_since) > self.cfg.attach_delay + self.cfg.inactivity_delay + self.cfg.window {
-                    // Predicted burst did not come: give the (clean) cache back.
+                } else if now.saturating_sub(self.state_since) > self.cfg.attach_delay + self.cfg.inactivity_delay + window {
                     out.push(self.decide(now, Action::StartDrain, "predicted burst did not come: release the pre-provisioned cache".into()));
                     self.go(State::Drain, now);
                 }
@@ -240,7 +260,7 @@ impl ElasticPolicy {
                 if above {
                     self.below_since = None;
                 } else {
-                    let since = *self.below_since.get_or_insert(ws);
+                    let since = *self.below_since.get_or_insert(now);
                     let below = now.saturating_sub(since);
                     if below >= self.cfg.inactivity_delay {
                         out.push(self.decide(
@@ -260,6 +280,7 @@ impl ElasticPolicy {
             }
             State::Drain if above && obs.attached && obs.dirty_bytes > 0 => {
                 self.below_since = None;
+                self.note_burst_start(now);
                 out.push(self.decide(now, Action::Resume, format!("utilization {} > UT while draining: back to phase 1", pct(util))));
                 self.go(State::Boost, now);
             }
@@ -276,11 +297,16 @@ impl ElasticPolicy {
         }
     }
 
-    /// Learn the next size from this burst: shrink to what was used, grow by
-    /// what had to be evicted early.
-    fn finish_burst(&mut self, _now: Duration) {
+    /// Learn the next size from this burst: shrink toward what was used (all the
+    /// way by default), grow by what had to be evicted early.
+    fn finish_burst(&mut self) {
         let (used, evicted) = (self.used_high, self.evicted_in_boost);
-        let want = if evicted > 0 { self.cache_size + evicted } else { used };
+        let want = if evicted > 0 {
+            self.cache_size + evicted
+        } else {
+            let cut = (self.cache_size.saturating_sub(used)) as f64 * self.cfg.shrink.clamp(0.0, 1.0);
+            self.cache_size - cut as u64
+        };
         self.next_size = round_up(want, self.cfg.granularity).clamp(self.cfg.min_cache, self.cfg.max_cache);
         self.history.push(BurstRecord {
             start: self.burst_start.unwrap_or_default(),
@@ -291,31 +317,42 @@ impl ElasticPolicy {
         });
     }
 
-    /// The period of the last bursts, if they repeat (last two intervals within 25 %).
-    pub fn period(&self) -> Option<Duration> {
-        let s = &self.burst_starts;
-        if s.len() < 3 {
+    /// The compute gap between the last burst's end and the next one's start,
+    /// learned from the previous gap (bulk-synchronous apps repeat their phases).
+    pub fn gap(&self) -> Option<Duration> {
+        let (s, e) = (&self.burst_starts, &self.burst_ends);
+        if s.len() < 2 {
             return None;
         }
-        let a = s[s.len() - 1] - s[s.len() - 2];
-        let b = s[s.len() - 2] - s[s.len() - 3];
-        let (fa, fb) = (a.as_secs_f64(), b.as_secs_f64());
-        ((fa - fb).abs() <= 0.25 * fa.max(fb)).then_some(a)
+        // Gap before the latest burst: its start minus the previous burst's end.
+        let prev_end = *e.get(s.len() - 2)?;
+        Some(s[s.len() - 1].saturating_sub(prev_end))
+    }
+
+    /// When the next burst is expected, if the period has been learned.
+    pub fn next_burst(&self) -> Option<Duration> {
+        let end = *self.burst_ends.get(self.burst_starts.len().checked_sub(1)?)?;
+        Some(end + self.gap()?)
     }
 
     fn pre_provision(&mut self, now: Duration, out: &mut Vec<Decision>) {
         if !self.cfg.learn_period || self.state != State::Idle {
             return;
         }
-        let (Some(p), Some(&last)) = (self.period(), self.burst_starts.last()) else { return };
-        let next = last + p;
+        let Some(next) = self.next_burst() else { return };
         let lead = self.cfg.attach_delay + self.cfg.window;
-        if now + lead >= next && now < next + self.cfg.window {
+        if now + lead >= next && now < next {
             let size = self.next_size;
             out.push(self.decide(
                 now,
                 Action::Provision { size },
-                format!("bursts repeat every {:.1} s; next expected at {:.1} s: pre-provision a {} cache {:.1} s ahead", p.as_secs_f64(), next.as_secs_f64(), gib(size), lead.as_secs_f64()),
+                format!(
+                    "bursts follow {:.1} s compute gaps; next expected at {:.1} s: pre-provision a {} cache {:.1} s ahead",
+                    self.gap().unwrap_or_default().as_secs_f64(),
+                    next.as_secs_f64(),
+                    gib(size),
+                    lead.as_secs_f64()
+                ),
             ));
             self.burst_start = None;
             self.go(State::Provisioning, now);
@@ -392,7 +429,8 @@ mod tests {
         sim.run(20.0, 1.0 * MB); // 3 %: nothing
         assert!(sim.log.is_empty());
         sim.run(5.0, 33.0 * MB);
-        assert_eq!(sim.actions(), vec![(25, &Action::Provision { size: 10 * GIB })]);
+        // Sliding 5 s window: 42 % two seconds into the burst.
+        assert_eq!(sim.actions(), vec![(22, &Action::Provision { size: 10 * GIB })]);
         assert!(sim.log[0].reason.contains("UT"), "{}", sim.log[0].reason);
     }
 
@@ -414,7 +452,7 @@ mod tests {
         sim.run(10.0, 0.0);
         assert_eq!(sim.p.state(), State::Drain);
         let drain_at = sim.log.iter().find(|d| d.action == Action::StartDrain).unwrap().at.as_secs();
-        assert_eq!(drain_at, 40, "below since 10 s, ID 30 s");
+        assert_eq!(drain_at, 45, "window below UT from 15 s, ID 30 s");
         sim.run(5.0, 0.0);
         assert_eq!(sim.p.state(), State::Drain, "still dirty");
         sim.obs.dirty_bytes = 0;
@@ -431,7 +469,7 @@ mod tests {
         sim.run(5.0, 100.0 * MB);
         sim.run(25.0, 0.0);
         assert_eq!(sim.p.state(), State::Boost);
-        sim.run(10.0, 0.0);
+        sim.run(15.0, 0.0);
         assert_eq!(sim.p.state(), State::Drain);
     }
 
@@ -494,13 +532,13 @@ mod tests {
             sim.run(20.0, 100.0 * MB);
             sim.run(180.0, 0.0);
         }
-        assert_eq!(sim.p.period(), Some(s(200.0)));
+        // Detected 1 s into each burst, back below UT 5 s after its end.
+        assert_eq!(sim.p.gap(), Some(s(176.0)));
+        assert_eq!(sim.p.next_burst(), Some(s(601.0)));
         sim.run(20.0, 100.0 * MB);
         let provs: Vec<u64> = sim.log.iter().filter(|d| matches!(d.action, Action::Provision { .. })).map(|d| d.at.as_secs()).collect();
-        // Fourth burst starts at 600 s: provisioned at least the attach delay ahead,
-        // at most attach delay + two windows.
-        let last = *provs.last().unwrap();
-        assert!((575..=590).contains(&last), "{provs:?}");
+        // Fourth burst is detected at 601 s: provisioned attach delay + window ahead.
+        assert_eq!(provs.last(), Some(&586), "{provs:?}");
         assert!(sim.log.iter().any(|d| d.reason.contains("pre-provision")));
     }
 
