@@ -8,8 +8,11 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 echo "== installing test dependencies (apt-get)"
 $SUDO apt-get update -qq
+# gcc/libc6-dev: the linker rustc needs; the rest are the real clients the
+# integration tests drive (python3-libnbd provides nbdsh).
 $SUDO apt-get install -y -qq --no-install-recommends \
-  qemu-utils fio nbdkit libnbd-bin nbdfuse fuse3 e2fsprogs util-linux \
+  gcc libc6-dev \
+  qemu-utils fio nbdkit libnbd-bin python3-libnbd nbdfuse fuse3 e2fsprogs util-linux mount \
   openssl gnutls-bin ca-certificates >/dev/null
 
 echo "== cargo build"

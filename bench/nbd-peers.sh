@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Serve the same tmpfs image with surge and with nbdkit's file plugin, run fio's
+# nbd engine against each (2 connections = 2 fio jobs), and print IOPS / MB/s and
+# the ratio surge/nbdkit for: 4 KiB random read and write at QD 32, 1 MiB
+# sequential read and write at QD 8.
+#
+#   bench/nbd-peers.sh            # 20 s per pattern and server, 1 GiB image
+#   bench/nbd-peers.sh --quick    # 5 s per pattern, 256 MiB image (CI smoke run)
+#   options: --runtime S  --size SIZE  --surge PATH (default: cargo build --release)
+#            --min-ratio R  (exit 1 if any ratio is below R; default: report only)
+#            --json FILE    (write the results as JSON)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+runtime=20 size=1G quick=0 surge="" min_ratio="" json_out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1; runtime=5; size=256M ;;
+    --runtime) runtime="$2"; shift ;;
+    --size) size="$2"; shift ;;
+    --surge) surge="$2"; shift ;;
+    --min-ratio) min_ratio="$2"; shift ;;
+    --json) json_out="$2"; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+for tool in fio nbdkit python3; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing: apt-get install fio nbdkit python3" >&2; exit 1; }
+done
+if [ -z "$surge" ]; then
+  cargo build --release -p surge --quiet
+  surge="${CARGO_TARGET_DIR:-target}/release/surge"
+fi
+
+work=$(mktemp -d /dev/shm/nbd-peers.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+img="$work/disk.img"
+fio --name=fill --filename="$img" --size="$size" --rw=write --bs=1M --ioengine=psync \
+    --output=/dev/null >/dev/null
+bytes=$(stat -c %s "$img")
+half=$((bytes / 2))
+
+wait_socket() {
+  for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done
+  echo "server did not create $1" >&2; exit 1
+}
+
+"$surge" serve --listen "unix:$work/surge.sock" --export "d=file:$img" \
+  --control "$work/control.sock" --data-dir "$work" >"$work/surge.out" 2>"$work/surge.log" &
+pids+=($!)
+nbdkit -f -U "$work/nbdkit.sock" -e d file "$img" 2>"$work/nbdkit.log" &
+pids+=($!)
+wait_socket "$work/surge.sock"
+wait_socket "$work/nbdkit.sock"
+
+# pattern name, fio rw, block size, queue depth
+patterns=(
+  "randread-4k-qd32 randread 4k 32"
+  "randwrite-4k-qd32 randwrite 4k 32"
+  "seqread-1m-qd8 read 1M 8"
+  "seqwrite-1m-qd8 write 1M 8"
+)
+
+run_fio() { # server pattern rw bs qd -> json file
+  local server=$1 name=$2 rw=$3 bs=$4 qd=$5
+  fio --name="$name" --ioengine=nbd --uri="nbd+unix:///d?socket=$work/$server.sock" \
+      --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=2 --size="$half" --offset_increment="$half" \
+      --time_based --runtime="$runtime" --ramp_time=1 --group_reporting \
+      --output-format=json --output="$work/$server-$name.json" >/dev/null
+}
+
+for p in "${patterns[@]}"; do
+  read -r name rw bs qd <<<"$p"
+  for server in surge nbdkit; do
+    run_fio "$server" "$name" "$rw" "$bs" "$qd"
+  done
+done
+
+python3 - "$work" "$runtime" "$bytes" "$quick" "${min_ratio:-0}" "$json_out" "${patterns[@]}" <<'EOF'
+import json, sys
+work, runtime, size, quick, min_ratio, json_out = sys.argv[1:7]
+patterns = [p.split()[0] for p in sys.argv[7:]]
+def measure(server, name):
+    job = json.load(open(f"{work}/{server}-{name}.json"))["jobs"][0]
+    side = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
+    return side["iops"], side["bw_bytes"] / 1e6
+rows, worst = [], None
+print(f"fio nbd engine, 2 connections, {runtime} s per run, image {int(size) >> 20} MiB on tmpfs")
+print(f"{'pattern':<20}{'surge':>22}{'nbdkit':>22}{'surge/nbdkit':>14}")
+for name in patterns:
+    s_iops, s_mb = measure("surge", name)
+    k_iops, k_mb = measure("nbdkit", name)
+    ratio = s_iops / k_iops if k_iops else float("inf")
+    worst = ratio if worst is None else min(worst, ratio)
+    fmt = lambda iops, mb: f"{iops:>9.0f} IOPS {mb:>6.0f} MB/s"
+    print(f"{name:<20}{fmt(s_iops, s_mb):>22}{fmt(k_iops, k_mb):>22}{ratio:>13.2f}x")
+    rows.append({"pattern": name, "surge_iops": s_iops, "surge_mbs": s_mb, "nbdkit_iops": k_iops, "nbdkit_mbs": k_mb, "ratio": ratio})
+print(f"lowest ratio: {worst:.2f}x (target >= 1.5x; below 1.0x is a defect)")
+if json_out:
+    json.dump({"runtime_s": int(runtime), "image_bytes": int(size), "results": rows}, open(json_out, "w"), indent=2)
+if worst < float(min_ratio):
+    sys.exit(f"lowest ratio {worst:.2f}x is below --min-ratio {min_ratio}")
+EOF
