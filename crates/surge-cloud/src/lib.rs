@@ -1,1 +1,20 @@
-//! surge-cloud (to be written)
+//! surge-cloud: the cloud as surge sees it.
+//!
+//! - [`Provider`]: create, attach, detach, delete and list volumes, read their
+//!   burst credits and cost. [`LocalProvider`] is the embedded default: volumes
+//!   are sparse files under a data directory, served through the device model
+//!   of their type (`surge_block::model`), with EBS-like attach delays.
+//! - [`VolumeSpec`]: `TYPE:SIZE[,key=value...]`, e.g. `gp2:100GiB`,
+//!   `reserved:10GiB,bw=33MB/s`.
+//! - [`cost`]: list prices and the per-second cost meter, with the
+//!   elastic-cache paper's AGBs.
+
+pub mod cost;
+pub mod local;
+pub mod provider;
+pub mod spec;
+
+pub use cost::{CostMeter, CostReport, PriceTable, VolumeCost, WallClock};
+pub use local::{Delays, LocalConfig, LocalProvider};
+pub use provider::{Action, CloudError, CreateRequest, Provider, VolumeInfo, VolumeState};
+pub use spec::{SpecError, VolumeSpec};

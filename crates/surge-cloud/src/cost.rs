@@ -1,0 +1,410 @@
+//! The cost meter: what each second of each volume costs.
+//!
+//! Billing follows EBS: per second, from creation to deletion (attached or
+//! not), with a 60-second minimum per volume; a monthly price is charged per
+//! second as `price x seconds / seconds_per_month` (AWS's own examples use a
+//! 30-day month). Alongside dollars, the meter accumulates the elastic-cache
+//! paper's "adjusted storage accumulation": a volume of N GB with reserved
+//! bandwidth B MB/s accrues B x N AGBs per second (no minimum; GB counted as
+//! GiB, as AWS does; MB/s as 10^6 bytes/s, as the paper's 33 MB/s disks).
+//!
+//! List prices: AWS us-east-1, <https://aws.amazon.com/ebs/pricing/>, figures as
+//! listed in 2025 (unchanged since gp3's launch in December 2020): gp2
+//! $0.10/GB-month; gp3 $0.08/GB-month, $0.005 per IOPS-month above 3,000,
+//! $0.040 per MiB/s-month above 125; io1 $0.125/GB-month + $0.065/IOPS-month;
+//! io2 $0.125/GB-month + $0.065/IOPS-month up to 32,000, $0.0455 for
+//! 32,001-64,000, $0.032 above; st1 $0.045/GB-month; sc1 $0.015/GB-month.
+//! `reserved` has no list price anywhere; we price it like gp3 storage plus
+//! gp3's provisioned throughput and IOPS for every unit reserved (an
+//! assumption, overridable). Azure premium is not priced by default.
+//! Every figure can be overridden from TOML ([`PriceTable::from_toml`]).
+
+use crate::spec::VolumeSpec;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use surge_block::model::{VolumeModel, GIB, MIB};
+use surge_block::Clock;
+
+/// Price of units above `from` (up to the next tier's `from`), per unit-month.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tier {
+    pub from: u64,
+    pub usd_month: f64,
+}
+
+/// One volume type's price.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct Price {
+    /// Per GiB-month of provisioned size.
+    pub gb_month: f64,
+    /// Per provisioned IOPS-month, tiered.
+    pub iops: Vec<Tier>,
+    /// Per provisioned MiB/s-month, tiered.
+    pub throughput: Vec<Tier>,
+    /// false: no list price known; the volume is billed $0 and flagged.
+    pub listed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PriceTable {
+    pub source: String,
+    pub date: String,
+    pub region: String,
+    pub seconds_per_month: u64,
+    pub minimum_seconds: u64,
+    pub gp2: Price,
+    pub gp3: Price,
+    pub io1: Price,
+    pub io2: Price,
+    pub st1: Price,
+    pub sc1: Price,
+    pub reserved: Price,
+    pub azure_premium: Price,
+}
+
+fn storage(gb_month: f64) -> Price {
+    Price { gb_month, listed: true, ..Price::default() }
+}
+
+fn tiers(t: &[(u64, f64)]) -> Vec<Tier> {
+    t.iter().map(|&(from, usd_month)| Tier { from, usd_month }).collect()
+}
+
+impl Default for PriceTable {
+    fn default() -> Self {
+        PriceTable {
+            source: "https://aws.amazon.com/ebs/pricing/".into(),
+            date: "2025 (unchanged since December 2020)".into(),
+            region: "us-east-1".into(),
+            seconds_per_month: 30 * 86_400,
+            minimum_seconds: 60,
+            gp2: storage(0.10),
+            gp3: Price { iops: tiers(&[(3_000, 0.005)]), throughput: tiers(&[(125, 0.040)]), ..storage(0.08) },
+            io1: Price { iops: tiers(&[(0, 0.065)]), ..storage(0.125) },
+            io2: Price { iops: tiers(&[(0, 0.065), (32_000, 0.0455), (64_000, 0.032)]), ..storage(0.125) },
+            st1: storage(0.045),
+            sc1: storage(0.015),
+            reserved: Price { iops: tiers(&[(0, 0.005)]), throughput: tiers(&[(0, 0.040)]), ..storage(0.08) },
+            azure_premium: Price::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PriceError {
+    #[error("price table TOML: {0}")]
+    Toml(String),
+}
+
+fn merge(base: &mut toml::Value, over: toml::Value) {
+    match (base, over) {
+        (toml::Value::Table(b), toml::Value::Table(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(bv) => merge(bv, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+impl PriceTable {
+    /// The default table with the keys given in `s` replaced, e.g.
+    /// `[gp2]\ngb_month = 0.12` or `seconds_per_month = 2678400`.
+    pub fn from_toml(s: &str) -> Result<Self, PriceError> {
+        let over: toml::Value = toml::from_str(s).map_err(|e| PriceError::Toml(e.to_string()))?;
+        let mut base = toml::Value::try_from(PriceTable::default()).map_err(|e| PriceError::Toml(e.to_string()))?;
+        merge(&mut base, over);
+        let t: PriceTable = base.try_into().map_err(|e: toml::de::Error| PriceError::Toml(e.to_string()))?;
+        if t.seconds_per_month == 0 {
+            return Err(PriceError::Toml("seconds_per_month must be positive".into()));
+        }
+        Ok(t)
+    }
+
+    pub fn price(&self, model: &VolumeModel) -> &Price {
+        match model {
+            VolumeModel::Reserved { .. } => &self.reserved,
+            VolumeModel::Gp2 => &self.gp2,
+            VolumeModel::Gp3 { .. } => &self.gp3,
+            VolumeModel::Io1 { .. } => &self.io1,
+            VolumeModel::Io2 { .. } => &self.io2,
+            VolumeModel::St1 => &self.st1,
+            VolumeModel::Sc1 => &self.sc1,
+            VolumeModel::AzurePremium => &self.azure_premium,
+        }
+    }
+
+    /// What a volume costs per month.
+    pub fn usd_month(&self, spec: &VolumeSpec) -> f64 {
+        let p = self.price(&spec.model);
+        let (iops, mibs) = match spec.model {
+            VolumeModel::Reserved { bw, iops } => (iops.unwrap_or(0), bw.unwrap_or(0) as f64 / MIB as f64),
+            VolumeModel::Gp3 { iops, throughput } => (iops.unwrap_or(3_000), throughput.unwrap_or(125 * MIB) as f64 / MIB as f64),
+            VolumeModel::Io1 { iops } | VolumeModel::Io2 { iops } => (iops, 0.0),
+            _ => (0, 0.0),
+        };
+        let gib = spec.size as f64 / GIB as f64;
+        p.gb_month * gib + tiered(&p.iops, iops as f64) + tiered(&p.throughput, mibs)
+    }
+}
+
+fn tiered(tiers: &[Tier], units: f64) -> f64 {
+    tiers
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let upto = tiers.get(i + 1).map_or(f64::INFINITY, |n| n.from as f64);
+            (units.min(upto) - t.from as f64).max(0.0) * t.usd_month
+        })
+        .sum()
+}
+
+/// One volume's life for billing: created at `start`, deleted at `end`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    pub id: String,
+    pub name: Option<String>,
+    pub spec: VolumeSpec,
+    pub start_unix_ns: u64,
+    pub end_unix_ns: Option<u64>,
+}
+
+/// A volume's bill so far.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeCost {
+    pub id: String,
+    pub name: Option<String>,
+    pub spec: String,
+    pub deleted: bool,
+    /// Seconds the volume has existed.
+    pub seconds: f64,
+    /// Seconds billed: whole seconds, rounded up, at least the minimum.
+    pub billed_seconds: u64,
+    pub usd_month: f64,
+    pub usd: f64,
+    /// Adjusted GB seconds (reserved MB/s x GiB x s); only volumes with reserved bandwidth.
+    pub agbs: Option<f64>,
+    /// false when the type has no list price (billed $0).
+    pub priced: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostReport {
+    pub at_unix_ms: u64,
+    pub volumes: Vec<VolumeCost>,
+    pub total_usd: f64,
+    pub total_agbs: f64,
+    pub price_source: String,
+    pub price_date: String,
+}
+
+/// Bill one record at `now_unix_ns`.
+pub fn bill(prices: &PriceTable, r: &UsageRecord, now_unix_ns: u64) -> VolumeCost {
+    let end = r.end_unix_ns.unwrap_or(now_unix_ns).max(r.start_unix_ns);
+    let ns = end - r.start_unix_ns;
+    let billed_seconds = ns.div_ceil(1_000_000_000).max(prices.minimum_seconds);
+    let usd_month = prices.usd_month(&r.spec);
+    let seconds = ns as f64 / 1e9;
+    let agbs = r.spec.model.reserved_bw().map(|bw| bw as f64 / 1e6 * (r.spec.size as f64 / GIB as f64) * seconds);
+    VolumeCost {
+        id: r.id.clone(),
+        name: r.name.clone(),
+        spec: r.spec.to_string(),
+        deleted: r.end_unix_ns.is_some(),
+        seconds,
+        billed_seconds,
+        usd_month,
+        usd: usd_month * billed_seconds as f64 / prices.seconds_per_month as f64,
+        agbs,
+        priced: prices.price(&r.spec.model).listed,
+    }
+}
+
+/// Bill every record at `now_unix_ns`.
+pub fn report(prices: &PriceTable, records: &[UsageRecord], now_unix_ns: u64) -> CostReport {
+    let volumes: Vec<VolumeCost> = records.iter().map(|r| bill(prices, r, now_unix_ns)).collect();
+    CostReport {
+        at_unix_ms: now_unix_ns / 1_000_000,
+        total_usd: volumes.iter().map(|v| v.usd).sum(),
+        total_agbs: volumes.iter().filter_map(|v| v.agbs).sum(),
+        volumes,
+        price_source: prices.source.clone(),
+        price_date: prices.date.clone(),
+    }
+}
+
+/// Maps a [`Clock`] to UNIX time: `epoch_unix_ns + clock.now()`.
+#[derive(Debug, Clone)]
+pub struct WallClock {
+    pub clock: Arc<dyn Clock>,
+    pub epoch_unix_ns: u64,
+}
+
+impl WallClock {
+    /// Anchor `clock` to the system's UNIX time now.
+    pub fn anchored(clock: Arc<dyn Clock>) -> Self {
+        let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let epoch_unix_ns = unix.saturating_sub(clock.now().as_nanos() as u64);
+        WallClock { clock, epoch_unix_ns }
+    }
+
+    pub fn now_unix_ns(&self) -> u64 {
+        self.epoch_unix_ns + self.clock.now().as_nanos() as u64
+    }
+}
+
+/// An in-process meter on a clock, for callers without a provider (the
+/// simulator, experiments): start and stop volumes, ask for the bill any time.
+pub struct CostMeter {
+    prices: PriceTable,
+    wall: WallClock,
+    records: Mutex<Vec<UsageRecord>>,
+}
+
+impl CostMeter {
+    pub fn new(prices: PriceTable, wall: WallClock) -> Self {
+        CostMeter { prices, wall, records: Mutex::new(Vec::new()) }
+    }
+
+    pub fn prices(&self) -> &PriceTable {
+        &self.prices
+    }
+
+    /// Billing of volume `id` starts now.
+    pub fn start(&self, id: &str, name: Option<String>, spec: VolumeSpec) {
+        let now = self.wall.now_unix_ns();
+        self.records.lock().push(UsageRecord { id: id.into(), name, spec, start_unix_ns: now, end_unix_ns: None });
+    }
+
+    /// Billing of volume `id` stops now; false if it was not running.
+    pub fn stop(&self, id: &str) -> bool {
+        let now = self.wall.now_unix_ns();
+        let mut recs = self.records.lock();
+        match recs.iter_mut().find(|r| r.id == id && r.end_unix_ns.is_none()) {
+            Some(r) => {
+                r.end_unix_ns = Some(now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn report(&self) -> CostReport {
+        report(&self.prices, &self.records.lock(), self.wall.now_unix_ns())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use surge_block::VirtualClock;
+
+    fn spec(s: &str) -> VolumeSpec {
+        s.parse().unwrap()
+    }
+
+    fn meter() -> (Arc<VirtualClock>, CostMeter) {
+        let clock = Arc::new(VirtualClock::new());
+        let m = CostMeter::new(PriceTable::default(), WallClock { clock: clock.clone(), epoch_unix_ns: 0 });
+        (clock, m)
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-12
+    }
+
+    #[test]
+    fn per_second_billing_with_60_s_minimum() {
+        let (clock, m) = meter();
+        m.start("a", None, spec("gp2:100GiB"));
+        clock.advance(Duration::from_secs(10));
+        // 10 s exist, 60 s billed: 100 GiB x $0.10 x 60 / 2,592,000.
+        let r = m.report();
+        assert_eq!(r.volumes[0].billed_seconds, 60);
+        assert!(close(r.total_usd, 10.0 * 60.0 / 2_592_000.0), "{}", r.total_usd);
+        clock.advance(Duration::from_millis(3_600_500 - 10_000));
+        // 3,600.5 s: billed 3,601 whole seconds.
+        let r = m.report();
+        assert_eq!(r.volumes[0].billed_seconds, 3_601);
+        assert!(close(r.total_usd, 10.0 * 3_601.0 / 2_592_000.0));
+        assert!(m.stop("a"));
+        clock.advance(Duration::from_secs(1_000));
+        assert_eq!(m.report().volumes[0].billed_seconds, 3_601, "deleted volumes stop accruing");
+        assert!(m.report().volumes[0].deleted);
+    }
+
+    #[test]
+    fn a_full_month_costs_the_list_price() {
+        let (clock, m) = meter();
+        for (i, s) in ["gp2:100GiB", "gp3:100GiB,iops=4000,throughput=250MiB/s", "io1:100GiB,iops=5000", "io2:1000GiB,iops=70000", "st1:500GiB", "sc1:500GiB"].iter().enumerate() {
+            m.start(&i.to_string(), None, spec(s));
+        }
+        clock.advance(Duration::from_secs(30 * 86_400));
+        let r = m.report();
+        let usd: Vec<f64> = r.volumes.iter().map(|v| v.usd).collect();
+        let want = [
+            10.0,
+            8.0 + 1_000.0 * 0.005 + 125.0 * 0.04,
+            12.5 + 5_000.0 * 0.065,
+            125.0 + 32_000.0 * 0.065 + 32_000.0 * 0.0455 + 6_000.0 * 0.032,
+            500.0 * 0.045,
+            500.0 * 0.015,
+        ];
+        for (got, want) in usd.iter().zip(want) {
+            assert!((got - want).abs() < 1e-9, "got {got}, want {want}");
+        }
+        assert!((r.total_usd - want.iter().sum::<f64>()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn agbs_of_the_paper_backing_and_cache() {
+        let (clock, m) = meter();
+        // Backing: 10 GB at 33 MB/s for the whole run; cache: 10 GB at 128 MB/s for 100 s.
+        m.start("backing", None, spec("reserved:10GiB,bw=33MB/s"));
+        clock.advance(Duration::from_secs(50));
+        m.start("cache", None, spec("reserved:10GiB,bw=128MB/s"));
+        clock.advance(Duration::from_secs(100));
+        m.stop("cache");
+        clock.advance(Duration::from_secs(50));
+        let r = m.report();
+        assert!(close(r.volumes[0].agbs.unwrap(), 33.0 * 10.0 * 200.0));
+        assert!(close(r.volumes[1].agbs.unwrap(), 128.0 * 10.0 * 100.0));
+        assert!(close(r.total_agbs, 66_000.0 + 128_000.0));
+        // A gp2 volume has no reserved bandwidth, hence no AGBs.
+        m.start("g", None, spec("gp2:1GiB"));
+        assert_eq!(m.report().volumes[2].agbs, None);
+    }
+
+    #[test]
+    fn agbs_have_no_minimum_but_dollars_do() {
+        let (clock, m) = meter();
+        m.start("c", None, spec("reserved:2GiB,bw=100MB/s"));
+        clock.advance(Duration::from_millis(1_500));
+        let v = &m.report().volumes[0];
+        assert!(close(v.agbs.unwrap(), 100.0 * 2.0 * 1.5));
+        assert_eq!(v.billed_seconds, 60);
+        // reserved priced like gp3: 2 GiB x $0.08 + 95.367 MiB/s x $0.04 per month.
+        let month = 2.0 * 0.08 + (100e6 / 1_048_576.0) * 0.04;
+        assert!(close(v.usd, month * 60.0 / 2_592_000.0));
+    }
+
+    #[test]
+    fn prices_can_be_overridden_from_toml() {
+        let t = PriceTable::from_toml("seconds_per_month = 2678400\n[gp2]\ngb_month = 0.12\n").unwrap();
+        assert_eq!(t.gp2.gb_month, 0.12);
+        assert!(t.gp2.listed, "unspecified keys keep their defaults");
+        assert_eq!(t.gp3, PriceTable::default().gp3);
+        assert_eq!(t.seconds_per_month, 2_678_400);
+        let e = PriceTable::from_toml("[gp2]\ngb_month = \"cheap\"").unwrap_err().to_string();
+        assert!(e.contains("gb_month") || e.contains("invalid type"), "{e}");
+        assert!(PriceTable::from_toml("seconds_per_month = 0").is_err());
+    }
+}

@@ -1,0 +1,245 @@
+use super::*;
+use surge_block::model::{GIB, GP2_CREDITS, MIB};
+use surge_block::VirtualClock;
+
+fn provider(dir: &Path, clock: &Arc<VirtualClock>) -> LocalProvider {
+    let mut cfg = LocalConfig::new(dir);
+    cfg.epoch_unix_ns = Some(0);
+    LocalProvider::open(cfg, clock.clone()).unwrap()
+}
+
+fn req(spec: &str, name: Option<&str>) -> CreateRequest {
+    CreateRequest { spec: spec.parse().unwrap(), name: name.map(String::from) }
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir.join("volumes")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn lifecycle_with_attach_and_detach_delays_on_the_clock() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let p = provider(d.path(), &clock);
+    let v = p.create(req("reserved:64MiB,bw=128MB/s", Some("cache"))).unwrap();
+    assert_eq!((v.id.as_str(), v.state, v.size), ("vol-000001", VolumeState::Available, 64 * MIB));
+    assert_eq!(clock.now(), Duration::ZERO, "create is immediate by default");
+    assert_eq!(files(d.path()), vec!["vol-000001.img"]);
+
+    let dev = p.attach("cache").unwrap();
+    assert_eq!(clock.now(), Duration::from_secs(3), "attach takes 3 s");
+    assert_eq!(p.describe("cache").unwrap().state, VolumeState::Attached);
+    dev.write_at(&[7u8; 4096], 0, false).unwrap();
+    let err = p.delete(&v.id).unwrap_err();
+    assert!(err.to_string().contains("delete vol-000001: attached to this process"), "{err}");
+
+    p.detach(&v.id).unwrap();
+    assert_eq!(clock.now(), Duration::from_secs(6), "detach takes 3 s");
+    assert!(matches!(dev.read_at(&mut [0u8; 16], 0), Err(BlockError::Gone(_))), "a detached device fails I/O");
+
+    let dev = p.attach(&v.id).unwrap();
+    let mut buf = [0u8; 4096];
+    dev.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, [7u8; 4096], "data survives detach/attach");
+    p.detach(&v.id).unwrap();
+    p.delete("cache").unwrap();
+    assert!(p.list().unwrap().is_empty());
+    assert!(files(d.path()).is_empty());
+    let e = p.describe("cache").unwrap_err();
+    assert_eq!(e.to_string(), "describe cache: no such volume");
+}
+
+#[test]
+fn state_and_data_survive_a_restart() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    {
+        let p = provider(d.path(), &clock);
+        p.create(req("gp2:1GiB", Some("a"))).unwrap();
+        p.create(req("st1:125GiB", None)).unwrap();
+        let dev = p.attach("a").unwrap();
+        dev.write_at(b"persist me", 4096, true).unwrap();
+        // No detach: the process "dies" with the volume attached.
+    }
+    let p = provider(d.path(), &clock);
+    let l = p.list().unwrap();
+    assert_eq!(l.iter().map(|v| v.spec.as_str()).collect::<Vec<_>>(), vec!["gp2:1GiB", "st1:125GiB"]);
+    // Our own pid is not a stale claim to others, but this process no longer
+    // holds the attachment, so attaching again works.
+    let dev = p.attach("a").unwrap();
+    let mut buf = [0u8; 10];
+    dev.read_at(&mut buf, 4096).unwrap();
+    assert_eq!(&buf, b"persist me");
+    assert_eq!(p.create(req("gp2:1GiB", None)).unwrap().id, "vol-000003", "ids are never reused");
+}
+
+#[test]
+fn an_injected_failure_at_any_create_step_leaves_no_volume() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let p = provider(d.path(), &clock);
+    for step in 0..3 {
+        p.inject_failure(Action::Create, step);
+        let e = p.create(req("gp2:8GiB", Some("x"))).unwrap_err();
+        assert_eq!(e.action(), Action::Create);
+        assert!(matches!(e, CloudError::Injected { step: s, .. } if s == step), "{e}");
+        assert!(e.to_string().starts_with("create "), "{e}");
+        assert!(p.list().unwrap().is_empty(), "step {step}: no volume listed");
+        assert!(files(d.path()).is_empty(), "step {step}: no file left");
+        assert!(p.cost().unwrap().volumes.is_empty(), "step {step}: nothing billed");
+    }
+    // And after a restart too; then the same create succeeds.
+    let p = provider(d.path(), &clock);
+    assert!(p.list().unwrap().is_empty());
+    p.create(req("gp2:8GiB", Some("x"))).unwrap();
+    assert_eq!(files(d.path()), vec!["vol-000001.img"]);
+}
+
+#[test]
+fn an_injected_failure_in_delete_or_attach_keeps_the_volume_whole() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let p = provider(d.path(), &clock);
+    let v = p.create(req("gp2:8GiB", None)).unwrap();
+    for step in 0..2 {
+        p.inject_failure(Action::Delete, step);
+        let e = p.delete(&v.id).unwrap_err();
+        assert!(e.to_string().starts_with("delete vol-000001: injected failure"), "{e}");
+        assert_eq!(p.list().unwrap().len(), 1);
+        assert_eq!(files(d.path()), vec!["vol-000001.img"]);
+    }
+    for step in 0..2 {
+        p.inject_failure(Action::Attach, step);
+        assert_eq!(p.attach(&v.id).err().unwrap().action(), Action::Attach);
+        assert_eq!(p.describe(&v.id).unwrap().state, VolumeState::Available, "a failed attach releases the claim");
+    }
+    p.attach(&v.id).unwrap();
+}
+
+#[test]
+fn a_slow_call_times_out_changing_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.epoch_unix_ns = Some(0);
+    cfg.timeout = Some(Duration::from_secs(10));
+    let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+    let v = p.create(req("gp2:8GiB", None)).unwrap();
+    p.inject_delay(Action::Attach, Duration::from_secs(60));
+    let e = p.attach(&v.id).err().unwrap();
+    assert!(matches!(e, CloudError::Timeout { .. }), "{e}");
+    assert_eq!(e.to_string(), "attach vol-000001: timed out after 10s (the call would take 63s); nothing was changed");
+    assert_eq!(clock.now(), Duration::from_secs(10), "gave up at the timeout");
+    assert_eq!(p.describe(&v.id).unwrap().state, VolumeState::Available);
+
+    p.inject_delay(Action::Create, Duration::from_secs(11));
+    assert!(matches!(p.create(req("gp2:8GiB", None)), Err(CloudError::Timeout { .. })));
+    assert_eq!(p.list().unwrap().len(), 1, "the timed-out create made nothing");
+    assert_eq!(files(d.path()).len(), 1);
+    p.attach(&v.id).unwrap();
+}
+
+#[test]
+fn orphaned_files_are_swept_at_open() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let p = provider(d.path(), &clock);
+    p.create(req("gp2:8GiB", None)).unwrap();
+    drop(p);
+    // As if a create crashed between writing the file and saving the state.
+    fs::write(d.path().join("volumes/vol-000002.img"), b"").unwrap();
+    let _p = provider(d.path(), &clock);
+    assert_eq!(files(d.path()), vec!["vol-000001.img"]);
+}
+
+#[test]
+fn a_volume_attached_by_another_live_process_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let p = provider(d.path(), &clock);
+    let v = p.create(req("gp2:8GiB", None)).unwrap();
+    // Claim it for pid 1 (always alive), as another surge process would.
+    let path = d.path().join("state.json");
+    let s = fs::read_to_string(&path).unwrap().replace("\"attached_pid\": null", "\"attached_pid\": 1");
+    fs::write(&path, s).unwrap();
+    assert_eq!(p.describe(&v.id).unwrap().state, VolumeState::Attached);
+    assert_eq!(p.delete(&v.id).unwrap_err().to_string(), "delete vol-000001: attached to process 1; detach it first");
+    assert!(p.attach(&v.id).err().unwrap().to_string().contains("attached to process 1"));
+}
+
+#[test]
+fn names_are_unique_and_checked() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let p = provider(d.path(), &clock);
+    p.create(req("gp2:8GiB", Some("db"))).unwrap();
+    assert_eq!(p.create(req("gp2:8GiB", Some("db"))).unwrap_err().to_string(), "create: name \"db\" is already used by volume vol-000001");
+    assert!(p.create(req("gp2:8GiB", Some("a b"))).is_err());
+    assert!(p.create(req("gp2:8GiB", Some("vol-7"))).is_err(), "names cannot look like ids");
+}
+
+#[test]
+fn credits_are_spent_by_io_and_kept_across_restart() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    {
+        let mut cfg = LocalConfig::new(d.path());
+        cfg.epoch_unix_ns = Some(0);
+        cfg.delays = Delays::none();
+        let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+        let v = p.create(req("gp2:100GiB", Some("g"))).unwrap();
+        assert_eq!(v.credits.ops, Some(GP2_CREDITS), "a new gp2 volume has a full bucket");
+        let dev = p.attach("g").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for i in 0..3_000u64 {
+            dev.read_at(&mut buf, i * 4096).unwrap();
+        }
+        // 3,000 ops at 3,000 IOPS: the last at 2,999/3,000 s, having earned 299.9 credits.
+        assert_eq!(p.credits("g").unwrap().ops, Some(GP2_CREDITS - 3_000 + 299));
+        p.detach("g").unwrap();
+    }
+    clock.advance(Duration::from_secs(5));
+    let p = provider(d.path(), &clock);
+    // Saved at detach (5,397,299, rounded down), plus 5 s x 300/s since.
+    assert_eq!(p.credits("g").unwrap().ops, Some(GP2_CREDITS - 3_000 + 299 + 1_500));
+    let m = p.attach("g").ok().and(p.model("vol-000001")).unwrap();
+    assert_eq!(m.credits().ops, Some(GP2_CREDITS - 3_000 + 299 + 1_500 + 900), "and 3 s more during the attach");
+    clock.advance(Duration::from_secs(100));
+    assert_eq!(m.credits().ops, Some(GP2_CREDITS), "the bucket stops at 5.4 M");
+}
+
+#[test]
+fn cost_runs_from_create_to_delete() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let p = provider(d.path(), &clock);
+    let v = p.create(req("gp2:100GiB", None)).unwrap();
+    p.create(req("reserved:10GiB,bw=33MB/s", None)).unwrap();
+    clock.advance(Duration::from_secs(120));
+    p.delete(&v.id).unwrap();
+    clock.advance(Duration::from_secs(80));
+    let r = p.cost().unwrap();
+    assert_eq!(r.volumes.len(), 2);
+    assert!(r.volumes[0].deleted);
+    assert_eq!(r.volumes[0].billed_seconds, 120);
+    assert!((r.volumes[0].usd - 10.0 * 120.0 / 2_592_000.0).abs() < 1e-12);
+    assert_eq!(r.volumes[1].billed_seconds, 200);
+    assert!((r.volumes[1].agbs.unwrap() - 33.0 * 10.0 * 200.0).abs() < 1e-9);
+}
+
+#[test]
+fn attached_volumes_pass_conformance() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.delays = Delays::none();
+    let p = LocalProvider::open(cfg, clock).unwrap();
+    surge_block::conformance::run("local-provider-reserved", |size| {
+        let v = p.create(CreateRequest { spec: VolumeSpec { size, ..format!("reserved:1GiB,bw=33MB/s,iops=500").parse().unwrap() }, name: None }).unwrap();
+        p.attach(&v.id).unwrap()
+    });
+    assert!(p.list().unwrap().len() >= 2);
+    let _ = GIB;
+}

@@ -1,0 +1,146 @@
+//! The cloud provider interface: what surge's control plane asks of a cloud.
+//!
+//! Calls block (on the provider's `Clock`) for as long as the cloud takes, e.g.
+//! a few seconds for an EBS attach, and fail with a [`CloudError`] that names
+//! the action and the volume. A failed call leaves nothing half-made behind.
+
+use crate::cost::CostReport;
+use crate::spec::VolumeSpec;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use surge_block::model::CreditBalance;
+use surge_block::BlockDev;
+
+/// Provider calls, for error messages and fault injection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Create,
+    Attach,
+    Detach,
+    Delete,
+    List,
+    Describe,
+    Cost,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Action::Create => "create",
+            Action::Attach => "attach",
+            Action::Detach => "detach",
+            Action::Delete => "delete",
+            Action::List => "list",
+            Action::Describe => "describe",
+            Action::Cost => "cost",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CloudError {
+    #[error("{action} {volume}: no such volume")]
+    NotFound { action: Action, volume: String },
+    #[error("{action} {volume}: {why}")]
+    Busy { action: Action, volume: String, why: String },
+    #[error("{action}: name {name:?} is already used by volume {id}")]
+    NameTaken { action: Action, name: String, id: String },
+    #[error("{action}: {source}")]
+    Spec {
+        action: Action,
+        #[source]
+        source: crate::spec::SpecError,
+    },
+    #[error("{action} {volume}: {what} {path}: {source}")]
+    Io {
+        action: Action,
+        volume: String,
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{action} {volume}: timed out after {waited:?} (the call would take {needed:?}); nothing was changed")]
+    Timeout { action: Action, volume: String, waited: Duration, needed: Duration },
+    #[error("{action} {volume}: injected failure at step {step}; nothing was changed")]
+    Injected { action: Action, volume: String, step: u32 },
+    #[error("{action}: state file {path} is unreadable: {why}")]
+    State { action: Action, path: PathBuf, why: String },
+}
+
+impl CloudError {
+    pub fn action(&self) -> Action {
+        match self {
+            CloudError::NotFound { action, .. }
+            | CloudError::Busy { action, .. }
+            | CloudError::NameTaken { action, .. }
+            | CloudError::Spec { action, .. }
+            | CloudError::Io { action, .. }
+            | CloudError::Timeout { action, .. }
+            | CloudError::Injected { action, .. }
+            | CloudError::State { action, .. } => *action,
+        }
+    }
+}
+
+pub type Result<T, E = CloudError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeState {
+    Available,
+    /// Attached to a process (this one or another on the same data dir).
+    Attached,
+}
+
+/// What a provider knows about a volume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    pub id: String,
+    /// Optional user-given name, unique among live volumes (export names use it).
+    pub name: Option<String>,
+    /// Canonical `TYPE:SIZE[,key=value...]`.
+    pub spec: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    pub state: VolumeState,
+    /// Creation time, ms since the UNIX epoch on the provider's clock.
+    pub created_unix_ms: u64,
+    /// Burst credits now (gp2 I/O credits, st1/sc1 throughput credits).
+    pub credits: CreditBalance,
+}
+
+/// A volume to create.
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    pub spec: VolumeSpec,
+    pub name: Option<String>,
+}
+
+/// A cloud: creates, attaches, detaches and deletes volumes.
+pub trait Provider: Send + Sync {
+    /// Provision a volume (billing starts now).
+    fn create(&self, req: CreateRequest) -> Result<VolumeInfo>;
+    /// Attach a volume to this process; the device serves I/O through the
+    /// model of the volume's type. A volume is attached at most once.
+    fn attach(&self, id: &str) -> Result<Arc<dyn BlockDev>>;
+    /// Detach: the device handed out by `attach` fails every request from now on
+    /// (callers detach only when they no longer need it, e.g. a clean cache).
+    fn detach(&self, id: &str) -> Result<()>;
+    /// Delete a detached volume and its data (billing stops now).
+    fn delete(&self, id: &str) -> Result<()>;
+    fn list(&self) -> Result<Vec<VolumeInfo>>;
+    /// One volume, by id or name.
+    fn describe(&self, id: &str) -> Result<VolumeInfo>;
+    /// Burst credits left now.
+    fn credits(&self, id: &str) -> Result<CreditBalance> {
+        Ok(self.describe(id)?.credits)
+    }
+    /// Cost so far, per volume and in total (deleted volumes included).
+    fn cost(&self) -> Result<CostReport>;
+}
