@@ -34,6 +34,13 @@ impl Socket {
         }
     }
 
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Socket::Unix(s) => s.set_write_timeout(t),
+            Socket::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
     /// A printable peer address for logs.
     pub fn peer(&self) -> String {
         match self {

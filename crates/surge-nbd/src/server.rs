@@ -209,6 +209,8 @@ pub struct Server {
 
 /// How long a client may take to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long sending one batch of replies may block.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often acceptors look at the shutdown flag.
 const ACCEPT_POLL_MS: i32 = 100;
 
@@ -258,17 +260,22 @@ impl Server {
             }
             Listen::Tcp(addr) => AnyListener::Tcp(TcpListener::bind(addr).map_err(err)?),
         };
+        // The address actually bound (TCP port 0 gets a real port).
+        let bound = match &listener {
+            AnyListener::Tcp(l) => Listen::Tcp(l.local_addr().map_err(err)?),
+            AnyListener::Unix(_) => listen.clone(),
+        };
         let shared = self.shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("nbd-accept {listen}"))
             .spawn(move || accept_loop(shared, listener))
             .map_err(ServerError::Thread)?;
-        info!(%listen, "listening");
-        self.acceptors.lock().push(Acceptor { listen: listen.clone(), thread });
+        info!(listen = %bound, "listening");
+        self.acceptors.lock().push(Acceptor { listen: bound, thread });
         Ok(())
     }
 
-    /// The local address of a TCP listener (useful after binding port 0).
+    /// Where the server listens, with the real port of TCP listeners bound to port 0.
     pub fn local_addrs(&self) -> Vec<Listen> {
         self.acceptors.lock().iter().map(|a| a.listen.clone()).collect()
     }
@@ -461,6 +468,9 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     let mut writer = socket.try_clone()?;
     let mut reader = BufReader::with_capacity(transmission::READ_BUFFER, socket);
     control.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    // A client that stops reading replies fails its connection instead of
+    // holding a worker (and shutdown) forever.
+    control.set_write_timeout(Some(REPLY_TIMEOUT))?;
     let Some(neg) = handshake::negotiate(shared, &mut reader, &mut writer)? else {
         return Ok("during handshake".into());
     };

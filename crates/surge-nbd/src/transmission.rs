@@ -15,6 +15,7 @@ use crate::server::{ExportState, Shared};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use std::io::{self, BufReader, Read, Write};
+use std::ops::Range;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,7 +32,7 @@ pub const HARD_MAX_PAYLOAD: u32 = 64 << 20;
 const KEEP_BUFFER: usize = 4 << 20;
 /// Requests bigger than KEEP_BUFFER in flight at once per connection (memory bound).
 const BIG_IN_FLIGHT: usize = 4;
-/// Reads at least this long look for holes first (structured replies only).
+/// Structured reads at least this long send zero runs as OFFSET_HOLE chunks.
 const HOLE_SCAN_MIN: u32 = 64 * 1024;
 /// Longest error message sent in an error chunk.
 const MAX_ERROR_MESSAGE: usize = 1024;
@@ -53,8 +54,68 @@ pub(crate) enum Dispatch {
     Inline,
 }
 
+/// A reply waiting to be sent. It owns the request's buffer, which goes back to
+/// the pool once the reply is on the wire.
+pub(crate) struct OutMsg {
+    /// Simple reply or chunk header (+ offset): the whole reply but read data.
+    head: [u8; HEAD_MAX],
+    head_len: u8,
+    /// Bytes of `buf` sent after `head`.
+    data: Range<usize>,
+    /// Multi-part replies (sparse reads, errors, block status) instead of head/data.
+    meta: Vec<u8>,
+    parts: Vec<Part>,
+    buf: Vec<u8>,
+    big: bool,
+}
+
+const HEAD_MAX: usize = CHUNK_HEADER_LEN + 8;
+
+#[derive(Debug, Clone)]
+enum Part {
+    Meta(Range<usize>),
+    Data(Range<usize>),
+}
+
+impl OutMsg {
+    fn new(buf: Vec<u8>, big: bool) -> OutMsg {
+        OutMsg { head: [0; HEAD_MAX], head_len: 0, data: 0..0, meta: Vec::new(), parts: Vec::new(), buf, big }
+    }
+
+    fn set_head(&mut self, bytes: &[u8]) {
+        self.head[..bytes.len()].copy_from_slice(bytes);
+        self.head_len = bytes.len() as u8;
+    }
+
+    /// Appends this reply's slices in wire order.
+    fn slices<'a>(&'a self, out: &mut Vec<&'a [u8]>) {
+        if self.parts.is_empty() {
+            out.push(&self.head[..self.head_len as usize]);
+            if !self.data.is_empty() {
+                out.push(&self.buf[self.data.clone()]);
+            }
+            return;
+        }
+        for p in &self.parts {
+            out.push(match p {
+                Part::Meta(r) => &self.meta[r.clone()],
+                Part::Data(r) => &self.buf[r.clone()],
+            });
+        }
+    }
+}
+
+/// Replies queued for sending; one thread at a time (the "flusher") writes them.
+#[derive(Default)]
+struct Outbox {
+    queue: Vec<OutMsg>,
+    spare: Vec<OutMsg>,
+    flushing: bool,
+}
+
 /// What the reader and the workers share about one connection.
 pub(crate) struct Conn {
+    out: Mutex<Outbox>,
     writer: Mutex<Box<dyn Write + Send>>,
     structured: bool,
     meta_context: Option<u32>,
@@ -65,18 +126,60 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Sends one reply; on failure marks the connection broken and wakes the reader.
-    fn send(&self, parts: &[&[u8]]) {
+    /// Queues a reply. With `flush`, the caller sends everything queued unless
+    /// another thread is already doing so (that one picks this reply up too), so
+    /// replies that complete together leave in one `writev`.
+    fn enqueue(&self, msg: OutMsg, flush: bool) {
+        let mut ob = self.out.lock();
+        ob.queue.push(msg);
+        if flush && !ob.flushing {
+            ob.flushing = true;
+            self.drain(ob);
+        }
+    }
+
+    /// Sends whatever is queued (used by the inline reader before it blocks).
+    fn flush(&self) {
+        let mut ob = self.out.lock();
+        if !ob.flushing && !ob.queue.is_empty() {
+            ob.flushing = true;
+            self.drain(ob);
+        }
+    }
+
+    fn drain<'a>(&'a self, mut ob: parking_lot::MutexGuard<'a, Outbox>) {
+        loop {
+            let spare = std::mem::take(&mut ob.spare);
+            let mut batch = std::mem::replace(&mut ob.queue, spare);
+            drop(ob);
+            self.write_batch(&batch);
+            for m in batch.drain(..) {
+                release(self, m.buf, m.big);
+            }
+            ob = self.out.lock();
+            ob.spare = batch;
+            if ob.queue.is_empty() {
+                ob.flushing = false;
+                return;
+            }
+        }
+    }
+
+    fn write_batch(&self, batch: &[OutMsg]) {
         if self.broken.load(Ordering::Relaxed) {
             return;
         }
+        let mut slices = Vec::with_capacity(batch.len() * 2);
+        for m in batch {
+            m.slices(&mut slices);
+        }
         let res = {
             let mut w = self.writer.lock();
-            write_all_parts(&mut **w, parts).and_then(|_| w.flush())
+            write_all_parts(&mut **w, &slices).and_then(|_| w.flush())
         };
         if let Err(e) = res {
             if !self.broken.swap(true, Ordering::Relaxed) {
-                debug!(error = %e, "sending reply failed; closing");
+                debug!(error = %e, "sending replies failed; closing");
                 if let Some(c) = &self.control {
                     let _ = c.shutdown(Shutdown::Both);
                 }
@@ -106,6 +209,7 @@ pub(crate) fn serve<R: Read>(
         big_tx.send(()).expect("pool has room");
     }
     let conn = Arc::new(Conn {
+        out: Mutex::new(Outbox::default()),
         writer: Mutex::new(writer),
         structured: neg.structured,
         meta_context: neg.meta_context,
@@ -114,8 +218,8 @@ pub(crate) fn serve<R: Read>(
         broken: AtomicBool::new(false),
         control,
     });
-    let mut scratch = Vec::new();
-    let outcome = read_requests(export, &conn, &mut reader, &buf_rx, &big_rx, &dispatch, &mut scratch);
+    let outcome = read_requests(export, &conn, &mut reader, &buf_rx, &big_rx, &dispatch);
+    conn.flush();
     // Every buffer back in the pool means every request has been answered.
     for _ in 0..max {
         let _ = buf_rx.recv();
@@ -133,9 +237,12 @@ fn read_requests<R: Read>(
     buffers: &Receiver<Vec<u8>>,
     big_tokens: &Receiver<()>,
     dispatch: &Dispatch,
-    scratch: &mut Vec<u8>,
 ) -> io::Result<String> {
     loop {
+        if reader.buffer().len() < REQUEST_HEADER_LEN {
+            // About to block on the socket: send what inline execution queued.
+            conn.flush();
+        }
         let mut hdr = [0u8; REQUEST_HEADER_LEN];
         if !read_exact_or_eof(reader, &mut hdr)? {
             return Ok("client closed the connection".into());
@@ -153,10 +260,21 @@ fn read_requests<R: Read>(
         }
         let big = req.len as usize > KEEP_BUFFER && req.len <= HARD_MAX_PAYLOAD;
         if big {
+            conn.flush();
             let _ = big_tokens.recv();
         }
-        let mut buf = buffers.recv().expect("the connection holds a sender");
+        let mut buf = match buffers.try_recv() {
+            Ok(b) => b,
+            Err(_) => {
+                // All buffers in flight: make sure queued replies go out, then wait.
+                conn.flush();
+                buffers.recv().expect("the connection holds a sender")
+            }
+        };
         if payload > 0 {
+            if reader.buffer().len() < payload as usize {
+                conn.flush();
+            }
             if let Err(e) = reader.read_exact(sized(&mut buf, payload as usize)) {
                 // Nothing of this write is applied: it was never dispatched.
                 release(conn, buf, big);
@@ -167,10 +285,10 @@ fn read_requests<R: Read>(
         match dispatch {
             Dispatch::Pool(tx) => {
                 if let Err(crossbeam_channel::SendError(Work::Request(job))) = tx.send(Work::Request(job)) {
-                    execute(export, job, scratch);
+                    run_job(export, job, true);
                 }
             }
-            Dispatch::Inline => execute(export, job, scratch),
+            Dispatch::Inline => run_job(export, job, false),
         }
     }
 }
@@ -198,9 +316,8 @@ fn release(conn: &Conn, mut buf: Vec<u8>, big: bool) {
 }
 
 pub(crate) fn worker_loop(export: &ExportState, rx: Receiver<Work>) {
-    let mut scratch = Vec::new();
     while let Ok(Work::Request(job)) = rx.recv() {
-        execute(export, job, &mut scratch);
+        run_job(export, job, true);
     }
 }
 
@@ -222,36 +339,24 @@ impl From<BlockError> for Fail {
     }
 }
 
-/// Runs one request and sends its reply, then returns its buffer to the pool.
-pub(crate) fn execute(export: &ExportState, job: Job, scratch: &mut Vec<u8>) {
-    let Job { conn, req, mut buf, big } = job;
-    let result = run(export, &conn, &req, &mut buf, scratch);
-    match result {
-        Ok(Answered::Ack) => send_ack(&conn, req.cookie),
-        Ok(Answered::Sent) => {}
-        Err(fail) => {
-            export.counters.errors.fetch_add(1, Ordering::Relaxed);
-            if fail.errno == EIO || fail.errno == ENOSPC {
-                warn!(export = %export.export.name, cmd = req.cmd, offset = req.offset, len = req.len, error = %fail.msg, "request failed");
-            } else {
-                debug!(cmd = req.cmd, offset = req.offset, len = req.len, errno = fail.errno, error = %fail.msg, "request refused");
-            }
-            send_error(&conn, req.cookie, &fail);
+/// Runs one request and queues its reply (sending it at once with `flush`).
+fn run_job(export: &ExportState, job: Job, flush: bool) {
+    let Job { conn, req, buf, big } = job;
+    let mut msg = OutMsg::new(buf, big);
+    if let Err(fail) = execute(export, &conn, &req, &mut msg) {
+        export.counters.errors.fetch_add(1, Ordering::Relaxed);
+        if fail.errno == EIO || fail.errno == ENOSPC {
+            warn!(export = %export.export.name, cmd = req.cmd, offset = req.offset, len = req.len, error = %fail.msg, "request failed");
+        } else {
+            debug!(cmd = req.cmd, offset = req.offset, len = req.len, errno = fail.errno, error = %fail.msg, "request refused");
         }
+        error_reply(&conn, req.cookie, &fail, &mut msg);
     }
-    release(&conn, buf, big);
+    conn.enqueue(msg, flush);
 }
 
-enum Answered {
-    /// Succeeded without data: send the plain acknowledgement.
-    Ack,
-    /// The reply was already sent (reads and block status).
-    Sent,
-}
-
-type Outcome = Result<Answered, Fail>;
-
-fn run(export: &ExportState, conn: &Conn, req: &Request, buf: &mut Vec<u8>, scratch: &mut Vec<u8>) -> Outcome {
+/// Does the request's work and fills `msg` with its successful reply.
+fn execute(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -> Result<(), Fail> {
     let bad_flags = req.flags & !allowed_flags(req.cmd, conn.structured);
     if bad_flags != 0 && is_known_command(req.cmd) {
         return Err(Fail::new(EINVAL, format!("flags {bad_flags:#x} are not valid for command {}", req.cmd)));
@@ -266,29 +371,26 @@ fn run(export: &ExportState, conn: &Conn, req: &Request, buf: &mut Vec<u8>, scra
                 let errno = if req.flags & CMD_FLAG_DF != 0 { EOVERFLOW } else { EINVAL };
                 return Err(Fail::new(errno, format!("read of {} bytes exceeds {HARD_MAX_PAYLOAD}", req.len)));
             }
-            read(export, conn, req, buf, scratch)?;
+            read(dev, conn, req, msg)?;
             c.reads.fetch_add(1, Ordering::Relaxed);
             c.bytes_read.fetch_add(req.len as u64, Ordering::Relaxed);
-            Ok(Answered::Sent)
+            return Ok(());
         }
         CMD_WRITE => {
             check_writable(export, req)?;
-            dev.write_at(&buf[..req.len as usize], req.offset, fua)?;
+            dev.write_at(&msg.buf[..req.len as usize], req.offset, fua)?;
             c.writes.fetch_add(1, Ordering::Relaxed);
             c.bytes_written.fetch_add(req.len as u64, Ordering::Relaxed);
-            Ok(Answered::Ack)
         }
         CMD_FLUSH => {
             dev.flush()?;
             c.flushes.fetch_add(1, Ordering::Relaxed);
-            Ok(Answered::Ack)
         }
         CMD_TRIM => {
             check_writable(export, req)?;
             dev.discard(req.offset, req.len as u64)?;
             flush_if(dev, fua)?;
             c.trims.fetch_add(1, Ordering::Relaxed);
-            Ok(Answered::Ack)
         }
         CMD_WRITE_ZEROES => {
             check_writable(export, req)?;
@@ -302,21 +404,21 @@ fn run(export: &ExportState, conn: &Conn, req: &Request, buf: &mut Vec<u8>, scra
             dev.write_zeroes(req.offset, req.len as u64, mode)?;
             flush_if(dev, fua)?;
             c.zeroes.fetch_add(1, Ordering::Relaxed);
-            Ok(Answered::Ack)
         }
         CMD_CACHE => {
             check_bounds(export, req, EINVAL)?;
             dev.prefetch(req.offset, req.len as u64)?;
             c.caches.fetch_add(1, Ordering::Relaxed);
-            Ok(Answered::Ack)
         }
         CMD_BLOCK_STATUS => {
-            block_status(export, conn, req, scratch)?;
+            block_status(export, conn, req, msg)?;
             c.block_status.fetch_add(1, Ordering::Relaxed);
-            Ok(Answered::Sent)
+            return Ok(());
         }
-        other => Err(Fail::new(EINVAL, format!("unknown command {other}"))),
+        other => return Err(Fail::new(EINVAL, format!("unknown command {other}"))),
     }
+    msg.set_head(&encode_simple_reply(0, req.cookie));
+    Ok(())
 }
 
 fn is_known_command(cmd: u16) -> bool {
@@ -346,128 +448,114 @@ fn check_writable(export: &ExportState, req: &Request) -> Result<(), Fail> {
     check_bounds(export, req, ENOSPC)
 }
 
-fn send_ack(conn: &Conn, cookie: u64) {
-    conn.send(&[&encode_simple_reply(0, cookie)]);
-}
-
-fn send_error(conn: &Conn, cookie: u64, fail: &Fail) {
+/// Replaces whatever `msg` held with an error reply (simple, or an ERROR chunk).
+fn error_reply(conn: &Conn, cookie: u64, fail: &Fail, msg: &mut OutMsg) {
+    msg.data = 0..0;
+    msg.parts.clear();
     if !conn.structured {
-        conn.send(&[&encode_simple_reply(fail.errno, cookie)]);
+        msg.set_head(&encode_simple_reply(fail.errno, cookie));
         return;
     }
-    let msg = truncate_utf8(&fail.msg, MAX_ERROR_MESSAGE).as_bytes();
-    let hdr = encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_ERROR, cookie, 6 + msg.len() as u32);
-    let mut fixed = [0u8; 6];
-    fixed[0..4].copy_from_slice(&fail.errno.to_be_bytes());
-    fixed[4..6].copy_from_slice(&(msg.len() as u16).to_be_bytes());
-    conn.send(&[&hdr, &fixed, msg]);
+    let text = truncate_utf8(&fail.msg, MAX_ERROR_MESSAGE).as_bytes();
+    msg.meta.clear();
+    msg.meta.extend_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_ERROR, cookie, 6 + text.len() as u32));
+    msg.meta.extend_from_slice(&fail.errno.to_be_bytes());
+    msg.meta.extend_from_slice(&(text.len() as u16).to_be_bytes());
+    msg.meta.extend_from_slice(text);
+    msg.parts.push(Part::Meta(0..msg.meta.len()));
 }
 
-fn read(export: &ExportState, conn: &Conn, req: &Request, buf: &mut Vec<u8>, scratch: &mut Vec<u8>) -> Result<(), Fail> {
-    let dev = &*export.export.dev;
+fn read(dev: &dyn BlockDev, conn: &Conn, req: &Request, msg: &mut OutMsg) -> Result<(), Fail> {
     let len = req.len as usize;
-    if conn.structured && len as u32 >= HOLE_SCAN_MIN && export.caps.block_status && req.flags & CMD_FLAG_DF == 0 {
-        if let Some(pieces) = sparse_pieces(dev, req) {
-            return read_sparse(dev, conn, req, &pieces, buf, scratch);
+    dev.read_at(sized(&mut msg.buf, len), req.offset)?;
+    if !conn.structured {
+        msg.set_head(&encode_simple_reply(0, req.cookie));
+        msg.data = 0..len;
+        return Ok(());
+    }
+    if len == 0 {
+        msg.set_head(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, req.cookie, 0));
+        return Ok(());
+    }
+    if req.len >= HOLE_SCAN_MIN && req.flags & CMD_FLAG_DF == 0 {
+        if let Some(pieces) = zero_pieces(req.offset, &msg.buf[..len]) {
+            sparse_reply(req, &pieces, msg);
+            return Ok(());
         }
     }
-    let data = sized(buf, len);
-    dev.read_at(data, req.offset)?;
-    if !conn.structured {
-        conn.send(&[&encode_simple_reply(0, req.cookie), data]);
-    } else if len == 0 {
-        conn.send(&[&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, req.cookie, 0)]);
-    } else {
-        let mut head = [0u8; CHUNK_HEADER_LEN + 8];
-        head[..CHUNK_HEADER_LEN].copy_from_slice(&encode_chunk_header(
-            REPLY_FLAG_DONE,
-            REPLY_TYPE_OFFSET_DATA,
-            req.cookie,
-            8 + len as u32,
-        ));
-        head[CHUNK_HEADER_LEN..].copy_from_slice(&req.offset.to_be_bytes());
-        conn.send(&[&head, data]);
-    }
+    let mut head = [0u8; HEAD_MAX];
+    head[..CHUNK_HEADER_LEN].copy_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req.cookie, 8 + req.len));
+    head[CHUNK_HEADER_LEN..].copy_from_slice(&req.offset.to_be_bytes());
+    msg.set_head(&head);
+    msg.data = 0..len;
     Ok(())
 }
 
-/// A piece of a read: `len` bytes at `rel` (relative to the request), a hole or data.
-#[derive(Debug, Clone, Copy)]
+/// A piece of a read: `len` bytes at `rel` (relative to the request), zeroes or data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Piece {
     rel: u32,
     len: u32,
     hole: bool,
 }
 
-/// Splits a read into data and zero pieces, or `None` if it is all data (or the
-/// device cannot tell), so the common case stays one data chunk.
-fn sparse_pieces(dev: &dyn BlockDev, req: &Request) -> Option<Vec<Piece>> {
-    let extents = dev.block_status(req.offset, req.len as u64).ok()?;
-    if extents.iter().all(|e| e.kind == ExtentKind::Data) {
-        return None;
-    }
+/// Granularity of zero detection in reads.
+const ZERO_SEGMENT: u64 = 64 * 1024;
+
+fn is_zero(b: &[u8]) -> bool {
+    // OR-reduce 4 KiB blocks (vectorizes well), stopping at the first non-zero block.
+    b.chunks(4096).all(|c| c.iter().fold(0u8, |a, &x| a | x) == 0)
+}
+
+/// Splits read data into runs of zero and non-zero 64 KiB segments, or `None`
+/// if it holds no zero segment, so the common case stays one data chunk.
+fn zero_pieces(offset: u64, data: &[u8]) -> Option<Vec<Piece>> {
+    let len = data.len() as u64;
     let mut pieces: Vec<Piece> = Vec::new();
-    let mut rel = 0u32;
-    for e in extents {
-        let len = e.len.min((req.len - rel) as u64) as u32;
-        if len == 0 {
-            break;
+    let mut rel = 0u64;
+    while rel < len {
+        let end = len.min(rel + ZERO_SEGMENT - (offset + rel) % ZERO_SEGMENT);
+        let hole = is_zero(&data[rel as usize..end as usize]);
+        let p = Piece { rel: rel as u32, len: (end - rel) as u32, hole };
+        match pieces.last_mut() {
+            Some(last) if last.hole == p.hole => last.len += p.len,
+            _ => pieces.push(p),
         }
-        push_piece(&mut pieces, Piece { rel, len, hole: e.kind != ExtentKind::Data });
-        rel += len;
+        rel = end;
     }
-    if rel < req.len {
-        push_piece(&mut pieces, Piece { rel, len: req.len - rel, hole: false });
-    }
-    Some(pieces)
+    pieces.iter().any(|p| p.hole).then_some(pieces)
 }
 
-fn push_piece(pieces: &mut Vec<Piece>, p: Piece) {
-    match pieces.last_mut() {
-        Some(last) if last.hole == p.hole => last.len += p.len,
-        _ => pieces.push(p),
-    }
-}
-
-/// Reads the data pieces, then sends all chunks at once: OFFSET_DATA for data,
-/// OFFSET_HOLE for zeroes, the last one flagged DONE (no error can follow).
-fn read_sparse(
-    dev: &dyn BlockDev,
-    conn: &Conn,
-    req: &Request,
-    pieces: &[Piece],
-    buf: &mut Vec<u8>,
-    scratch: &mut Vec<u8>,
-) -> Result<(), Fail> {
-    let data = sized(buf, req.len as usize);
-    for p in pieces.iter().filter(|p| !p.hole) {
-        dev.read_at(&mut data[p.rel as usize..(p.rel + p.len) as usize], req.offset + p.rel as u64)?;
-    }
-    scratch.clear();
+/// OFFSET_DATA chunks for data pieces, OFFSET_HOLE chunks for zero pieces; the
+/// last is flagged DONE (the data is already read, so no error can follow).
+fn sparse_reply(req: &Request, pieces: &[Piece], msg: &mut OutMsg) {
+    msg.meta.clear();
+    msg.parts.clear();
     for (i, p) in pieces.iter().enumerate() {
         let flags = if i + 1 == pieces.len() { REPLY_FLAG_DONE } else { 0 };
         let (kind, len) = if p.hole { (REPLY_TYPE_OFFSET_HOLE, 12) } else { (REPLY_TYPE_OFFSET_DATA, 8 + p.len) };
-        scratch.extend_from_slice(&encode_chunk_header(flags, kind, req.cookie, len));
-        scratch.extend_from_slice(&(req.offset + p.rel as u64).to_be_bytes());
+        let at = msg.meta.len();
+        msg.meta.extend_from_slice(&encode_chunk_header(flags, kind, req.cookie, len));
+        msg.meta.extend_from_slice(&(req.offset + p.rel as u64).to_be_bytes());
         if p.hole {
-            scratch.extend_from_slice(&p.len.to_be_bytes());
+            msg.meta.extend_from_slice(&p.len.to_be_bytes());
         }
-    }
-    let mut parts: Vec<&[u8]> = Vec::with_capacity(pieces.len() * 2);
-    let mut at = 0;
-    for p in pieces {
-        let head = if p.hole { CHUNK_HEADER_LEN + 12 } else { CHUNK_HEADER_LEN + 8 };
-        parts.push(&scratch[at..at + head]);
-        at += head;
+        msg.parts.push(Part::Meta(at..msg.meta.len()));
         if !p.hole {
-            parts.push(&data[p.rel as usize..(p.rel + p.len) as usize]);
+            msg.parts.push(Part::Data(p.rel as usize..(p.rel + p.len) as usize));
         }
     }
-    conn.send(&parts);
-    Ok(())
 }
 
-fn block_status(export: &ExportState, conn: &Conn, req: &Request, scratch: &mut Vec<u8>) -> Result<(), Fail> {
+fn status_flags(kind: ExtentKind) -> u32 {
+    match kind {
+        ExtentKind::Data => 0,
+        ExtentKind::Zero => STATE_ZERO,
+        ExtentKind::Hole => STATE_HOLE | STATE_ZERO,
+    }
+}
+
+fn block_status(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -> Result<(), Fail> {
     let Some(ctx) = conn.meta_context.filter(|_| conn.structured) else {
         return Err(Fail::new(EINVAL, "no metadata context was negotiated"));
     };
@@ -477,47 +565,68 @@ fn block_status(export: &ExportState, conn: &Conn, req: &Request, scratch: &mut 
     check_bounds(export, req, EINVAL)?;
     let extents = export.export.dev.block_status(req.offset, req.len as u64)?;
     let one = req.flags & CMD_FLAG_REQ_ONE != 0;
-    scratch.clear();
-    scratch.extend_from_slice(&[0u8; CHUNK_HEADER_LEN]);
-    scratch.extend_from_slice(&ctx.to_be_bytes());
-    let (mut total, mut last): (u32, Option<u32>) = (0, None);
+    // Merged (len, flags) descriptors, clipped to the request.
+    let mut descs: Vec<(u32, u32)> = Vec::new();
+    let mut total = 0u32;
     for e in extents {
         let len = e.len.min((req.len - total) as u64) as u32;
         if len == 0 {
             break;
         }
-        let flags = match e.kind {
-            ExtentKind::Data => 0,
-            ExtentKind::Zero => STATE_ZERO,
-            ExtentKind::Hole => STATE_HOLE | STATE_ZERO,
-        };
-        if last == Some(flags) {
-            // Same status as the previous descriptor: extend it.
-            let at = scratch.len() - 8;
-            let prev = u32::from_be_bytes(scratch[at..at + 4].try_into().expect("4 bytes"));
-            scratch[at..at + 4].copy_from_slice(&(prev + len).to_be_bytes());
-        } else {
-            if one && last.is_some() {
-                break;
-            }
-            scratch.extend_from_slice(&len.to_be_bytes());
-            scratch.extend_from_slice(&flags.to_be_bytes());
-            last = Some(flags);
+        let flags = status_flags(e.kind);
+        match descs.last_mut() {
+            Some(last) if last.1 == flags => last.0 += len,
+            Some(_) if one => break,
+            _ => descs.push((len, flags)),
         }
         total += len;
     }
-    if last.is_none() {
+    if descs.is_empty() {
         // The device reported nothing usable; status 0 ("data") is always safe.
-        scratch.extend_from_slice(&req.len.to_be_bytes());
-        scratch.extend_from_slice(&0u32.to_be_bytes());
+        descs.push((req.len, 0));
     }
-    let payload = (scratch.len() - CHUNK_HEADER_LEN) as u32;
-    scratch[..CHUNK_HEADER_LEN].copy_from_slice(&encode_chunk_header(
-        REPLY_FLAG_DONE,
-        REPLY_TYPE_BLOCK_STATUS,
-        req.cookie,
-        payload,
-    ));
-    conn.send(&[scratch]);
+    let m = &mut msg.meta;
+    m.clear();
+    m.extend_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, req.cookie, 4 + 8 * descs.len() as u32));
+    m.extend_from_slice(&ctx.to_be_bytes());
+    for (len, flags) in descs {
+        m.extend_from_slice(&len.to_be_bytes());
+        m.extend_from_slice(&flags.to_be_bytes());
+    }
+    msg.parts.clear();
+    msg.parts.push(Part::Meta(0..m.len()));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_pieces_splits_on_64k_segments_and_merges_runs() {
+        let mut data = vec![0u8; 256 * 1024];
+        data[70 * 1024] = 1; // second segment has data
+        let p = zero_pieces(0, &data).unwrap();
+        assert_eq!(
+            p,
+            vec![
+                Piece { rel: 0, len: 65536, hole: true },
+                Piece { rel: 65536, len: 65536, hole: false },
+                Piece { rel: 131072, len: 131072, hole: true },
+            ]
+        );
+    }
+
+    #[test]
+    fn all_data_reads_are_not_split() {
+        let data = vec![7u8; 200 * 1024];
+        assert_eq!(zero_pieces(4096, &data), None);
+    }
+
+    #[test]
+    fn unaligned_reads_segment_on_absolute_boundaries() {
+        let data = vec![0u8; 100 * 1024];
+        let p = zero_pieces(60 * 1024, &data).unwrap();
+        assert_eq!(p, vec![Piece { rel: 0, len: 100 * 1024, hole: true }]);
+    }
 }
