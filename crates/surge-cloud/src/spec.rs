@@ -139,6 +139,11 @@ fn parse_count(s: &str) -> Result<u64, String> {
     s.trim().replace('_', "").parse::<u64>().map_err(|_| "expected a whole number".into())
 }
 
+/// Whether `t` names a volume type (as the TYPE of a spec).
+pub fn is_volume_type(t: &str) -> bool {
+    kind_name(t).is_ok()
+}
+
 fn kind_name(t: &str) -> Result<&'static str, SpecError> {
     Ok(match t.to_ascii_lowercase().as_str() {
         "reserved" => "reserved",

@@ -27,6 +27,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Serve(cmd::serve::Args),
+    /// Manage volumes of the local emulated cloud and what they cost.
+    Cloud(cmd::cloud::Args),
     Status(cmd::status::Args),
     Set(cmd::set::Args),
     /// Run a self-contained experiment on the local cloud and write a report.
@@ -42,6 +44,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Cloud(a) => cmd::cloud::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Set(a) => cmd::set::run(a),
         Command::Experiment(a) => cmd::experiment::run(a),

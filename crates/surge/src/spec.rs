@@ -136,10 +136,14 @@ impl Built {
 }
 
 /// Kinds [`build_kind`] knows, for error messages and `--help`.
-pub const KINDS: &[&str] = &["file", "memory", "fault"];
+pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium"];
 
 /// Build the device of one spec.
 pub fn build(spec: &ExportSpec, ctx: &BuildContext) -> Result<Built> {
+    // Cloud volume types need the export name: it names the volume.
+    if surge_cloud::spec::is_volume_type(&spec.kind) {
+        return crate::cmd::cloud::build_volume(&spec.name, &spec.kind, &spec.args, ctx);
+    }
     build_kind(&spec.kind, &spec.args, ctx)
 }
 

@@ -1,0 +1,199 @@
+//! `surge cloud create|list|show|delete|cost`: the local emulated cloud, and
+//! the builder behind `surge serve --export NAME=TYPE:SIZE[,key=value...]`.
+
+use crate::control::Controllable;
+use crate::spec::{BuildContext, Built, SpecError};
+use anyhow::Context;
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::Arc;
+use surge_block::model::ModelDev;
+use surge_block::SystemClock;
+use surge_cloud::{CreateRequest, Delays, LocalConfig, LocalProvider, PriceTable, Provider, VolumeInfo, VolumeSpec};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    /// surge's data directory; the local cloud lives in DIR/cloud
+    /// [default: the user data dir, e.g. ~/.local/share/surge].
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Subcommand)]
+enum Cmd {
+    /// Create a volume: TYPE:SIZE[,key=value...], e.g. gp2:100GiB,
+    /// reserved:10GiB,bw=33MB/s, io1:100GiB,iops=30000, st1:2TiB.
+    Create {
+        spec: String,
+        /// A unique name (what `surge serve --export NAME=...` looks for).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List volumes with their state and burst credits.
+    List,
+    /// Show one volume (by id or name).
+    Show { volume: String },
+    /// Delete volumes (by id or name); they must be detached.
+    Delete {
+        #[arg(required = true)]
+        volumes: Vec<String>,
+    },
+    /// Cost so far, per volume (deleted ones included) and in total.
+    Cost {
+        /// TOML file overriding list prices, e.g. `[gp2]` `gb_month = 0.12`.
+        #[arg(long, value_name = "FILE")]
+        prices: Option<PathBuf>,
+    },
+}
+
+/// The local cloud of a surge data directory.
+pub fn cloud_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("cloud")
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let data_dir = match args.data_dir {
+        Some(d) => d,
+        None => crate::config::default_data_dir()?,
+    };
+    let mut cfg = LocalConfig::new(cloud_dir(&data_dir));
+    if let Cmd::Cost { prices: Some(f) } = &args.cmd {
+        let s = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        cfg.prices = PriceTable::from_toml(&s).with_context(|| format!("price file {}", f.display()))?;
+    }
+    let p = LocalProvider::open(cfg, Arc::new(SystemClock::new()))?;
+    let out = |v: serde_json::Value| println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+    match args.cmd {
+        Cmd::Create { spec, name } => {
+            let spec: VolumeSpec = spec.parse()?;
+            let v = p.create(CreateRequest { spec, name })?;
+            if args.json {
+                out(json!(v));
+            } else {
+                println!("{}", v.id);
+            }
+        }
+        Cmd::List => {
+            let vols = p.list()?;
+            if args.json {
+                out(json!(vols));
+            } else {
+                print_table(&vols);
+            }
+        }
+        Cmd::Show { volume } => {
+            let v = p.describe(&volume)?;
+            if args.json {
+                out(json!(v));
+            } else {
+                print_table(&[v]);
+            }
+        }
+        Cmd::Delete { volumes } => {
+            for v in volumes {
+                p.delete(&v)?;
+                if !args.json {
+                    println!("deleted {v}");
+                }
+            }
+        }
+        Cmd::Cost { .. } => {
+            let r = p.cost()?;
+            if args.json {
+                out(json!(r));
+            } else {
+                println!("{:<12} {:<10} {:<36} {:>10} {:>12} {:>14}", "ID", "NAME", "SPEC", "BILLED_S", "USD", "AGBS");
+                for v in &r.volumes {
+                    println!(
+                        "{:<12} {:<10} {:<36} {:>10} {:>12.6} {:>14}{}",
+                        v.id,
+                        v.name.as_deref().unwrap_or("-"),
+                        v.spec,
+                        v.billed_seconds,
+                        v.usd,
+                        v.agbs.map_or("-".to_string(), |a| format!("{a:.1}")),
+                        if v.deleted { "  (deleted)" } else if !v.priced { "  (no list price)" } else { "" }
+                    );
+                }
+                println!("total: ${:.6}, {:.1} AGBs (prices: {}, {})", r.total_usd, r.total_agbs, r.price_source, r.price_date);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn credits_text(v: &VolumeInfo) -> String {
+    match (v.credits.ops, v.credits.bytes, v.credits.percent()) {
+        (Some(o), _, Some(p)) => format!("{o} ops ({p:.1}%)"),
+        (None, Some(b), Some(p)) => format!("{} MiB ({p:.1}%)", b >> 20),
+        _ => "-".into(),
+    }
+}
+
+fn print_table(vols: &[VolumeInfo]) {
+    println!("{:<12} {:<10} {:<9} {:<36} {:<24}", "ID", "NAME", "STATE", "SPEC", "CREDITS");
+    for v in vols {
+        let state = format!("{:?}", v.state).to_lowercase();
+        println!("{:<12} {:<10} {:<9} {:<36} {:<24}", v.id, v.name.as_deref().unwrap_or("-"), state, v.spec, credits_text(v));
+    }
+}
+
+/// `surge status` entry of a served cloud volume: its credits and spec; `surge
+/// set NAME spec=TYPE:SIZE,...` changes the model live (same type and size).
+struct VolumeControl {
+    export: String,
+    id: String,
+    spec: parking_lot::Mutex<VolumeSpec>,
+    model: Arc<ModelDev>,
+}
+
+impl Controllable for VolumeControl {
+    fn name(&self) -> String {
+        format!("{}/volume", self.export)
+    }
+    fn kind(&self) -> String {
+        "volume".into()
+    }
+    fn status(&self) -> serde_json::Value {
+        let c = self.model.credits();
+        json!({ "id": self.id, "spec": self.spec.lock().to_string(), "credits": c, "burst_balance_percent": c.percent() })
+    }
+    fn set(&self, key: &str, value: &str) -> Result<(), String> {
+        if key != "spec" {
+            return Err(format!("{} has no setting {key:?} (try spec=TYPE:SIZE,...)", self.name()));
+        }
+        let new: VolumeSpec = value.parse().map_err(|e| format!("{e}"))?;
+        let mut cur = self.spec.lock();
+        if new.kind() != cur.kind() || new.size != cur.size {
+            return Err(format!("only the parameters can change live, not the type or size (now {})", *cur));
+        }
+        self.model.set_shape(new.shape().map_err(|e| e.to_string())?);
+        *cur = new;
+        Ok(())
+    }
+}
+
+/// `NAME=TYPE:SIZE[,key=value...]` for `surge serve`: the local-cloud volume
+/// named NAME in `<data-dir>/cloud`, created if missing, attached at once (the
+/// daemon starts with its volumes attached; the attach delay models hot-plug).
+pub fn build_volume(name: &str, kind: &str, args: &str, ctx: &BuildContext) -> Result<Built, SpecError> {
+    let err = |msg: String| SpecError::Args { kind: kind.to_string(), msg };
+    let spec: VolumeSpec = format!("{kind}:{args}").parse().map_err(|e| err(format!("{e}")))?;
+    for w in spec.warnings() {
+        tracing::warn!("{w}");
+    }
+    let mut cfg = LocalConfig::new(cloud_dir(&ctx.data_dir));
+    cfg.delays = Delays::none();
+    let p = LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?;
+    let dev = p.open_export(name, &spec).map_err(|e| err(e.to_string()))?;
+    let id = p.list().map_err(|e| err(e.to_string()))?.into_iter().find(|v| v.name.as_deref() == Some(name)).map(|v| v.id).unwrap_or_default();
+    let model = p.model(&id).ok_or_else(|| err(format!("volume {id} is not attached")))?;
+    let detail = json!({ "volume": id, "spec": spec.to_string(), "cloud_dir": cloud_dir(&ctx.data_dir) });
+    let control = Arc::new(VolumeControl { export: name.to_string(), id: id.clone(), spec: parking_lot::Mutex::new(spec.clone()), model });
+    Ok(Built { dev, description: format!("{spec} (local cloud volume {id})"), detail, controls: vec![control] })
+}
