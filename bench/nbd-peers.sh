@@ -9,10 +9,11 @@
 #   options: --runtime S  --size SIZE  --surge PATH (default: cargo build --release)
 #            --min-ratio R  (exit 1 if any ratio is below R; default: report only)
 #            --json FILE    (write the results as JSON)
+#            --surge-args "ARGS"  (extra `surge serve` flags, e.g. "--workers 2")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-runtime=20 size=1G quick=0 surge="" min_ratio="" json_out=""
+runtime=20 size=1G quick=0 surge="" min_ratio="" json_out="" surge_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1; runtime=5; size=256M ;;
@@ -21,7 +22,8 @@ while [ $# -gt 0 ]; do
     --surge) surge="$2"; shift ;;
     --min-ratio) min_ratio="$2"; shift ;;
     --json) json_out="$2"; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --surge-args) surge_args="$2"; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -56,7 +58,7 @@ wait_socket() {
 }
 
 "$surge" serve --listen "unix:$work/surge.sock" --export "d=file:$img" \
-  --control "$work/control.sock" --data-dir "$work" >"$work/surge.out" 2>"$work/surge.log" &
+  --control "$work/control.sock" --data-dir "$work" $surge_args >"$work/surge.out" 2>"$work/surge.log" &
 pids+=($!)
 nbdkit -f -U "$work/nbdkit.sock" -e d file "$img" 2>"$work/nbdkit.log" &
 pids+=($!)

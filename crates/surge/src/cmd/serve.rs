@@ -70,7 +70,9 @@ pub struct Args {
     /// Control socket for `surge status` / `surge set` [default: <data-dir>/control.sock].
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
-    /// I/O threads per export.
+    /// I/O threads per export, shared by its connections; 0 runs each request on
+    /// its connection's thread (lowest latency for fast devices, no parallelism
+    /// within a connection) [default: 8].
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Allow TCP listeners on non-loopback addresses (NBD is unencrypted).
@@ -273,7 +275,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let mut cfg = ServerConfig::new(exports);
     if let Some(w) = plan.workers {
-        anyhow::ensure!(w > 0, "--workers must be at least 1");
         cfg.workers_per_export = w;
     }
     let server = Server::start(cfg).context("starting the NBD server")?;
