@@ -536,9 +536,30 @@ impl FaultDev {
             };
             return if over { self.drain() } else { Ok(()) };
         }
-        // FUA or not volatile: older buffered writes go first, so they cannot
-        // overwrite this one later.
-        self.drain()?;
+        if fua && self.buffered.load(Relaxed) > 0 {
+            // FUA makes only this write durable (as on a disk): cut its range out
+            // of older buffered writes so a later drain cannot overwrite it.
+            let mut b = self.buffer.lock();
+            self.below(self.inner.write_at(buf, offset, true))?;
+            let end = offset + buf.len() as u64;
+            let mut kept = Vec::with_capacity(b.len());
+            for (off, data) in b.drain(..) {
+                let e = off + data.len() as u64;
+                if e <= offset || off >= end {
+                    kept.push((off, data));
+                    continue;
+                }
+                if off < offset {
+                    kept.push((off, data[..(offset - off) as usize].to_vec()));
+                }
+                if e > end {
+                    kept.push((end, data[(end - off) as usize..].to_vec()));
+                }
+            }
+            self.buffered.store(kept.iter().map(|(_, d)| d.len() as u64).sum(), Relaxed);
+            *b = kept;
+            return Ok(());
+        }
         self.below(self.inner.write_at(buf, offset, fua))
     }
 }
@@ -852,11 +873,24 @@ mod tests {
         assert_eq!(read(mem.as_ref(), 0, 512), vec![0; 512], "not below yet");
         assert_eq!(f.stats().buffered_bytes, 512);
         f.write_at(&[2; 256], 256, true).unwrap();
-        assert_eq!(read(mem.as_ref(), 0, 512), [vec![1; 256], vec![2; 256]].concat(), "FUA drains older writes first");
+        assert_eq!(read(mem.as_ref(), 0, 512), [vec![0; 256], vec![2; 256]].concat(), "FUA persists only itself");
+        assert_eq!(read(&f, 0, 512), [vec![1; 256], vec![2; 256]].concat());
         f.write_at(&[3; 512], 512, false).unwrap();
         f.flush().unwrap();
+        assert_eq!(read(mem.as_ref(), 0, 512), [vec![1; 256], vec![2; 256]].concat(), "the drain must not overwrite the FUA write");
         assert_eq!(read(mem.as_ref(), 512, 512), vec![3; 512]);
         assert_eq!(f.stats().buffered_bytes, 0);
+    }
+
+    #[test]
+    fn fua_inside_a_buffered_write_splits_it() {
+        let (mem, f) = dev_with("volatile");
+        f.write_at(&[1; 1536], 0, false).unwrap();
+        f.write_at(&[2; 512], 512, true).unwrap();
+        assert_eq!(f.stats().buffered_bytes, 1024);
+        assert_eq!(read(&f, 0, 1536), [vec![1; 512], vec![2; 512], vec![1; 512]].concat());
+        f.flush().unwrap();
+        assert_eq!(read(mem.as_ref(), 0, 1536), [vec![1; 512], vec![2; 512], vec![1; 512]].concat());
     }
 
     #[test]
