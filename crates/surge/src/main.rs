@@ -8,6 +8,7 @@ mod control;
 mod experiment;
 mod faultspec;
 mod spec;
+mod torture;
 
 /// surge: elastic, cheap cloud storage throughput.
 ///
@@ -33,6 +34,8 @@ enum Command {
     Set(cmd::set::Args),
     /// Run a self-contained experiment on the local cloud and write a report.
     Experiment(cmd::experiment::Args),
+    /// Kill/restart an export again and again and check that no acknowledged data is lost.
+    Torture(cmd::torture::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -48,6 +51,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(a) => cmd::status::run(a),
         Command::Set(a) => cmd::set::run(a),
         Command::Experiment(a) => cmd::experiment::run(a),
+        Command::Torture(a) => cmd::torture::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -5,3 +5,4 @@ pub mod experiment;
 pub mod serve;
 pub mod set;
 pub mod status;
+pub mod torture;

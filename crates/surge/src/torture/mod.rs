@@ -1,0 +1,411 @@
+//! `surge torture`: run an export under a real NBD client, SIGKILL the server at
+//! seeded moments, restart it and check the durability contract.
+//!
+//! One cycle: start `surge serve` (this same binary) on a unix socket in the data
+//! directory → connect → read back the whole test region and check every block
+//! against the [`model::Model`] → flush → run a pipelined workload of writes (some
+//! FUA, some multi-block, some write-zeroes) with FLUSH at intervals → SIGKILL the
+//! server right after the seeded K-th request (with requests still in flight).
+//! After the last cycle the server is restarted once more, checked, and stopped
+//! with SIGTERM.
+//!
+//! The workload and the kill points come from the seed, so a run can be replayed;
+//! where inside the server the kill lands still depends on thread timing.
+
+pub mod model;
+
+use anyhow::{bail, Context as _};
+use model::{block_data, decode, Found, Loss, Model};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use surge_nbd::client::{Client, ClientOptions};
+use surge_nbd::proto::{CMD_FLAG_FUA, CMD_FLUSH, CMD_WRITE, CMD_WRITE_ZEROES};
+
+/// Name of the export under test inside the served process.
+pub const EXPORT: &str = "t";
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// KIND:ARGS, as after `NAME=` in `surge serve --export`.
+    pub spec: String,
+    /// `NAME=KIND:ARGS` pools passed to serve.
+    pub pools: Vec<String>,
+    /// Extra arguments for `surge serve`.
+    pub serve_args: Vec<String>,
+    pub cycles: u64,
+    pub seed: u64,
+    pub time_limit: Option<Duration>,
+    pub data_dir: PathBuf,
+    pub block_size: u32,
+    /// Bytes of the export exercised, from offset 0 (capped at the export size).
+    pub region: u64,
+    /// Requests per cycle before the kill: the kill comes after a seeded number
+    /// in 1..=max_ops.
+    pub max_ops: u64,
+    /// Average writes between flushes.
+    pub flush_every: u64,
+    /// Requests in flight.
+    pub queue_depth: usize,
+    /// Largest write, in blocks.
+    pub max_write_blocks: u64,
+    pub surge_exe: PathBuf,
+}
+
+/// What a run saw; `losses` is the verdict.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    pub spec: String,
+    pub seed: u64,
+    pub cycles: u64,
+    pub kills: u64,
+    pub writes_sent: u64,
+    pub writes_acked: u64,
+    pub fua_writes_acked: u64,
+    pub zeroes_acked: u64,
+    pub flushes_acked: u64,
+    /// Requests the server answered with an error (not counted as losses).
+    pub request_errors: u64,
+    pub blocks_verified: u64,
+    pub bytes_verified: u64,
+    pub losses: u64,
+    /// The first losses, for diagnosis.
+    pub loss_examples: Vec<CycleLoss>,
+    pub elapsed_secs: f64,
+    pub stopped_by_time_limit: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CycleLoss {
+    pub after_cycle: u64,
+    #[serde(flatten)]
+    pub loss: Loss,
+}
+
+/// A running `surge serve`.
+struct Server {
+    child: Child,
+    sock: PathBuf,
+}
+
+impl Server {
+    fn start(cfg: &Config, log: &Path) -> anyhow::Result<Server> {
+        let sock = cfg.data_dir.join("nbd.sock");
+        // The previous server was SIGKILLed: its socket file is stale.
+        let _ = std::fs::remove_file(&sock);
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
+        let mut cmd = Command::new(&cfg.surge_exe);
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(&cfg.data_dir)
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--control")
+            .arg(cfg.data_dir.join("control.sock"))
+            .arg("--export")
+            .arg(format!("{EXPORT}={}", cfg.spec));
+        for p in &cfg.pools {
+            cmd.arg("--pool").arg(p);
+        }
+        cmd.args(&cfg.serve_args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file);
+        let child = cmd.spawn().with_context(|| format!("starting {} serve", cfg.surge_exe.display()))?;
+        Ok(Server { child, sock })
+    }
+
+    /// Connect, waiting for the server to come up (or to die trying).
+    fn connect(&mut self, log: &Path) -> anyhow::Result<Client> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let opts = ClientOptions { export: EXPORT.to_string(), ..ClientOptions::default() };
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("surge serve exited with {status} before accepting clients; its log ({}):\n{}", log.display(), tail(log));
+            }
+            match Client::connect_unix(&self.sock, &opts) {
+                Ok(c) => return Ok(c),
+                Err(e) if Instant::now() > deadline => {
+                    let _ = self.child.kill();
+                    bail!("surge serve did not accept a client within 60 s ({e}); its log:\n{}", tail(log))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.kill().context("SIGKILL of surge serve")?; // std sends SIGKILL
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait: the graceful stop.
+    fn stop(mut self) -> anyhow::Result<()> {
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(s) = self.child.try_wait()? {
+                if !s.success() {
+                    bail!("surge serve exited with {s} on SIGTERM");
+                }
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill()?;
+        bail!("surge serve did not stop within 30 s of SIGTERM")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+struct InFlight {
+    first: u64,
+    blocks: u64,
+    gen: u64,
+    fua: bool,
+    kind: u16,
+}
+
+struct Runner<'a> {
+    cfg: &'a Config,
+    rng: StdRng,
+    model: Model,
+    next_gen: u64,
+    report: Report,
+    buf: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+const MAX_LOSS_EXAMPLES: usize = 20;
+
+impl Runner<'_> {
+    fn bs(&self) -> u64 {
+        self.cfg.block_size as u64
+    }
+
+    /// Write zeroes over the region and flush: a known starting state.
+    fn format(&mut self, c: &mut Client) -> anyhow::Result<()> {
+        let chunk = 1u64 << 20;
+        let zeroes = vec![0u8; chunk as usize];
+        let size = self.model.blocks() * self.bs();
+        let mut off = 0;
+        while off < size {
+            let n = chunk.min(size - off);
+            c.write(off, &zeroes[..n as usize], false).context("formatting the test region")?;
+            off += n;
+        }
+        c.flush().context("flush after formatting")?;
+        Ok(())
+    }
+
+    /// Read the whole region back and check every block; settle the model on
+    /// what was read, and rewrite blocks that are damaged so later cycles test
+    /// something meaningful.
+    fn verify(&mut self, c: &mut Client, cycle: u64) -> anyhow::Result<()> {
+        let bs = self.bs();
+        let per_read = ((1u64 << 20) / bs).max(1);
+        let blocks = self.model.blocks();
+        let mut damaged = Vec::new();
+        let mut b = 0;
+        while b < blocks {
+            let n = per_read.min(blocks - b);
+            self.buf.resize((n * bs) as usize, 0);
+            c.read(b * bs, &mut self.buf).with_context(|| format!("reading back blocks {b}..{} after restart", b + n))?;
+            for i in 0..n {
+                let data = &self.buf[(i * bs) as usize..((i + 1) * bs) as usize];
+                let found = decode(self.cfg.seed, b + i, data, &mut self.scratch);
+                if let Err(loss) = self.model.check(b + i, &found) {
+                    self.report.losses += 1;
+                    if self.report.loss_examples.len() < MAX_LOSS_EXAMPLES {
+                        self.report.loss_examples.push(CycleLoss { after_cycle: cycle, loss });
+                    }
+                }
+                match found {
+                    Found::Gen(g) => self.model.settle(b + i, g),
+                    Found::Corrupt(_) => damaged.push(b + i),
+                }
+            }
+            self.report.blocks_verified += n;
+            self.report.bytes_verified += n * bs;
+            b += n;
+        }
+        self.model.clear_dirty();
+        for blk in damaged {
+            let zero = vec![0u8; bs as usize];
+            c.write(blk * bs, &zero, false).context("rewriting a damaged block")?;
+            self.model.settle(blk, 0);
+        }
+        // What was read may sit in a volatile cache of the restarted server.
+        c.flush().context("flush after verification")?;
+        Ok(())
+    }
+
+    /// Collect one reply and account for it.
+    fn complete(&mut self, c: &mut Client, inflight: &mut HashMap<u64, InFlight>) -> surge_nbd::client::Result<()> {
+        let reply = c.wait_any()?;
+        let Some(req) = inflight.remove(&reply.cookie) else { return Ok(()) };
+        if reply.error.is_some() {
+            self.report.request_errors += 1;
+            return Ok(());
+        }
+        match req.kind {
+            CMD_WRITE => {
+                self.report.writes_acked += 1;
+                if req.fua {
+                    self.report.fua_writes_acked += 1;
+                    for blk in req.first..req.first + req.blocks {
+                        self.model.durable(blk, req.gen);
+                    }
+                }
+            }
+            CMD_WRITE_ZEROES => self.report.zeroes_acked += 1,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Run requests until the seeded kill point; then SIGKILL the server.
+    /// Returns whether the time limit stopped the run early.
+    fn workload(&mut self, c: &mut Client, server: &mut Server, deadline: Option<Instant>) -> anyhow::Result<()> {
+        let bs = self.bs();
+        let blocks = self.model.blocks();
+        let kill_at = self.rng.gen_range(1..=self.cfg.max_ops.max(1));
+        let mut inflight: HashMap<u64, InFlight> = HashMap::new();
+        let mut data = Vec::new();
+        let mut op = 0u64;
+        let result: surge_nbd::client::Result<()> = (|| {
+            loop {
+                op += 1;
+                let flush = self.rng.gen_range(0..self.cfg.flush_every.max(1)) == 0;
+                if flush {
+                    // Every write sent before the flush must have completed, so
+                    // the flush covers all of them.
+                    while !inflight.is_empty() {
+                        self.complete(c, &mut inflight)?;
+                    }
+                    let cookie = c.submit(CMD_FLUSH, 0, 0, 0, &[])?;
+                    if op == kill_at {
+                        return Ok(());
+                    }
+                    let reply = c.wait(cookie)?;
+                    if reply.error.is_none() {
+                        self.report.flushes_acked += 1;
+                        self.model.flushed();
+                    } else {
+                        self.report.request_errors += 1;
+                    }
+                } else {
+                    let n = self.rng.gen_range(1..=self.cfg.max_write_blocks.min(blocks).max(1));
+                    let first = self.rng.gen_range(0..=blocks - n);
+                    // Requests in flight are unordered: never overlap them.
+                    if inflight.values().any(|r| first < r.first + r.blocks && r.first < first + n) {
+                        while !inflight.is_empty() {
+                            self.complete(c, &mut inflight)?;
+                        }
+                    }
+                    let zeroes = self.rng.gen_ratio(1, 32);
+                    let fua = !zeroes && self.rng.gen_ratio(1, 16);
+                    let gen = if zeroes {
+                        0
+                    } else {
+                        self.next_gen += 1;
+                        self.next_gen
+                    };
+                    for blk in first..first + n {
+                        self.model.sent(blk, gen);
+                    }
+                    let cookie = if zeroes {
+                        c.submit(CMD_WRITE_ZEROES, 0, first * bs, (n * bs) as u32, &[])?
+                    } else {
+                        data.resize((n * bs) as usize, 0);
+                        for i in 0..n {
+                            block_data(self.cfg.seed, first + i, gen, &mut data[(i * bs) as usize..((i + 1) * bs) as usize]);
+                        }
+                        c.submit(CMD_WRITE, if fua { CMD_FLAG_FUA } else { 0 }, first * bs, (n * bs) as u32, &data)?
+                    };
+                    self.report.writes_sent += 1;
+                    let kind = if zeroes { CMD_WRITE_ZEROES } else { CMD_WRITE };
+                    inflight.insert(cookie, InFlight { first, blocks: n, gen, fua, kind });
+                    if op == kill_at {
+                        return Ok(());
+                    }
+                    while inflight.len() >= self.cfg.queue_depth.max(1) {
+                        self.complete(c, &mut inflight)?;
+                    }
+                }
+                if deadline.is_some_and(|d| Instant::now() > d) {
+                    return Ok(());
+                }
+            }
+        })();
+        // Let the server get some way into the last requests before the kill.
+        std::thread::sleep(Duration::from_micros(self.rng.gen_range(0..300)));
+        server.kill()?;
+        self.report.kills += 1;
+        result.context("the connection failed before the kill (server crashed on its own?)")
+    }
+}
+
+/// Run the torture test. Errors are setup or server failures; losses are in the
+/// report.
+pub fn run(cfg: &Config, mut progress: impl FnMut(&Report)) -> anyhow::Result<Report> {
+    let start = Instant::now();
+    let deadline = cfg.time_limit.map(|t| start + t);
+    std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
+    let log = cfg.data_dir.join("serve.log");
+    anyhow::ensure!(cfg.block_size >= 64 && cfg.block_size.is_power_of_two(), "--block-size must be a power of two of at least 64 bytes");
+
+    let mut server = Server::start(cfg, &log)?;
+    let mut client = server.connect(&log)?;
+    let size = client.size();
+    let region = cfg.region.min(size) / cfg.block_size as u64 * cfg.block_size as u64;
+    anyhow::ensure!(region > 0, "the export ({size} bytes) is smaller than one block ({} bytes)", cfg.block_size);
+    let mut r = Runner {
+        cfg,
+        rng: StdRng::seed_from_u64(cfg.seed),
+        model: Model::new(region / cfg.block_size as u64),
+        next_gen: 0,
+        report: Report { spec: cfg.spec.clone(), seed: cfg.seed, ..Report::default() },
+        buf: Vec::new(),
+        scratch: Vec::new(),
+    };
+    r.format(&mut client)?;
+
+    for cycle in 1..=cfg.cycles {
+        if deadline.is_some_and(|d| Instant::now() > d) {
+            r.report.stopped_by_time_limit = true;
+            break;
+        }
+        r.verify(&mut client, cycle - 1)?;
+        r.workload(&mut client, &mut server, deadline)?;
+        drop(client);
+        r.report.cycles = cycle;
+        r.report.elapsed_secs = start.elapsed().as_secs_f64();
+        progress(&r.report);
+        server = Server::start(cfg, &log)?;
+        client = server.connect(&log)?;
+    }
+    r.verify(&mut client, r.report.cycles)?;
+    client.disconnect().ok();
+    server.stop()?;
+    r.report.elapsed_secs = start.elapsed().as_secs_f64();
+    Ok(r.report)
+}
