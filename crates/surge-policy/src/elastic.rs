@@ -60,8 +60,9 @@ pub struct CacheObs {
     pub dirty_bytes: u64,
     /// Most bytes in use at once since attach.
     pub used_high_bytes: u64,
-    /// Dirty bytes flushed early because the cache was full (cumulative).
-    pub evicted_dirty_bytes: u64,
+    /// Bytes evicted (dirty ones flushed early, clean ones dropped) because
+    /// the cache was full (cumulative).
+    pub evicted_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -175,12 +176,18 @@ impl ElasticPolicy {
     /// The provisioned cache is attached (after the provider's delay).
     pub fn attached(&mut self, now: Duration, size: u64, obs: CacheObs) {
         self.cache_size = size;
-        self.evicted_at_attach = obs.evicted_dirty_bytes;
+        self.evicted_at_attach = obs.evicted_bytes;
         self.evicted_in_boost = 0;
         self.used_high = 0;
         self.below_since = None;
         let armed = self.state == State::Provisioning && self.burst_start.is_none();
         self.go(if armed { State::Armed } else { State::Boost }, now);
+    }
+
+    /// After a restart that recovered a cache volume of `size`: drain and release it.
+    pub fn resume_drain(&mut self, now: Duration, size: u64) {
+        self.cache_size = size;
+        self.go(State::Drain, now);
     }
 
     /// Provisioning failed: back to idle (the next window retries).
@@ -217,7 +224,7 @@ impl ElasticPolicy {
             self.used_high = self.used_high.max(obs.used_high_bytes);
         }
         if self.state == State::Boost {
-            self.evicted_in_boost = obs.evicted_dirty_bytes.saturating_sub(self.evicted_at_attach);
+            self.evicted_in_boost = obs.evicted_bytes.saturating_sub(self.evicted_at_attach);
         }
         // Drain completes whenever it completes.
         if self.state == State::Drain && obs.attached && obs.dirty_bytes == 0 {
@@ -340,7 +347,8 @@ impl ElasticPolicy {
             return;
         }
         let Some(next) = self.next_burst() else { return };
-        let lead = self.cfg.attach_delay + self.cfg.window;
+        // Two windows of slack: predictions jitter by about one.
+        let lead = self.cfg.attach_delay + 2 * self.cfg.window;
         if now + lead >= next && now < next {
             let size = self.next_size;
             out.push(self.decide(
@@ -409,7 +417,7 @@ mod tests {
                             self.p.attached(s(self.now), size, self.obs);
                         }
                         Action::Detach => {
-                            self.obs = CacheObs { evicted_dirty_bytes: self.obs.evicted_dirty_bytes, ..CacheObs::default() };
+                            self.obs = CacheObs { evicted_bytes: self.obs.evicted_bytes, ..CacheObs::default() };
                             self.p.detached(s(self.now));
                         }
                         _ => {}
@@ -501,7 +509,7 @@ mod tests {
         let prov = sim.log.iter().filter_map(|d| if let Action::Provision { size } = d.action { Some(size) } else { None }).last();
         assert_eq!(prov, Some(4 * GIB));
         sim.obs.used_high_bytes = 4 * GIB;
-        sim.obs.evicted_dirty_bytes += GIB + GIB / 2;
+        sim.obs.evicted_bytes += GIB + GIB / 2;
         sim.run(5.0, 100.0 * MB);
         sim.obs.dirty_bytes = GIB;
         sim.run(40.0, 0.0);
@@ -537,8 +545,8 @@ mod tests {
         assert_eq!(sim.p.next_burst(), Some(s(601.0)));
         sim.run(20.0, 100.0 * MB);
         let provs: Vec<u64> = sim.log.iter().filter(|d| matches!(d.action, Action::Provision { .. })).map(|d| d.at.as_secs()).collect();
-        // Fourth burst is detected at 601 s: provisioned attach delay + window ahead.
-        assert_eq!(provs.last(), Some(&586), "{provs:?}");
+        // Fourth burst is detected at 601 s: provisioned attach delay + 2 windows ahead.
+        assert_eq!(provs.last(), Some(&581), "{provs:?}");
         assert!(sim.log.iter().any(|d| d.reason.contains("pre-provision")));
     }
 

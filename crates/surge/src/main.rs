@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod cmd;
 mod config;
 mod control;
+mod elastic;
 mod experiment;
 mod faultspec;
 mod spec;

@@ -1,1 +1,3 @@
 //! Experiments: one module each, run by `surge experiment NAME`.
+
+pub mod elastic;
