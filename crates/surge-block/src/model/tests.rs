@@ -253,3 +253,15 @@ fn model_layer_passes_conformance() {
     }
 }
 
+
+#[test]
+fn azure_p10_bursts_3500_iops_for_30_minutes_then_500() {
+    let shape = VolumeModel::AzurePremium.shape(128 * GIB).unwrap();
+    assert_eq!(azure_tier(128 * GIB).map(|t| t.0), Some("P10"));
+    let mut s = Scheduler::new(shape, Duration::ZERO);
+    // Bucket (3,500 - 500) x 1,800 s, drained at 3,000/s: exactly 1,800 s.
+    let counts = count_windows(&mut s, Duration::ZERO, 16, 4 * KIB, &[secs(1_800), secs(1_900)]);
+    assert_eq!(counts, vec![3_500 * 1_800, 500 * 100]);
+    let p30 = VolumeModel::AzurePremium.shape(TIB).unwrap();
+    assert_eq!((p30.iops, p30.op_credits), (Some(5_000), None), "P30 and up do not credit-burst");
+}

@@ -197,3 +197,51 @@ pub fn build_volume(name: &str, kind: &str, args: &str, ctx: &BuildContext) -> R
     let control = Arc::new(VolumeControl { export: name.to_string(), id: id.clone(), spec: parking_lot::Mutex::new(spec.clone()), model });
     Ok(Built { dev, description: format!("{spec} (local cloud volume {id})"), detail, controls: vec![control] })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use surge_block::VirtualClock;
+
+    fn ctx(dir: &std::path::Path) -> BuildContext {
+        BuildContext::new(dir.to_path_buf(), Arc::new(VirtualClock::new()))
+    }
+
+    #[test]
+    fn an_export_spec_makes_a_named_volume_and_finds_it_again() {
+        let d = tempfile::tempdir().unwrap();
+        let b = build_volume("d", "gp2", "8GiB", &ctx(d.path())).unwrap();
+        assert_eq!(b.dev.size(), 8 << 30);
+        b.dev.write_at(b"kept", 0, true).unwrap();
+        assert_eq!(b.controls[0].status()["credits"]["ops"], 5_400_000 - 1);
+        drop(b);
+        // A restarted daemon finds the same volume and its data.
+        let b = build_volume("d", "gp2", "8GiB", &ctx(d.path())).unwrap();
+        let mut buf = [0u8; 4];
+        b.dev.read_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"kept");
+        let p = LocalProvider::open(LocalConfig::new(cloud_dir(d.path())), Arc::new(SystemClock::new())).unwrap();
+        assert_eq!(p.list().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_different_spec_for_an_existing_name_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        drop(build_volume("d", "gp2", "8GiB", &ctx(d.path())).unwrap());
+        let e = build_volume("d", "gp2", "9GiB", &ctx(d.path())).err().unwrap().to_string();
+        assert!(e.contains("exists as gp2:8GiB, not gp2:9GiB"), "{e}");
+        let e = build_volume("x", "io1", "100GiB", &ctx(d.path())).err().unwrap().to_string();
+        assert!(e.contains("provisioned IOPS are required"), "{e}");
+    }
+
+    #[test]
+    fn parameters_change_live_through_the_control_api() {
+        let d = tempfile::tempdir().unwrap();
+        let b = build_volume("g", "gp3", "8GiB", &ctx(d.path())).unwrap();
+        let c = &b.controls[0];
+        c.set("spec", "gp3:8GiB,iops=6000").unwrap();
+        assert_eq!(c.status()["spec"], "gp3:8GiB,iops=6000");
+        assert!(c.set("spec", "gp2:8GiB").unwrap_err().contains("not the type or size"));
+        assert!(c.set("iops", "1").is_err());
+    }
+}
