@@ -33,6 +33,8 @@ enum Command {
     Cloud(cmd::cloud::Args),
     Status(cmd::status::Args),
     Set(cmd::set::Args),
+    /// Show or change tenants' shares of shared pools (`share:` exports).
+    Qos(cmd::qos::Args),
     /// Run a self-contained experiment on the local cloud and write a report.
     Experiment(cmd::experiment::Args),
     /// Kill/restart an export again and again and check that no acknowledged data is lost.
@@ -51,6 +53,7 @@ fn main() -> std::process::ExitCode {
         Command::Cloud(a) => cmd::cloud::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Set(a) => cmd::set::run(a),
+        Command::Qos(a) => cmd::qos::run(a),
         Command::Experiment(a) => cmd::experiment::run(a),
         Command::Torture(a) => cmd::torture::run(a),
     };

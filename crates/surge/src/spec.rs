@@ -89,11 +89,13 @@ pub struct BuildContext {
     pub clock: Arc<dyn Clock>,
     /// Devices declared with `--pool NAME=SPEC`, shared by several exports.
     pub pools: BTreeMap<String, Arc<dyn BlockDev>>,
+    /// Fair queues of pools shared by `share:` exports (see cmd::qos).
+    pub fair_queues: crate::cmd::qos::Queues,
 }
 
 impl BuildContext {
     pub fn new(data_dir: PathBuf, clock: Arc<dyn Clock>) -> Self {
-        BuildContext { data_dir, clock, pools: BTreeMap::new() }
+        BuildContext { data_dir, clock, pools: BTreeMap::new(), fair_queues: Default::default() }
     }
 
     /// Relative paths in specs are taken from the data directory.
@@ -136,10 +138,13 @@ impl Built {
 }
 
 /// Kinds [`build_kind`] knows, for error messages and `--help`.
-pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium"];
+pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share"];
 
 /// Build the device of one spec.
 pub fn build(spec: &ExportSpec, ctx: &BuildContext) -> Result<Built> {
+    if spec.kind == "share" {
+        return crate::cmd::qos::build_share(&spec.name, &spec.args, ctx);
+    }
     // Cloud volume types need the export name: it names the volume.
     if surge_cloud::spec::is_volume_type(&spec.kind) {
         return crate::cmd::cloud::build_volume(&spec.name, &spec.kind, &spec.args, ctx);
@@ -152,6 +157,7 @@ pub fn build_kind(kind: &str, args: &str, ctx: &BuildContext) -> Result<Built> {
     match kind {
         "file" => build_file(args, ctx),
         "memory" => build_memory(args),
+        "share" => crate::cmd::qos::build_share("", args, ctx),
         "fault" => crate::faultspec::build_fault(args, ctx),
         other => Err(SpecError::UnknownKind { kind: other.to_string(), known: KINDS.join(", ") }),
     }

@@ -2,6 +2,7 @@
 
 pub mod cloud;
 pub mod experiment;
+pub mod qos;
 pub mod serve;
 pub mod set;
 pub mod status;
