@@ -1,0 +1,167 @@
+//! The fuzz targets as plain functions (a panic is a finding), shared by the
+//! cargo-fuzz binaries in `fuzz_targets/` and the bounded stable loop in
+//! `tests/bounded.rs`, plus generators of valid inputs for the seed corpus.
+//!
+//! | target | code under test | extra oracle |
+//! |---|---|---|
+//! | `nbd_handshake` | NBD server option phase, then transmission | none (no panic, no hang) |
+//! | `nbd_requests` | NBD transmission phase (request parser + dispatch) | none |
+//! | `cache_meta` | elastic-cache on-disk metadata decoder | decode → encode → decode is identity |
+//! | `fault_rules` | fault-injection one-line rules parser | parse → display → parse is identity |
+
+use surge_block::cache::meta;
+use surge_block::fault::FaultRules;
+use surge_nbd::proto::*;
+
+pub fn nbd_handshake(data: &[u8]) {
+    surge_nbd::fuzz_handshake(data);
+}
+
+pub fn nbd_requests(data: &[u8]) {
+    surge_nbd::fuzz_requests(data);
+}
+
+pub fn cache_meta(data: &[u8]) {
+    if let Ok(m) = meta::decode(data) {
+        let again = meta::decode(&m.encode()).expect("re-encoded metadata must decode");
+        assert_eq!(again, m, "decode/encode round trip changed the metadata");
+    }
+}
+
+pub fn fault_rules(data: &[u8]) {
+    let Ok(s) = std::str::from_utf8(data) else { return };
+    if let Ok(rules) = s.parse::<FaultRules>() {
+        let text = rules.to_string();
+        let again: FaultRules = text.parse().unwrap_or_else(|e| panic!("{s:?} parsed, its canonical form {text:?} did not: {e}"));
+        assert_eq!(again, rules, "{s:?} -> {text:?} changed the rules");
+    }
+}
+
+/// Every target by name.
+pub const TARGETS: &[(&str, fn(&[u8]))] =
+    &[("nbd_handshake", nbd_handshake), ("nbd_requests", nbd_requests), ("cache_meta", cache_meta), ("fault_rules", fault_rules)];
+
+/// Valid inputs to start from (also written to `corpus/` by the ignored test
+/// `write_seed_corpus`).
+pub fn seeds(target: &str) -> Vec<Vec<u8>> {
+    match target {
+        "nbd_handshake" => handshake_seeds(),
+        "nbd_requests" => request_seeds(),
+        "cache_meta" => meta_seeds(),
+        "fault_rules" => [
+            "",
+            "write.fail_nth=100,read.fail_prob=0.01,latency=5ms,tear_nth=3,vanish_after=1000",
+            "flush.fail_every=2,flush.errno=enospc,discard.drop,zeroes.latency=250us,volatile,seed=9",
+            "read.fail_prob=0.5,write.latency=1.5s,flush.drop",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn option(buf: &mut Vec<u8>, opt: u32, data: &[u8]) {
+    buf.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    buf.extend_from_slice(&opt.to_be_bytes());
+    buf.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    buf.extend_from_slice(data);
+}
+
+fn name_and_infos(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for i in infos {
+        d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
+}
+
+fn meta_query(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
+fn request(buf: &mut Vec<u8>, flags: u16, cmd: u16, cookie: u64, offset: u64, len: u32) {
+    buf.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    buf.extend_from_slice(&flags.to_be_bytes());
+    buf.extend_from_slice(&cmd.to_be_bytes());
+    buf.extend_from_slice(&cookie.to_be_bytes());
+    buf.extend_from_slice(&offset.to_be_bytes());
+    buf.extend_from_slice(&len.to_be_bytes());
+    if cmd == CMD_WRITE {
+        buf.extend((0..len).map(|i| i as u8));
+    }
+}
+
+/// A mix of every command, including some out of range.
+fn some_requests(buf: &mut Vec<u8>) {
+    request(buf, 0, CMD_WRITE, 1, 0, 512);
+    request(buf, CMD_FLAG_FUA, CMD_WRITE, 2, 4096, 100);
+    request(buf, 0, CMD_READ, 3, 0, 4096);
+    request(buf, CMD_FLAG_DF, CMD_READ, 4, 512, 8192);
+    request(buf, 0, CMD_FLUSH, 5, 0, 0);
+    request(buf, 0, CMD_TRIM, 6, 65536, 65536);
+    request(buf, CMD_FLAG_NO_HOLE, CMD_WRITE_ZEROES, 7, 0, 1024);
+    request(buf, CMD_FLAG_FAST_ZERO, CMD_WRITE_ZEROES, 8, 8192, 4096);
+    request(buf, 0, CMD_CACHE, 9, 0, 65536);
+    request(buf, CMD_FLAG_REQ_ONE, CMD_BLOCK_STATUS, 10, 0, 1 << 20);
+    request(buf, 0, CMD_READ, 11, (1 << 20) - 10, 100); // past the end
+    request(buf, 0, CMD_DISC, 12, 0, 0);
+}
+
+fn handshake_seeds() -> Vec<Vec<u8>> {
+    let flags = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes();
+    let mut out = Vec::new();
+    // Structured replies, base:allocation, GO, then requests.
+    let mut s = flags.to_vec();
+    option(&mut s, OPT_STRUCTURED_REPLY, &[]);
+    option(&mut s, OPT_LIST_META_CONTEXT, &meta_query("disk", &["base:"]));
+    option(&mut s, OPT_SET_META_CONTEXT, &meta_query("disk", &["base:allocation"]));
+    option(&mut s, OPT_GO, &name_and_infos("disk", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]));
+    some_requests(&mut s);
+    out.push(s);
+    // LIST, INFO on both exports and a missing one, then the old EXPORT_NAME.
+    let mut s = flags.to_vec();
+    option(&mut s, OPT_LIST, &[]);
+    option(&mut s, OPT_INFO, &name_and_infos("ro", &[INFO_EXPORT]));
+    option(&mut s, OPT_INFO, &name_and_infos("nosuch", &[]));
+    option(&mut s, OPT_EXPORT_NAME, b"disk");
+    some_requests(&mut s);
+    out.push(s);
+    // Unknown and refused options, then ABORT.
+    let mut s = flags.to_vec();
+    option(&mut s, OPT_STARTTLS, &[]);
+    option(&mut s, OPT_EXTENDED_HEADERS, &[]);
+    option(&mut s, 999, b"junk");
+    option(&mut s, OPT_ABORT, &[]);
+    out.push(s);
+    // GO on the read-only export without structured replies; writes must fail.
+    let mut s = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    option(&mut s, OPT_GO, &name_and_infos("ro", &[]));
+    some_requests(&mut s);
+    out.push(s);
+    out
+}
+
+fn request_seeds() -> Vec<Vec<u8>> {
+    (0u8..8)
+        .map(|mode| {
+            let mut s = vec![mode];
+            some_requests(&mut s);
+            s
+        })
+        .collect()
+}
+
+fn meta_seeds() -> Vec<Vec<u8>> {
+    let m = |entries: Vec<(u64, u32)>| meta::Meta { seq: 3, block_size: 65536, nslots: 64, backing_size: 1 << 30, entries }.encode();
+    vec![m(vec![]), m(vec![(0, 0), (5, 63), (16383, 7)]), m((0..40).map(|i| (i * 3, i as u32)).collect())]
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Issue 6: bounded stable fuzzing of every fuzz target (NBD handshake, NBD
+# requests, cache metadata, fault rules): replay fuzz/corpus and
+# fuzz/regressions, then seeded mutation for SURGE_FUZZ_SECS per target.
+# Long coverage-guided runs (cargo +nightly fuzz) are recorded in docs/reliability.md.
+set -euo pipefail
+cd "$(dirname "$0")/../../fuzz"
+start=$(date +%s)
+SURGE_FUZZ_SECS="${SURGE_FUZZ_SECS:-8}" cargo test --release --locked --no-default-features -- --nocapture
+echo "fuzz CI step took $(( $(date +%s) - start )) s"
