@@ -174,6 +174,9 @@ pub struct UsageRecord {
     pub spec: VolumeSpec,
     pub start_unix_ns: u64,
     pub end_unix_ns: Option<u64>,
+    /// A continuation after a modification: the 60 s minimum was billed already.
+    #[serde(default)]
+    pub continued: bool,
 }
 
 /// A volume's bill so far.
@@ -209,7 +212,8 @@ pub struct CostReport {
 pub fn bill(prices: &PriceTable, r: &UsageRecord, now_unix_ns: u64) -> VolumeCost {
     let end = r.end_unix_ns.unwrap_or(now_unix_ns).max(r.start_unix_ns);
     let ns = end - r.start_unix_ns;
-    let billed_seconds = ns.div_ceil(1_000_000_000).max(prices.minimum_seconds);
+    let min = if r.continued { 0 } else { prices.minimum_seconds };
+    let billed_seconds = ns.div_ceil(1_000_000_000).max(min);
     let usd_month = prices.usd_month(&r.spec);
     let seconds = ns as f64 / 1e9;
     let agbs = r.spec.model.reserved_bw().map(|bw| bw as f64 / 1e6 * (r.spec.size as f64 / GIB as f64) * seconds);
@@ -280,7 +284,7 @@ impl CostMeter {
     /// Billing of volume `id` starts now.
     pub fn start(&self, id: &str, name: Option<String>, spec: VolumeSpec) {
         let now = self.wall.now_unix_ns();
-        self.records.lock().push(UsageRecord { id: id.into(), name, spec, start_unix_ns: now, end_unix_ns: None });
+        self.records.lock().push(UsageRecord { id: id.into(), name, spec, start_unix_ns: now, end_unix_ns: None, continued: false });
     }
 
     /// Billing of volume `id` stops now; false if it was not running.

@@ -401,16 +401,20 @@ impl LocalProvider {
 
     /// Find the volume named `name`, creating it from `spec` if there is none,
     /// and attach it: what `surge serve --export NAME=TYPE:SIZE,...` serves.
-    /// An existing volume must have the same spec.
+    /// An existing volume of the same type is modified to `spec` (new
+    /// parameters, a larger size); another type or a smaller size is an error.
     pub fn open_export(&self, name: &str, spec: &VolumeSpec) -> Result<Arc<dyn BlockDev>> {
         let existing = self.list()?.into_iter().find(|v| v.name.as_deref() == Some(name));
         let id = match existing {
             Some(v) if v.spec != spec.to_string() => {
-                return Err(CloudError::Busy {
-                    action: Action::Attach,
-                    volume: v.id,
-                    why: format!("volume {name:?} exists as {}, not {spec}; delete it first (surge cloud delete {name})", v.spec),
-                })
+                if v.kind != spec.kind() || v.size > spec.size {
+                    return Err(CloudError::Busy {
+                        action: Action::Attach,
+                        volume: v.id,
+                        why: format!("volume {name:?} exists as {}, not {spec}; delete it first (surge cloud delete {name})", v.spec),
+                    });
+                }
+                self.modify(&v.id, spec.clone())?.id
             }
             Some(v) => v.id,
             None => self.create(CreateRequest { spec: spec.clone(), name: Some(name.to_string()) })?.id,
@@ -465,7 +469,7 @@ impl Provider for LocalProvider {
             st.next_id += 1;
             let rec = VolRec { id: id.clone(), name: req.name.clone(), spec: req.spec.clone(), created_unix_ns: now, attached_pid: None, credits: None };
             st.volumes.push(rec.clone());
-            st.billing.push(UsageRecord { id: id.clone(), name: req.name.clone(), spec: req.spec.clone(), start_unix_ns: now, end_unix_ns: None });
+            st.billing.push(UsageRecord { id: id.clone(), name: req.name.clone(), spec: req.spec.clone(), start_unix_ns: now, end_unix_ns: None, continued: false });
             self.save(a, &id, st, 2).map_err(undo)?;
             Ok((self.info(&rec), false))
         })?;
@@ -589,6 +593,56 @@ impl Provider for LocalProvider {
     fn cost(&self) -> Result<CostReport> {
         let st = self.locked(Action::Cost, |st| Ok((st.clone(), false)))?;
         Ok(cost::report(&self.cfg.prices, &st.billing, self.wall.now_unix_ns()))
+    }
+
+    fn modify(&self, key: &str, spec: VolumeSpec) -> Result<VolumeInfo> {
+        let a = Action::Modify;
+        let shape = spec.shape().map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
+        for w in spec.warnings() {
+            tracing::warn!("{w}");
+        }
+        self.delay(a, key)?;
+        self.fault(a, key, 0)?;
+        let info = self.locked(a, |st| {
+            let v = Self::find(st, a, key)?;
+            let busy = |why: String| CloudError::Busy { action: a, volume: v.id.clone(), why };
+            if spec.kind() != v.spec.kind() {
+                return Err(busy(format!("cannot change the type ({} to {}); create a new volume and copy", v.spec.kind(), spec.kind())));
+            }
+            if spec.size < v.spec.size {
+                return Err(busy("volumes only grow".into()));
+            }
+            let mut live = self.live.lock();
+            let here = live.get(&v.id).is_some_and(|l| l.attachment.is_some());
+            if spec.size != v.spec.size {
+                if here || Self::attached_elsewhere(v).is_some() {
+                    return Err(busy("detach it to resize (an attached device keeps its size)".into()));
+                }
+                let path = self.vol_path(&v.id);
+                let grown = OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(spec.size).and_then(|_| f.sync_all()));
+                grown.map_err(|source| self.io(a, &v.id, "resizing", &path, source))?;
+                // The next attach opens the file at its new size; keep the credits.
+                if let Some(l) = live.remove(&v.id) {
+                    let c = l.model.credits();
+                    v.credits = Some(SavedCredits { ops: c.ops, bytes: c.bytes, at_unix_ns: self.wall.now_unix_ns() });
+                }
+            } else if let Some(l) = live.get(&v.id) {
+                l.model.set_shape(shape.clone());
+            }
+            drop(live);
+            v.spec = spec.clone();
+            let (id, name) = (v.id.clone(), v.name.clone());
+            let now = self.wall.now_unix_ns();
+            for r in st.billing.iter_mut().filter(|r| r.id == id && r.end_unix_ns.is_none()) {
+                r.end_unix_ns = Some(now);
+            }
+            st.billing.push(UsageRecord { id: id.clone(), name, spec: spec.clone(), start_unix_ns: now, end_unix_ns: None, continued: true });
+            self.save(a, &id, st, 1)?;
+            let v = st.volumes.iter().find(|v| v.id == id).expect("still there").clone();
+            Ok((self.info(&v), false))
+        })?;
+        tracing::info!(id = %info.id, spec = %info.spec, "modified volume");
+        Ok(info)
     }
 }
 

@@ -243,3 +243,40 @@ fn attached_volumes_pass_conformance() {
     assert!(p.list().unwrap().len() >= 2);
     let _ = GIB;
 }
+
+#[test]
+fn modify_changes_parameters_live_and_bills_the_new_ones() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.epoch_unix_ns = Some(0);
+    cfg.delays = Delays::none();
+    let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+    let v = p.create(req("io1:100GiB,iops=1000", None)).unwrap();
+    let dev = p.attach(&v.id).unwrap();
+    clock.advance(Duration::from_secs(100));
+    p.modify(&v.id, "io1:100GiB,iops=2000".parse().unwrap()).unwrap();
+    // Now 2,000 IOPS: 2,000 4 KiB reads take 1,999/2,000 s.
+    let t0 = clock.now();
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..2_000 {
+        dev.read_at(&mut buf, 0).unwrap();
+    }
+    assert_eq!(clock.now() - t0, Duration::from_nanos((1_999 * 1_000_000_000u64).div_ceil(2_000)));
+    let e = p.modify(&v.id, "io1:200GiB,iops=2000".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("detach it to resize"), "{e}");
+    assert!(p.modify(&v.id, "gp2:100GiB".parse().unwrap()).unwrap_err().to_string().contains("cannot change the type"));
+    assert!(p.modify(&v.id, "io1:50GiB,iops=2000".parse().unwrap()).unwrap_err().to_string().contains("only grow"));
+    p.detach(&v.id).unwrap();
+    let info = p.modify(&v.id, "io1:200GiB,iops=2000".parse().unwrap()).unwrap();
+    assert_eq!(info.spec, "io1:200GiB,iops=2000");
+    assert_eq!(p.attach(&v.id).unwrap().size(), 200 * GIB);
+    // Bill: 100 s at 1,000 IOPS, then the rest at 2,000 with no second minimum.
+    let r = p.cost().unwrap();
+    assert_eq!(r.volumes.len(), 3);
+    assert_eq!(r.volumes[0].billed_seconds, 100);
+    assert_eq!(r.volumes[1].billed_seconds, 1, "continuation: whole seconds, no 60 s minimum");
+    let month = 2_592_000.0;
+    let want = (12.5 + 65.0) * 100.0 / month + (12.5 + 130.0) * 1.0 / month + (25.0 + 130.0) * 0.0 / month;
+    assert!((r.total_usd - want).abs() < 1e-12, "{} vs {want}", r.total_usd);
+}

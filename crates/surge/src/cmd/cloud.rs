@@ -144,11 +144,12 @@ fn print_table(vols: &[VolumeInfo]) {
 }
 
 /// `surge status` entry of a served cloud volume: its credits and spec; `surge
-/// set NAME spec=TYPE:SIZE,...` changes the model live (same type and size).
+/// set NAME/volume spec=TYPE:SIZE,...` modifies the volume (same type and size),
+/// live and in the provider's state.
 struct VolumeControl {
     export: String,
     id: String,
-    spec: parking_lot::Mutex<VolumeSpec>,
+    provider: Arc<LocalProvider>,
     model: Arc<ModelDev>,
 }
 
@@ -161,20 +162,19 @@ impl Controllable for VolumeControl {
     }
     fn status(&self) -> serde_json::Value {
         let c = self.model.credits();
-        json!({ "id": self.id, "spec": self.spec.lock().to_string(), "credits": c, "burst_balance_percent": c.percent() })
+        let spec = self.provider.describe(&self.id).map(|v| v.spec).unwrap_or_else(|e| e.to_string());
+        json!({ "id": self.id, "spec": spec, "credits": c, "burst_balance_percent": c.percent() })
     }
     fn set(&self, key: &str, value: &str) -> Result<(), String> {
         if key != "spec" {
             return Err(format!("{} has no setting {key:?} (try spec=TYPE:SIZE,...)", self.name()));
         }
         let new: VolumeSpec = value.parse().map_err(|e| format!("{e}"))?;
-        let mut cur = self.spec.lock();
-        if new.kind() != cur.kind() || new.size != cur.size {
-            return Err(format!("only the parameters can change live, not the type or size (now {})", *cur));
+        let cur = self.provider.describe(&self.id).map_err(|e| e.to_string())?;
+        if new.size != cur.size {
+            return Err(format!("only the parameters can change while served, not the size (now {})", cur.spec));
         }
-        self.model.set_shape(new.shape().map_err(|e| e.to_string())?);
-        *cur = new;
-        Ok(())
+        self.provider.modify(&self.id, new).map(|_| ()).map_err(|e| e.to_string())
     }
 }
 
@@ -189,12 +189,12 @@ pub fn build_volume(name: &str, kind: &str, args: &str, ctx: &BuildContext) -> R
     }
     let mut cfg = LocalConfig::new(cloud_dir(&ctx.data_dir));
     cfg.delays = Delays::none();
-    let p = LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?;
+    let p = Arc::new(LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);
     let dev = p.open_export(name, &spec).map_err(|e| err(e.to_string()))?;
     let id = p.list().map_err(|e| err(e.to_string()))?.into_iter().find(|v| v.name.as_deref() == Some(name)).map(|v| v.id).unwrap_or_default();
     let model = p.model(&id).ok_or_else(|| err(format!("volume {id} is not attached")))?;
     let detail = json!({ "volume": id, "spec": spec.to_string(), "cloud_dir": cloud_dir(&ctx.data_dir) });
-    let control = Arc::new(VolumeControl { export: name.to_string(), id: id.clone(), spec: parking_lot::Mutex::new(spec.clone()), model });
+    let control = Arc::new(VolumeControl { export: name.to_string(), id: id.clone(), provider: p, model });
     Ok(Built { dev, description: format!("{spec} (local cloud volume {id})"), detail, controls: vec![control] })
 }
 
@@ -225,11 +225,15 @@ mod tests {
     }
 
     #[test]
-    fn a_different_spec_for_an_existing_name_is_refused() {
+    fn an_existing_name_takes_the_new_spec_unless_type_or_shrink_differs() {
         let d = tempfile::tempdir().unwrap();
         drop(build_volume("d", "gp2", "8GiB", &ctx(d.path())).unwrap());
-        let e = build_volume("d", "gp2", "9GiB", &ctx(d.path())).err().unwrap().to_string();
-        assert!(e.contains("exists as gp2:8GiB, not gp2:9GiB"), "{e}");
+        let e = build_volume("d", "gp2", "7GiB", &ctx(d.path())).err().unwrap().to_string();
+        assert!(e.contains("exists as gp2:8GiB, not gp2:7GiB"), "{e}");
+        let e = build_volume("d", "gp3", "8GiB", &ctx(d.path())).err().unwrap().to_string();
+        assert!(e.contains("exists as gp2:8GiB, not gp3:8GiB"), "{e}");
+        // Same type, larger: the volume is grown to the spec given.
+        assert_eq!(build_volume("d", "gp2", "9GiB", &ctx(d.path())).unwrap().dev.size(), 9 << 30);
         let e = build_volume("x", "io1", "100GiB", &ctx(d.path())).err().unwrap().to_string();
         assert!(e.contains("provisioned IOPS are required"), "{e}");
     }
@@ -241,7 +245,11 @@ mod tests {
         let c = &b.controls[0];
         c.set("spec", "gp3:8GiB,iops=6000").unwrap();
         assert_eq!(c.status()["spec"], "gp3:8GiB,iops=6000");
-        assert!(c.set("spec", "gp2:8GiB").unwrap_err().contains("not the type or size"));
+        assert!(c.set("spec", "gp2:8GiB").unwrap_err().contains("cannot change the type"));
+        assert!(c.set("spec", "gp3:9GiB").unwrap_err().contains("not the size"));
         assert!(c.set("iops", "1").is_err());
+        drop(b);
+        let b = build_volume("g", "gp3", "8GiB,iops=6000", &ctx(d.path())).unwrap();
+        assert_eq!(b.controls[0].status()["spec"], "gp3:8GiB,iops=6000", "the change was saved");
     }
 }
