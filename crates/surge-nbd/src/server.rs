@@ -3,7 +3,7 @@
 
 use crate::handshake;
 use crate::io::Socket;
-use crate::transmission::{self, Dispatch, Work};
+use crate::transmission::{self, Dispatch, ServiceTime, Work};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -44,11 +44,16 @@ pub struct ServerConfig {
     pub workers_per_export: usize,
     /// Requests in flight per connection before the server stops reading more.
     pub max_in_flight: usize,
+    /// Run small reads and writes (≤ 64 KiB) on the connection's reader thread
+    /// while the export serves them in under 20 µs on average (page cache,
+    /// memory): a hand-off to a worker costs more than such I/O. Slower
+    /// devices, large requests and other commands always use the workers.
+    pub inline_fast_requests: bool,
 }
 
 impl ServerConfig {
     pub fn new(exports: Vec<Export>) -> Self {
-        ServerConfig { exports, workers_per_export: 8, max_in_flight: 64 }
+        ServerConfig { exports, workers_per_export: 8, max_in_flight: 64, inline_fast_requests: true }
     }
 }
 
@@ -139,6 +144,7 @@ pub(crate) struct ExportState {
     pub read_only: bool,
     pub counters: ExportCounters,
     pub work: Option<Sender<Work>>,
+    pub service: ServiceTime,
 }
 
 impl ExportState {
@@ -151,6 +157,7 @@ impl ExportState {
 pub(crate) struct Shared {
     pub exports: Vec<ExportState>,
     pub max_in_flight: usize,
+    pub inline_fast_requests: bool,
     pub shutting_down: AtomicBool,
     connections_accepted: AtomicU64,
     next_conn_id: AtomicU64,
@@ -166,12 +173,20 @@ impl Shared {
             .map(|(export, work)| {
                 let caps = export.dev.caps();
                 let read_only = export.read_only || caps.read_only;
-                ExportState { export, caps, read_only, counters: ExportCounters::default(), work: work.clone() }
+                ExportState {
+                    export,
+                    caps,
+                    read_only,
+                    counters: ExportCounters::default(),
+                    work: work.clone(),
+                    service: ServiceTime::default(),
+                }
             })
             .collect();
         Shared {
             exports,
             max_in_flight: cfg.max_in_flight.max(1),
+            inline_fast_requests: cfg.inline_fast_requests,
             shutting_down: AtomicBool::new(false),
             connections_accepted: AtomicU64::new(0),
             next_conn_id: AtomicU64::new(1),

@@ -17,7 +17,8 @@ use parking_lot::Mutex;
 use std::io::{self, BufReader, Read, Write};
 use std::ops::Range;
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use std::sync::Arc;
 use surge_block::{BlockDev, BlockError, ExtentKind, ZeroMode};
 use tracing::{debug, warn};
@@ -218,7 +219,7 @@ pub(crate) fn serve<R: Read>(
         broken: AtomicBool::new(false),
         control,
     });
-    let outcome = read_requests(export, &conn, &mut reader, &buf_rx, &big_rx, &dispatch);
+    let outcome = read_requests(export, &conn, &mut reader, &buf_rx, &big_rx, &dispatch, shared.inline_fast_requests);
     conn.flush();
     // Every buffer back in the pool means every request has been answered.
     for _ in 0..max {
@@ -237,6 +238,7 @@ fn read_requests<R: Read>(
     buffers: &Receiver<Vec<u8>>,
     big_tokens: &Receiver<()>,
     dispatch: &Dispatch,
+    inline_ok: bool,
 ) -> io::Result<String> {
     loop {
         if reader.buffer().len() < REQUEST_HEADER_LEN {
@@ -283,6 +285,7 @@ fn read_requests<R: Read>(
         }
         let job = Job { conn: conn.clone(), req, buf, big };
         match dispatch {
+            Dispatch::Pool(_) if inline_ok && is_small_io(&req) && export.service.fast() => run_job(export, job, false),
             Dispatch::Pool(tx) => {
                 if let Err(crossbeam_channel::SendError(Work::Request(job))) = tx.send(Work::Request(job)) {
                     run_job(export, job, true);
@@ -321,6 +324,37 @@ pub(crate) fn worker_loop(export: &ExportState, rx: Receiver<Work>) {
     }
 }
 
+/// Reads and writes small enough to be worth running on the reader thread.
+fn is_small_io(req: &Request) -> bool {
+    (req.cmd == CMD_READ || req.cmd == CMD_WRITE) && req.len <= INLINE_MAX_LEN
+}
+
+const INLINE_MAX_LEN: u32 = 64 * 1024;
+/// Small requests run on the reader thread while they take less than this on
+/// average: handing them to a worker (wake-up, context switch) would cost more.
+const INLINE_BELOW: Duration = Duration::from_micros(20);
+
+/// Running average (EWMA, 1/8 weight) of the service time of small reads and
+/// writes on one export, measured wherever they run, so an export whose device
+/// slows down moves its requests back to the worker pool.
+#[derive(Debug, Default)]
+pub(crate) struct ServiceTime {
+    avg_ns: AtomicU64,
+}
+
+impl ServiceTime {
+    fn record(&self, took: Duration) {
+        let ns = took.as_nanos().min(u64::MAX as u128) as u64;
+        let old = self.avg_ns.load(Ordering::Relaxed);
+        // Racy read-modify-write: a lost sample only nudges an average.
+        self.avg_ns.store(old - old / 8 + ns / 8, Ordering::Relaxed);
+    }
+
+    fn fast(&self) -> bool {
+        self.avg_ns.load(Ordering::Relaxed) < INLINE_BELOW.as_nanos() as u64
+    }
+}
+
 /// Why a request failed: the wire errno and a message for the client.
 struct Fail {
     errno: u32,
@@ -343,7 +377,12 @@ impl From<BlockError> for Fail {
 fn run_job(export: &ExportState, job: Job, flush: bool) {
     let Job { conn, req, buf, big } = job;
     let mut msg = OutMsg::new(buf, big);
-    if let Err(fail) = execute(export, &conn, &req, &mut msg) {
+    let started = is_small_io(&req).then(Instant::now);
+    let result = execute(export, &conn, &req, &mut msg);
+    if let Some(t) = started {
+        export.service.record(t.elapsed());
+    }
+    if let Err(fail) = result {
         export.counters.errors.fetch_add(1, Ordering::Relaxed);
         if fail.errno == EIO || fail.errno == ENOSPC {
             warn!(export = %export.export.name, cmd = req.cmd, offset = req.offset, len = req.len, error = %fail.msg, "request failed");
