@@ -526,7 +526,8 @@ impl Provider for LocalProvider {
     fn detach(&self, key: &str) -> Result<()> {
         let a = Action::Detach;
         let id = self.locked(a, |st| Ok((Self::find(st, a, key)?.id.clone(), false)))?;
-        if !self.live.lock().get(&id).is_some_and(|l| l.attachment.is_some()) {
+        let attached_here = self.live.lock().get(&id).is_some_and(|l| l.attachment.is_some());
+        if !attached_here {
             return Err(CloudError::Busy { action: a, volume: id, why: "not attached to this process".into() });
         }
         self.delay(a, &id)?;

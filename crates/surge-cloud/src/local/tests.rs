@@ -237,7 +237,7 @@ fn attached_volumes_pass_conformance() {
     cfg.delays = Delays::none();
     let p = LocalProvider::open(cfg, clock).unwrap();
     surge_block::conformance::run("local-provider-reserved", |size| {
-        let v = p.create(CreateRequest { spec: VolumeSpec { size, ..format!("reserved:1GiB,bw=33MB/s,iops=500").parse().unwrap() }, name: None }).unwrap();
+        let v = p.create(CreateRequest { spec: VolumeSpec { size, .."reserved:1GiB,bw=33MB/s,iops=500".parse().unwrap() }, name: None }).unwrap();
         p.attach(&v.id).unwrap()
     });
     assert!(p.list().unwrap().len() >= 2);
