@@ -29,6 +29,13 @@ impl Running {
         Running::start(ServerConfig::new(vec![Export::new("disk", dev)]))
     }
 
+    /// One export, every request through the worker pool (none on the reader thread).
+    fn pooled(dev: Arc<dyn BlockDev>) -> Running {
+        let mut cfg = ServerConfig::new(vec![Export::new("disk", dev)]);
+        cfg.inline_fast_requests = false;
+        Running::start(cfg)
+    }
+
     fn client(&self) -> Client {
         Client::connect_unix(&self.sock, &ClientOptions::default()).unwrap()
     }
@@ -78,6 +85,7 @@ struct TestDev {
     inner: MemoryDev,
     caps: Caps,
     gate_offset: Option<u64>,
+    read_delay: Duration,
     gate: Mutex<bool>,
     gate_cv: std::sync::Condvar,
     flushes: std::sync::atomic::AtomicU64,
@@ -89,14 +97,16 @@ impl TestDev {
             inner: MemoryDev::new(size),
             caps,
             gate_offset: None,
+            read_delay: Duration::ZERO,
             gate: Mutex::new(false),
             gate_cv: std::sync::Condvar::new(),
             flushes: Default::default(),
         })
     }
-    fn gated(size: u64, at: u64) -> Arc<TestDev> {
+    fn gated(size: u64, at: u64, read_delay: Duration) -> Arc<TestDev> {
         let mut d = Arc::into_inner(TestDev::new(size, MemoryDev::new(0).caps())).unwrap();
         d.gate_offset = Some(at);
+        d.read_delay = read_delay;
         Arc::new(d)
     }
     fn open_gate(&self) {
@@ -116,6 +126,7 @@ impl BlockDev for TestDev {
         self.caps
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        std::thread::sleep(self.read_delay);
         if Some(offset) == self.gate_offset {
             let mut open = self.gate.lock().unwrap();
             while !*open {
@@ -151,8 +162,8 @@ fn errno_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> u32 {
 
 #[test]
 fn replies_come_out_of_order_when_an_earlier_request_is_slow() {
-    let dev = TestDev::gated(1 << 20, 0);
-    let srv = Running::one(dev.clone());
+    let dev = TestDev::gated(1 << 20, 0, Duration::ZERO);
+    let srv = Running::pooled(dev.clone());
     let mut c = srv.client();
     c.write(8192, &[5u8; 4096], false).unwrap();
     let slow = c.submit(CMD_READ, 0, 0, 4096, &[]).unwrap();
@@ -440,8 +451,8 @@ fn tcp_listener_with_nodelay_serves_requests() {
 
 #[test]
 fn shutdown_finishes_in_flight_requests_and_flushes() {
-    let dev = TestDev::gated(1 << 20, 0);
-    let srv = Running::one(dev.clone());
+    let dev = TestDev::gated(1 << 20, 0, Duration::ZERO);
+    let srv = Running::pooled(dev.clone());
     let mut c = srv.client();
     c.write(4096, &[3u8; 4096], false).unwrap();
     let slow = c.submit(CMD_READ, 0, 0, 512, &[]).unwrap();
@@ -499,5 +510,25 @@ fn a_client_that_never_reads_replies_does_not_stall_other_connections() {
     c.write(0, b"others still served", false).unwrap();
     c.disconnect().unwrap();
     drop(hog);
+    srv.stop();
+}
+
+#[test]
+fn small_requests_on_a_slow_device_leave_the_reader_thread() {
+    // Inline execution is on (the default); a device taking milliseconds must
+    // still get requests in parallel and replies out of order once measured.
+    let dev = TestDev::gated(1 << 20, 0, Duration::from_millis(2));
+    let srv = Running::one(dev.clone());
+    let mut c = srv.client();
+    for i in 0..4u64 {
+        let mut b = [0u8; 512];
+        c.read(4096 * (i + 1), &mut b).unwrap();
+    }
+    let slow = c.submit(CMD_READ, 0, 0, 4096, &[]).unwrap();
+    let fast = c.submit(CMD_READ, 0, 8192, 4096, &[]).unwrap();
+    assert_eq!(c.wait_any().unwrap().cookie, fast);
+    dev.open_gate();
+    c.wait(slow).unwrap().into_result().unwrap();
+    c.disconnect().unwrap();
     srv.stop();
 }
