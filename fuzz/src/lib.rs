@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `nbd_handshake` | NBD server option phase, then transmission | none (no panic, no hang) |
 //! | `nbd_requests` | NBD transmission phase (request parser + dispatch) | none |
-//! | `cache_meta` | elastic-cache on-disk metadata decoder | decode → encode → decode is identity |
+//! | `cache_meta` | elastic-cache on-disk metadata decoder (as read, and with the CRC fixed up) | decode → encode → decode is identity |
 //! | `fault_rules` | fault-injection one-line rules parser | parse → display → parse is identity |
 
 use surge_block::cache::meta;
@@ -22,6 +22,22 @@ pub fn nbd_requests(data: &[u8]) {
 }
 
 pub fn cache_meta(data: &[u8]) {
+    meta_round_trip(data);
+    // A fuzzer rarely forges a CRC: also decode with the checksum fixed up, so
+    // the checks behind it (counts, ranges, duplicates) get explored too.
+    if data.len() >= meta::HEADER_LEN {
+        let n = u32::from_le_bytes(data[12..16].try_into().unwrap()) as usize;
+        if let Some(len) = n.checked_mul(meta::ENTRY_LEN).and_then(|l| l.checked_add(meta::HEADER_LEN)).filter(|&l| l <= data.len()) {
+            let mut fixed = data.to_vec();
+            fixed[40..44].fill(0);
+            let crc = crc32c::crc32c(&fixed[..len]);
+            fixed[40..44].copy_from_slice(&crc.to_le_bytes());
+            meta_round_trip(&fixed);
+        }
+    }
+}
+
+fn meta_round_trip(data: &[u8]) {
     if let Ok(m) = meta::decode(data) {
         let again = meta::decode(&m.encode()).expect("re-encoded metadata must decode");
         assert_eq!(again, m, "decode/encode round trip changed the metadata");
