@@ -2,28 +2,30 @@
 # Serve the same tmpfs image with surge and with nbdkit's file plugin, run fio's
 # nbd engine against each (2 connections = 2 fio jobs), and print IOPS / MB/s and
 # the ratio surge/nbdkit for: 4 KiB random read and write at QD 32, 1 MiB
-# sequential read and write at QD 8.
+# sequential read and write at QD 8. Runs alternate surge/nbdkit and each figure
+# is the median over rounds, so load drifting on a shared machine hits both alike.
 #
-#   bench/nbd-peers.sh            # 20 s per pattern and server, 1 GiB image
-#   bench/nbd-peers.sh --quick    # 5 s per pattern, 256 MiB image (CI smoke run)
-#   options: --runtime S  --size SIZE  --surge PATH (default: cargo build --release)
+#   bench/nbd-peers.sh            # 3 rounds x 10 s per pattern and server, 1 GiB image
+#   bench/nbd-peers.sh --quick    # 1 round x 5 s, 256 MiB image (CI smoke run)
+#   options: --runtime S  --rounds N  --size SIZE  --surge PATH (default: cargo build --release)
 #            --min-ratio R  (exit 1 if any ratio is below R; default: report only)
 #            --json FILE    (write the results as JSON)
 #            --surge-args "ARGS"  (extra `surge serve` flags, e.g. "--workers 2")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-runtime=20 size=1G quick=0 surge="" min_ratio="" json_out="" surge_args=""
+runtime=10 rounds=3 size=1G quick=0 surge="" min_ratio="" json_out="" surge_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) quick=1; runtime=5; size=256M ;;
+    --quick) quick=1; runtime=5; rounds=1; size=256M ;;
     --runtime) runtime="$2"; shift ;;
+    --rounds) rounds="$2"; shift ;;
     --size) size="$2"; shift ;;
     --surge) surge="$2"; shift ;;
     --min-ratio) min_ratio="$2"; shift ;;
     --json) json_out="$2"; shift ;;
     --surge-args) surge_args="$2"; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -73,31 +75,39 @@ patterns=(
   "seqwrite-1m-qd8 write 1M 8"
 )
 
-run_fio() { # server pattern rw bs qd -> json file
-  local server=$1 name=$2 rw=$3 bs=$4 qd=$5
+run_fio() { # server pattern rw bs qd round -> json file
+  local server=$1 name=$2 rw=$3 bs=$4 qd=$5 round=$6
   fio --name="$name" --ioengine=nbd --uri="nbd+unix:///d?socket=$work/$server.sock" \
       --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=2 --size="$half" --offset_increment="$half" \
       --time_based --runtime="$runtime" --ramp_time=1 --group_reporting \
-      --output-format=json --output="$work/$server-$name.json" >/dev/null
+      --output-format=json --output="$work/$server-$name-$round.json" >/dev/null
 }
 
-for p in "${patterns[@]}"; do
-  read -r name rw bs qd <<<"$p"
-  for server in surge nbdkit; do
-    run_fio "$server" "$name" "$rw" "$bs" "$qd"
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+for round in $(seq "$rounds"); do
+  for p in "${patterns[@]}"; do
+    read -r name rw bs qd <<<"$p"
+    for server in surge nbdkit; do
+      run_fio "$server" "$name" "$rw" "$bs" "$qd" "$round"
+    done
   done
 done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-python3 - "$work" "$runtime" "$bytes" "$quick" "${min_ratio:-0}" "$json_out" "${patterns[@]}" <<'EOF'
-import json, sys
-work, runtime, size, quick, min_ratio, json_out = sys.argv[1:7]
-patterns = [p.split()[0] for p in sys.argv[7:]]
-def measure(server, name):
-    job = json.load(open(f"{work}/{server}-{name}.json"))["jobs"][0]
+python3 - "$work" "$runtime" "$bytes" "$rounds" "${min_ratio:-0}" "$json_out" "$load_before / $load_after" "${patterns[@]}" <<'EOF'
+import json, statistics, sys
+work, runtime, size, rounds, min_ratio, json_out, load = sys.argv[1:8]
+patterns = [p.split()[0] for p in sys.argv[8:]]
+def one(server, name, r):
+    job = json.load(open(f"{work}/{server}-{name}-{r}.json"))["jobs"][0]
     side = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
     return side["iops"], side["bw_bytes"] / 1e6
+def measure(server, name):
+    runs = sorted(one(server, name, r) for r in range(1, int(rounds) + 1))
+    return runs[len(runs) // 2]
 rows, worst = [], None
-print(f"fio nbd engine, 2 connections, {runtime} s per run, image {int(size) >> 20} MiB on tmpfs")
+print(f"fio nbd engine, 2 connections, median of {rounds} x {runtime} s runs, image {int(size) >> 20} MiB on tmpfs")
+print(f"load average before / after: {load} (on {__import__('os').cpu_count()} CPUs)")
 print(f"{'pattern':<20}{'surge':>22}{'nbdkit':>22}{'surge/nbdkit':>14}")
 for name in patterns:
     s_iops, s_mb = measure("surge", name)
@@ -109,7 +119,7 @@ for name in patterns:
     rows.append({"pattern": name, "surge_iops": s_iops, "surge_mbs": s_mb, "nbdkit_iops": k_iops, "nbdkit_mbs": k_mb, "ratio": ratio})
 print(f"lowest ratio: {worst:.2f}x (target >= 1.5x; below 1.0x is a defect)")
 if json_out:
-    json.dump({"runtime_s": int(runtime), "image_bytes": int(size), "results": rows}, open(json_out, "w"), indent=2)
+    json.dump({"runtime_s": int(runtime), "rounds": int(rounds), "image_bytes": int(size), "load": load, "results": rows}, open(json_out, "w"), indent=2)
 if worst < float(min_ratio):
     sys.exit(f"lowest ratio {worst:.2f}x is below --min-ratio {min_ratio}")
 EOF
