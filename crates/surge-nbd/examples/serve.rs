@@ -20,6 +20,11 @@ fn main() {
     if let Some(w) = args.get(2) {
         cfg.workers_per_export = w.parse().expect("workers");
     }
+    // SURGE_TLS_DIR=DIR (server-cert.pem, server-key.pem) requires TLS.
+    if let Ok(dir) = std::env::var("SURGE_TLS_DIR") {
+        cfg.tls = Some(surge_nbd::tls::server_config_from_dir(dir.as_ref()).expect("TLS certificate"));
+        cfg.tls_mode = surge_nbd::TlsMode::Require;
+    }
     let server = Server::start(cfg).expect("start");
     server.listen(&Listen::Unix(sock.into())).expect("listen");
     loop {

@@ -3,7 +3,7 @@
 //! the real handshake and transmission code, with requests executed inline on
 //! small in-memory exports; replies go to a sink. A panic is the only failure.
 
-use crate::handshake::{self, Negotiated, BASE_ALLOCATION_ID};
+use crate::handshake::{self, Negotiated, Outcome, BASE_ALLOCATION_ID};
 use crate::server::{Export, ServerConfig, Shared};
 use crate::transmission::{self, Dispatch};
 use std::io::{BufReader, Cursor};
@@ -26,7 +26,9 @@ pub fn fuzz_handshake(data: &[u8]) {
     let shared = fuzz_server();
     let mut reader = BufReader::new(Cursor::new(data));
     let mut out = Vec::new();
-    if let Ok(Some(neg)) = handshake::negotiate(&shared, &mut reader, &mut out) {
+    let Ok(Some(mut st)) = handshake::greet(&mut reader, &mut out) else { return };
+    // TLS is off here, so STARTTLS is refused and never ends the haggling.
+    if let Ok(Outcome::Transmission(neg)) = handshake::options(&shared, &mut st, &mut reader, &mut out) {
         let _ = transmission::serve(&shared, &neg, reader, Box::new(std::io::sink()), None, Dispatch::Inline);
     }
 }

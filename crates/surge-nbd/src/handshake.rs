@@ -2,6 +2,7 @@
 
 use crate::proto::*;
 use crate::server::{ExportState, Shared};
+use crate::tls::TlsMode;
 use crate::transmission::{HARD_MAX_PAYLOAD, MAX_BLOCK};
 use std::io::{self, Read, Write};
 use std::sync::atomic::Ordering;
@@ -23,11 +24,31 @@ pub(crate) struct Negotiated {
     pub meta_context: Option<u32>,
 }
 
-struct State {
+pub(crate) struct State {
     no_zeroes: bool,
     structured: bool,
     /// Export for which `base:allocation` was selected, if any.
     meta_export: Option<usize>,
+    tls_active: bool,
+}
+
+impl State {
+    /// After STARTTLS: options negotiated in plain text no longer count.
+    pub(crate) fn tls_started(&mut self) {
+        self.structured = false;
+        self.meta_export = None;
+        self.tls_active = true;
+    }
+}
+
+/// How option haggling ended.
+pub(crate) enum Outcome {
+    Transmission(Negotiated),
+    /// EOF or NBD_OPT_ABORT.
+    Closed,
+    /// NBD_OPT_STARTTLS was acknowledged: upgrade the stream, then call
+    /// [`options`] again.
+    StartTls,
 }
 
 fn protocol_error(msg: impl Into<String>) -> io::Error {
@@ -72,9 +93,8 @@ pub(crate) fn transmission_flags(e: &ExportState, structured: bool) -> u16 {
     f
 }
 
-/// Runs the handshake. `Ok(None)`: the client left (EOF or NBD_OPT_ABORT).
-/// `Err`: a protocol violation or I/O error; the caller closes the connection.
-pub(crate) fn negotiate(shared: &Shared, r: &mut impl Read, w: &mut impl Write) -> io::Result<Option<Negotiated>> {
+/// Sends the greeting and reads the client flags. `Ok(None)`: the client left.
+pub(crate) fn greet(r: &mut impl Read, w: &mut impl Write) -> io::Result<Option<State>> {
     let mut greeting = [0u8; 18];
     greeting[0..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
     greeting[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
@@ -89,15 +109,20 @@ pub(crate) fn negotiate(shared: &Shared, r: &mut impl Read, w: &mut impl Write) 
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return Err(protocol_error(format!("unknown client flags {client_flags:#x}")));
     }
-    let mut st = State { no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0, structured: false, meta_export: None };
+    Ok(Some(State { no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0, structured: false, meta_export: None, tls_active: false }))
+}
+
+/// Option haggling until transmission, the client leaving, or STARTTLS.
+/// `Err`: a protocol violation or I/O error; the caller closes the connection.
+pub(crate) fn options(shared: &Shared, st: &mut State, r: &mut impl Read, w: &mut impl Write) -> io::Result<Outcome> {
     loop {
         let mut hdr = [0u8; OPTION_HEADER_LEN];
         if !read_exact_or_eof(r, &mut hdr)? {
-            return Ok(None);
+            return Ok(Outcome::Closed);
         }
         let h = parse_option_header(&hdr).map_err(|e| protocol_error(format!("option header: {e}")))?;
         let Some(data) = read_option_data(r, w, h)? else { continue };
-        if let Some(done) = handle_option(shared, &mut st, w, h.option, &data)? {
+        if let Some(done) = handle_option(shared, st, w, h.option, &data)? {
             return Ok(done);
         }
     }
@@ -133,14 +158,8 @@ fn reply_error(w: &mut impl Write, option: u32, rep: u32, msg: &str) -> io::Resu
     reply(w, option, rep, msg.as_bytes())
 }
 
-/// `Ok(Some(..))` ends the handshake (transmission or abort); `Ok(None)` continues.
-fn handle_option(
-    shared: &Shared,
-    st: &mut State,
-    w: &mut impl Write,
-    option: u32,
-    data: &[u8],
-) -> io::Result<Option<Option<Negotiated>>> {
+/// `Ok(Some(..))` ends this round of haggling; `Ok(None)` continues.
+fn handle_option(shared: &Shared, st: &mut State, w: &mut impl Write, option: u32, data: &[u8]) -> io::Result<Option<Outcome>> {
     if shared.shutting_down.load(Ordering::Relaxed) && option != OPT_ABORT {
         if option == OPT_EXPORT_NAME {
             return Err(protocol_error("server is shutting down"));
@@ -148,15 +167,24 @@ fn handle_option(
         reply_error(w, option, REP_ERR_SHUTDOWN, "server is shutting down")?;
         return Ok(None);
     }
+    if option == OPT_STARTTLS {
+        return start_tls(shared, st, w, data);
+    }
+    if shared.tls_mode == TlsMode::Require && !st.tls_active && option != OPT_ABORT {
+        if option == OPT_EXPORT_NAME {
+            return Err(protocol_error("NBD_OPT_EXPORT_NAME without TLS on a TLS-only server"));
+        }
+        reply_error(w, option, REP_ERR_TLS_REQD, "this server requires TLS: send NBD_OPT_STARTTLS first")?;
+        return Ok(None);
+    }
     match option {
-        OPT_EXPORT_NAME => export_name(shared, st, w, data).map(|n| Some(Some(n))),
+        OPT_EXPORT_NAME => export_name(shared, st, w, data).map(|n| Some(Outcome::Transmission(n))),
         OPT_ABORT => {
             // The client may already have closed; a failed ACK is not an error.
             let _ = reply(w, option, REP_ACK, &[]);
-            Ok(Some(None))
+            Ok(Some(Outcome::Closed))
         }
         OPT_LIST => list_exports(shared, w, data).map(|_| None),
-        OPT_STARTTLS => reply_error(w, option, REP_ERR_POLICY, "TLS is not enabled on this server").map(|_| None),
         OPT_INFO | OPT_GO => info_or_go(shared, st, w, option, data),
         OPT_STRUCTURED_REPLY => {
             if !data.is_empty() {
@@ -221,7 +249,7 @@ fn info_or_go(
     w: &mut impl Write,
     option: u32,
     data: &[u8],
-) -> io::Result<Option<Option<Negotiated>>> {
+) -> io::Result<Option<Outcome>> {
     let req = match parse_info_request(data) {
         Ok(r) => r,
         Err(e) => return reply_error(w, option, REP_ERR_INVALID, &format!("malformed request: {e}")).map(|_| None),
@@ -250,9 +278,24 @@ fn info_or_go(
     reply(w, option, REP_INFO, &bs)?;
     reply(w, option, REP_ACK, &[])?;
     if option == OPT_GO {
-        return Ok(Some(Some(negotiated(st, idx))));
+        return Ok(Some(Outcome::Transmission(negotiated(st, idx))));
     }
     Ok(None)
+}
+
+fn start_tls(shared: &Shared, st: &State, w: &mut impl Write, data: &[u8]) -> io::Result<Option<Outcome>> {
+    let refuse = |w: &mut _, rep, msg| reply_error(w, OPT_STARTTLS, rep, msg).map(|_| None);
+    if shared.tls_mode == TlsMode::Off || shared.tls.is_none() {
+        return refuse(w, REP_ERR_POLICY, "TLS is not enabled on this server");
+    }
+    if st.tls_active {
+        return refuse(w, REP_ERR_INVALID, "TLS is already active");
+    }
+    if !data.is_empty() {
+        return refuse(w, REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
+    }
+    reply(w, OPT_STARTTLS, REP_ACK, &[])?;
+    Ok(Some(Outcome::StartTls))
 }
 
 fn preferred_block(e: &ExportState) -> u32 {

@@ -42,9 +42,11 @@ mod handshake;
 mod io;
 pub mod proto;
 mod server;
+pub mod tls;
 mod transmission;
 
 pub use fuzz::{fuzz_handshake, fuzz_requests};
 pub use io::Socket;
 pub use server::{Export, ExportStats, Listen, Result, Server, ServerConfig, ServerError, ServerStats};
+pub use tls::TlsMode;
 pub use transmission::{HARD_MAX_PAYLOAD, MAX_BLOCK};

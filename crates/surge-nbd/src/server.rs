@@ -1,13 +1,14 @@
 //! The server: configuration, listeners, per-export worker pools, statistics and
 //! graceful shutdown.
 
-use crate::handshake;
+use crate::handshake::{self, Outcome};
+use crate::tls::{self, TlsMode, TlsReader, TlsWriter};
 use crate::io::Socket;
 use crate::transmission::{self, Dispatch, ServiceTime, Work};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::io::{self, BufReader};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixListener;
@@ -49,11 +50,23 @@ pub struct ServerConfig {
     /// memory): a hand-off to a worker costs more than such I/O. Slower
     /// devices, large requests and other commands always use the workers.
     pub inline_fast_requests: bool,
+    /// Whether clients may or must upgrade with NBD_OPT_STARTTLS.
+    pub tls_mode: TlsMode,
+    /// Certificate and key for TLS (see [`crate::tls::server_config_from_pem`]);
+    /// required unless `tls_mode` is `Off`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl ServerConfig {
     pub fn new(exports: Vec<Export>) -> Self {
-        ServerConfig { exports, workers_per_export: 8, max_in_flight: 64, inline_fast_requests: true }
+        ServerConfig {
+            exports,
+            workers_per_export: 8,
+            max_in_flight: 64,
+            inline_fast_requests: true,
+            tls_mode: TlsMode::Off,
+            tls: None,
+        }
     }
 }
 
@@ -85,6 +98,8 @@ pub enum ServerError {
     Listen { listen: Listen, source: io::Error },
     #[error("{listen} is in use by a running server")]
     SocketInUse { listen: Listen },
+    #[error("TLS mode {0:?} needs a TLS certificate and key")]
+    TlsWithoutCertificate(TlsMode),
     #[error("cannot start a thread: {0}")]
     Thread(io::Error),
     #[error("flushing export {name:?} at shutdown failed: {source}")]
@@ -158,6 +173,8 @@ pub(crate) struct Shared {
     pub exports: Vec<ExportState>,
     pub max_in_flight: usize,
     pub inline_fast_requests: bool,
+    pub tls_mode: TlsMode,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     pub shutting_down: AtomicBool,
     connections_accepted: AtomicU64,
     next_conn_id: AtomicU64,
@@ -187,6 +204,8 @@ impl Shared {
             exports,
             max_in_flight: cfg.max_in_flight.max(1),
             inline_fast_requests: cfg.inline_fast_requests,
+            tls_mode: cfg.tls_mode,
+            tls: cfg.tls,
             shutting_down: AtomicBool::new(false),
             connections_accepted: AtomicU64::new(0),
             next_conn_id: AtomicU64::new(1),
@@ -377,6 +396,9 @@ fn validate(cfg: &ServerConfig) -> Result<()> {
     if cfg.exports.is_empty() {
         return Err(ServerError::NoExports);
     }
+    if cfg.tls_mode != TlsMode::Off && cfg.tls.is_none() {
+        return Err(ServerError::TlsWithoutCertificate(cfg.tls_mode));
+    }
     let mut seen = std::collections::HashSet::new();
     for e in &cfg.exports {
         if e.name.len() > crate::proto::MAX_STRING {
@@ -480,25 +502,45 @@ fn run_connection(shared: &Arc<Shared>, id: u64, socket: Socket) {
 
 fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     let control = socket.try_clone()?;
-    let mut writer = socket.try_clone()?;
-    let mut reader = BufReader::with_capacity(transmission::READ_BUFFER, socket);
     control.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     // A client that stops reading replies fails its connection instead of
     // holding a worker (and shutdown) forever.
     control.set_write_timeout(Some(REPLY_TIMEOUT))?;
-    let Some(neg) = handshake::negotiate(shared, &mut reader, &mut writer)? else {
+    let mut reader: BufReader<Box<dyn Read + Send>> =
+        BufReader::with_capacity(transmission::READ_BUFFER, Box::new(socket.try_clone()?));
+    let mut writer: Box<dyn Write + Send> = Box::new(socket.try_clone()?);
+    let Some(mut st) = handshake::greet(&mut reader, &mut writer)? else {
         return Ok("during handshake".into());
+    };
+    let mut session = None;
+    let neg = loop {
+        match handshake::options(shared, &mut st, &mut reader, &mut writer)? {
+            Outcome::Closed => return Ok("during handshake".into()),
+            Outcome::Transmission(neg) => break neg,
+            Outcome::StartTls => {
+                let cfg = shared.tls.clone().expect("STARTTLS is acknowledged only with a TLS config");
+                let s = tls::accept(cfg, &socket, reader.buffer())?;
+                reader = BufReader::with_capacity(transmission::READ_BUFFER, Box::new(TlsReader::new(s.clone(), socket.try_clone()?)));
+                writer = Box::new(TlsWriter::new(s.clone(), socket.try_clone()?));
+                st.tls_started();
+                session = Some(s);
+            }
+        }
     };
     control.set_read_timeout(None)?;
     let export = &shared.exports[neg.export];
-    info!(export = %export.export.name, structured = neg.structured, "connection open");
+    info!(export = %export.export.name, structured = neg.structured, tls = session.is_some(), "connection open");
     export.counters.connections.fetch_add(1, Ordering::Relaxed);
     export.counters.active_connections.fetch_add(1, Ordering::Relaxed);
     let dispatch = match &export.work {
         Some(tx) => Dispatch::Pool(tx.clone()),
         None => Dispatch::Inline,
     };
-    let out = transmission::serve(shared, &neg, reader, Box::new(writer), Some(control), dispatch);
+    let out = transmission::serve(shared, &neg, reader, writer, Some(control.try_clone()?), dispatch);
     export.counters.active_connections.fetch_sub(1, Ordering::Relaxed);
+    if let Some(s) = session {
+        s.close(&socket);
+    }
+    let _ = control.shutdown(Shutdown::Both);
     out
 }

@@ -225,9 +225,6 @@ pub(crate) fn serve<R: Read>(
     for _ in 0..max {
         let _ = buf_rx.recv();
     }
-    if let Some(c) = &conn.control {
-        let _ = c.shutdown(Shutdown::Both);
-    }
     outcome
 }
 

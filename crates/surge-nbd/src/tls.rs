@@ -1,0 +1,245 @@
+//! TLS for NBD (NBD_OPT_STARTTLS) with rustls: X.509 server certificates.
+//! rustls has no external-PSK support on the server side, so TLS-PSK (which
+//! qemu and nbdkit offer through GnuTLS) is not available.
+//!
+//! One rustls connection is shared by the connection's reader thread and the
+//! reply writers behind a mutex. The reader waits for the socket to become
+//! readable *without* the lock (poll), then takes it only to decrypt what
+//! arrived, so replies can be encrypted and sent while the reader waits.
+
+use crate::io::Socket;
+use parking_lot::Mutex;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConnection;
+use std::io::{self, IoSlice, Read, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use thiserror::Error;
+
+/// How the server treats TLS (the spec's NOTLS, SELECTIVETLS and FORCEDTLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// STARTTLS is refused (NBD_REP_ERR_POLICY).
+    #[default]
+    Off,
+    /// Clients may upgrade with STARTTLS; plain clients are served too.
+    Allow,
+    /// Every option but STARTTLS and ABORT gets NBD_REP_ERR_TLS_REQD until the
+    /// client upgrades; NBD_OPT_EXPORT_NAME without TLS closes the connection.
+    Require,
+}
+
+#[derive(Debug, Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {msg}")]
+    Pem { path: PathBuf, msg: String },
+    #[error("{0} holds no certificate")]
+    NoCertificate(PathBuf),
+    #[error("TLS configuration rejected: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+/// A rustls server configuration from a PEM certificate chain and private key.
+pub fn server_config_from_pem(cert_chain: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let pem_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: rustls::pki_types::pem::Error| TlsError::Pem { path, msg: e.to_string() }
+    };
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(cert_chain).map_err(pem_err(cert_chain))?.collect::<Result<_, _>>().map_err(pem_err(cert_chain))?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate(cert_chain.to_path_buf()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(pem_err(key))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    Ok(Arc::new(cfg))
+}
+
+/// The qemu/nbdkit directory layout: `server-cert.pem` and `server-key.pem` in `dir`.
+pub fn server_config_from_dir(dir: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    server_config_from_pem(&dir.join("server-cert.pem"), &dir.join("server-key.pem"))
+}
+
+/// The TLS state of one connection, shared by its reader and writers.
+pub(crate) struct TlsSession {
+    conn: Mutex<ServerConnection>,
+}
+
+/// Runs the TLS handshake on `sock` (the NBD_REP_ACK to STARTTLS already sent).
+/// `early` holds bytes the plain reader had already buffered past the option.
+pub(crate) fn accept(cfg: Arc<rustls::ServerConfig>, sock: &Socket, early: &[u8]) -> io::Result<Arc<TlsSession>> {
+    let mut conn = ServerConnection::new(cfg).map_err(io::Error::other)?;
+    if !early.is_empty() {
+        conn.read_tls(&mut &early[..])?;
+        conn.process_new_packets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    }
+    let mut s = sock.try_clone()?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut s)?;
+    }
+    Ok(Arc::new(TlsSession { conn: Mutex::new(conn) }))
+}
+
+impl TlsSession {
+    /// Sends close_notify (the spec: shut TLS down before closing).
+    pub(crate) fn close(&self, sock: &Socket) {
+        let mut c = self.conn.lock();
+        c.send_close_notify();
+        let mut s = sock;
+        let _ = flush_tls(&mut c, &mut s);
+    }
+}
+
+fn flush_tls(c: &mut ServerConnection, sock: &mut impl Write) -> io::Result<()> {
+    while c.wants_write() {
+        c.write_tls(sock)?;
+    }
+    Ok(())
+}
+
+impl Write for &Socket {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Socket::Unix(s) => (&*s).write(buf),
+            Socket::Tcp(s) => (&*s).write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Socket::Unix(s) => (&*s).write_vectored(bufs),
+            Socket::Tcp(s) => (&*s).write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Plaintext reader over a shared TLS session.
+pub(crate) struct TlsReader {
+    session: Arc<TlsSession>,
+    sock: Socket,
+}
+
+impl TlsReader {
+    pub(crate) fn new(session: Arc<TlsSession>, sock: Socket) -> Self {
+        TlsReader { session, sock }
+    }
+}
+
+/// Blocks until `fd` is readable (or closed).
+fn wait_readable(fd: i32) -> io::Result<()> {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    loop {
+        // SAFETY: one valid pollfd for the duration of the call.
+        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+impl Read for TlsReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            {
+                let mut c = self.session.conn.lock();
+                match c.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    // Peer closed without close_notify: treat as end of stream.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                    Err(e) => return Err(e),
+                }
+            }
+            wait_readable(fd_of(&self.sock))?;
+            let mut c = self.session.conn.lock();
+            let mut s = &self.sock;
+            match c.read_tls(&mut ReadAdapter(&mut s)) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            let processed = c.process_new_packets();
+            // Alerts or key updates rustls queued go out now (even on error).
+            let _ = flush_tls(&mut c, &mut s);
+            processed.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        }
+    }
+}
+
+fn fd_of(s: &Socket) -> i32 {
+    match s {
+        Socket::Unix(s) => s.as_raw_fd(),
+        Socket::Tcp(s) => s.as_raw_fd(),
+    }
+}
+
+/// `Read` for `&Socket` without needing `&mut Socket`.
+struct ReadAdapter<'a, 'b>(&'a mut &'b Socket);
+
+impl Read for ReadAdapter<'_, '_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match *self.0 {
+            Socket::Unix(s) => (&*s).read(buf),
+            Socket::Tcp(s) => (&*s).read(buf),
+        }
+    }
+}
+
+/// Plaintext writer over a shared TLS session: every call encrypts and sends
+/// all it was given before returning.
+pub(crate) struct TlsWriter {
+    session: Arc<TlsSession>,
+    sock: Socket,
+}
+
+impl TlsWriter {
+    pub(crate) fn new(session: Arc<TlsSession>, sock: Socket) -> Self {
+        TlsWriter { session, sock }
+    }
+
+    fn write_all_locked(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let mut c = self.session.conn.lock();
+        let mut s = &self.sock;
+        let mut total = 0;
+        for b in bufs {
+            let mut rest: &[u8] = b;
+            while !rest.is_empty() {
+                let n = c.writer().write(rest)?;
+                rest = &rest[n..];
+                total += n;
+                if n == 0 || c.wants_write() {
+                    // rustls' send buffer is bounded: drain it to the socket.
+                    flush_tls(&mut c, &mut s)?;
+                }
+            }
+        }
+        flush_tls(&mut c, &mut s)?;
+        Ok(total)
+    }
+}
+
+impl Write for TlsWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_all_locked(&[IoSlice::new(buf)])
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.write_all_locked(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        let mut c = self.session.conn.lock();
+        let mut s = &self.sock;
+        flush_tls(&mut c, &mut s)
+    }
+}
