@@ -7,6 +7,36 @@ OUT="${FAIRSHARE_OUT:-$(mktemp -d /tmp/surge-fairshare.XXXXXX)}"
 BIN="${CARGO_TARGET_DIR:-target}/release/surge"
 [ -x "$BIN" ] || cargo build --release -p surge --locked 2>&1 | tail -2
 start=$(date +%s)
+
+# 1. The daemon: two exports sharing one pool, live weight change, per-tenant stats.
+D=$(mktemp -d /tmp/surge-qos.XXXXXX)
+"$BIN" --log warn serve --data-dir "$D" --listen "unix:$D/nbd.sock" --pool pool=memory:64MiB \
+  --export a=share:pool,weight=4 --export b=share:pool,weight=1,limit=50MB/s &
+SERVE=$!
+trap 'kill $SERVE 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -S "$D/control.sock" ] && break; sleep 0.1; done
+qemu-io -f raw -c 'write -P 7 0 4M' "nbd+unix:///a?socket=$D/nbd.sock" >/dev/null
+qemu-io -f raw -c 'read -P 7 0 4M' "nbd+unix:///a?socket=$D/nbd.sock" >/dev/null
+"$BIN" qos --data-dir "$D" set a weight=8 depth=4
+"$BIN" qos --data-dir "$D" set b limit=off
+"$BIN" qos --data-dir "$D" | tee "$D/qos.txt"
+"$BIN" status --data-dir "$D" --json > "$D/status.json"
+python3 - "$D/status.json" <<'PY'
+import json, sys
+t = {x["name"]: x["status"] for x in json.load(open(sys.argv[1]))}
+a, b = t["qos/a"]["tenant"], t["qos/b"]["tenant"]
+assert a["config"]["weight"] == 8, a
+assert b["config"]["limit"] is None, b
+assert t["qos/a"]["pool_depth"] == 4, t["qos/a"]
+assert a["bytes"] == 8 << 20 and a["ops"] >= 2, a
+assert a["recent"]["p99_us"] >= a["recent"]["p50_us"] and a["recent"]["p99_us"] > 0, a
+assert b["bytes"] == 0, b
+print("daemon qos check ok:", {k: a[k] for k in ("ops", "bytes")}, a["recent"])
+PY
+kill $SERVE; wait $SERVE || true
+trap - EXIT
+
+# 2. The quick experiment.
 "$BIN" --log warn experiment fairshare --quick --out "$OUT"
 echo "fairshare quick run took $(( $(date +%s) - start )) s; results in $OUT"
 python3 - "$OUT/results.json" <<'PY'

@@ -241,15 +241,15 @@ fn render<'a>(tenants: impl Iterator<Item = &'a serde_json::Value>) -> String {
             "{:<12} {:<10} {:>6} {:>12} {:>12} {:>10.1} {:>10.0} {:>6} {:>8}us {:>8}us {:>5}\n",
             t["name"].as_str().unwrap_or("?"),
             v["pool"].as_str().unwrap_or("?"),
-            t["config"]["weight"],
+            t["config"]["weight"].as_u64().unwrap_or(0),
             rate(&t["config"]["reservation"]),
             rate(&t["config"]["limit"]),
             t["recent"]["bytes_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
             t["recent"]["iops"].as_f64().unwrap_or(0.0),
             t["queued"].as_u64().unwrap_or(0) + t["in_flight"].as_u64().unwrap_or(0),
-            t["recent"]["p50_us"],
-            t["recent"]["p99_us"],
-            v["pool_depth"],
+            t["recent"]["p50_us"].as_u64().unwrap_or(0),
+            t["recent"]["p99_us"].as_u64().unwrap_or(0),
+            v["pool_depth"].as_u64().unwrap_or(0),
         );
     }
     s

@@ -28,6 +28,9 @@ An export is NAME=KIND:ARGS. Kinds:
                                           sparse file if PATH is missing; direct uses
                                           O_DIRECT for 4 KiB-aligned requests
   memory:SIZE                             a sparse in-memory volume (lost on exit)
+  share:POOL[,weight=N][,limit=RATE][,reservation=RATE][,tenant=NAME][,depth=D][,adaptive=on|off|MS]
+                                          a weighted share (SFQ(D)) of the device declared with
+                                          --pool POOL=KIND:ARGS; `surge qos` shows and changes it live
 Relative paths are taken from the data directory. Sizes: 4096, 512KiB, 64MiB, 1GiB, \
 100G (= GiB), 10GB (= 10^9 bytes).
 
