@@ -265,3 +265,65 @@ fn azure_p10_bursts_3500_iops_for_30_minutes_then_500() {
     let p30 = VolumeModel::AzurePremium.shape(TIB).unwrap();
     assert_eq!((p30.iops, p30.op_credits), (Some(5_000), None), "P30 and up do not credit-burst");
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn shape() -> impl Strategy<Value = Shape> {
+        (
+            proptest::option::of(1u64..20_000),
+            proptest::option::of(1_000u64..500_000_000),
+            proptest::option::of(prop_oneof![Just(256 * KIB), Just(MIB)]),
+            prop_oneof![Just(0u64), Just(MIB)],
+            proptest::option::of((0u64..10_000, 1u64..500, 0u64..10_000)),
+        )
+            .prop_map(|(iops, bps, op_size, byte_unit, oc)| Shape {
+                iops,
+                bps,
+                op_size,
+                byte_unit,
+                op_credits: oc.map(|(capacity, baseline, initial)| Credits { capacity, baseline, initial: initial.min(capacity) }),
+                ..Shape::default()
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Whatever the shape and the arrivals, completions come in order, never
+        /// before submission, and no window serves more than its rate allows
+        /// (plus what the buckets may hold at its start).
+        #[test]
+        fn ceilings_hold_over_every_window(shape in shape(), reqs in proptest::collection::vec((0u64..2_000_000, 1u64..3 * MIB), 1..200)) {
+            let mut s = Scheduler::new(shape.clone(), Duration::ZERO);
+            let mut now = 0u64;
+            let mut done: Vec<(u64, Charge)> = Vec::new();
+            for (gap, bytes) in reqs {
+                now += gap;
+                let t = s.reserve(Duration::from_nanos(now), IoKind::Read, bytes).as_nanos() as u64;
+                prop_assert!(t >= now);
+                if let Some(&(last, _)) = done.last() {
+                    prop_assert!(t >= last, "completions in order");
+                }
+                done.push((t, shape.charge(bytes)));
+            }
+            // Request i's service ends at done[i]; requests i..=j end within
+            // [done[i], done[j]], so (all but the first's) charges fit in the rate.
+            for i in 0..done.len() {
+                for j in i + 1..done.len().min(i + 40) {
+                    let span = (done[j].0 - done[i].0) as u128;
+                    let ops: u128 = done[i + 1..=j].iter().map(|d| d.1.ops as u128).sum();
+                    let bytes: u128 = done[i + 1..=j].iter().map(|d| d.1.bytes as u128).sum();
+                    if let Some(r) = shape.iops {
+                        prop_assert!(ops * 1_000_000_000 <= r as u128 * span + 1_000_000_000 + r as u128, "iops: {ops} ops in {span} ns at {r}/s");
+                    }
+                    if let Some(r) = shape.bps {
+                        let cap = shape.op_size.unwrap_or(MIB).max(shape.byte_unit) as u128;
+                        prop_assert!(bytes * 1_000_000_000 <= r as u128 * span + cap * 1_000_000_000 + r as u128, "bps: {bytes} B in {span} ns at {r}/s");
+                    }
+                }
+            }
+        }
+    }
+}
