@@ -61,9 +61,9 @@ wait_socket() {
 
 "$surge" serve --listen "unix:$work/surge.sock" --export "d=file:$img" \
   --control "$work/control.sock" --data-dir "$work" $surge_args >"$work/surge.out" 2>"$work/surge.log" &
-pids+=($!)
+pids+=($!); surge_pid=$!
 nbdkit -f -U "$work/nbdkit.sock" -e d file "$img" 2>"$work/nbdkit.log" &
-pids+=($!)
+pids+=($!); nbdkit_pid=$!
 wait_socket "$work/surge.sock"
 wait_socket "$work/nbdkit.sock"
 
@@ -75,12 +75,18 @@ patterns=(
   "seqwrite-1m-qd8 write 1M 8"
 )
 
-run_fio() { # server pattern rw bs qd round -> json file
+# CPU time (user+system, clock ticks) a server process has used so far.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+run_fio() { # server pattern rw bs qd round -> json file + server CPU ticks file
   local server=$1 name=$2 rw=$3 bs=$4 qd=$5 round=$6
+  local pid=$surge_pid; [ "$server" = nbdkit ] && pid=$nbdkit_pid
+  local before; before=$(cpu_ticks "$pid")
   fio --name="$name" --ioengine=nbd --uri="nbd+unix:///d?socket=$work/$server.sock" \
       --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=2 --size="$half" --offset_increment="$half" \
       --time_based --runtime="$runtime" --ramp_time=1 --group_reporting \
       --output-format=json --output="$work/$server-$name-$round.json" >/dev/null
+  echo $(( $(cpu_ticks "$pid") - before )) >"$work/$server-$name-$round.cpu"
 }
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -95,29 +101,33 @@ done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 python3 - "$work" "$runtime" "$bytes" "$rounds" "${min_ratio:-0}" "$json_out" "$load_before / $load_after" "${patterns[@]}" <<'EOF'
-import json, statistics, sys
+import json, os, sys
 work, runtime, size, rounds, min_ratio, json_out, load = sys.argv[1:8]
 patterns = [p.split()[0] for p in sys.argv[8:]]
+TICK = os.sysconf("SC_CLK_TCK")
 def one(server, name, r):
     job = json.load(open(f"{work}/{server}-{name}-{r}.json"))["jobs"][0]
     side = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
-    return side["iops"], side["bw_bytes"] / 1e6
+    ios = side["total_ios"] or 1  # ramp-time I/O is not counted, so CPU/op is a slight overestimate
+    cpu_us = int(open(f"{work}/{server}-{name}-{r}.cpu").read()) / TICK * 1e6
+    return side["iops"], side["bw_bytes"] / 1e6, cpu_us / ios
 def measure(server, name):
     runs = sorted(one(server, name, r) for r in range(1, int(rounds) + 1))
     return runs[len(runs) // 2]
 rows, worst = [], None
 print(f"fio nbd engine, 2 connections, median of {rounds} x {runtime} s runs, image {int(size) >> 20} MiB on tmpfs")
-print(f"load average before / after: {load} (on {__import__('os').cpu_count()} CPUs)")
-print(f"{'pattern':<20}{'surge':>22}{'nbdkit':>22}{'surge/nbdkit':>14}")
+print(f"load average before / after: {load} (on {os.cpu_count()} CPUs)")
+print(f"{'pattern':<20}{'surge':>34}{'nbdkit':>34}{'surge/nbdkit':>14}")
 for name in patterns:
-    s_iops, s_mb = measure("surge", name)
-    k_iops, k_mb = measure("nbdkit", name)
+    s_iops, s_mb, s_cpu = measure("surge", name)
+    k_iops, k_mb, k_cpu = measure("nbdkit", name)
     ratio = s_iops / k_iops if k_iops else float("inf")
     worst = ratio if worst is None else min(worst, ratio)
-    fmt = lambda iops, mb: f"{iops:>9.0f} IOPS {mb:>6.0f} MB/s"
-    print(f"{name:<20}{fmt(s_iops, s_mb):>22}{fmt(k_iops, k_mb):>22}{ratio:>13.2f}x")
-    rows.append({"pattern": name, "surge_iops": s_iops, "surge_mbs": s_mb, "nbdkit_iops": k_iops, "nbdkit_mbs": k_mb, "ratio": ratio})
-print(f"lowest ratio: {worst:.2f}x (target >= 1.5x; below 1.0x is a defect)")
+    fmt = lambda iops, mb, cpu: f"{iops:>9.0f} IOPS {mb:>6.0f} MB/s {cpu:>5.1f} us/op"
+    print(f"{name:<20}{fmt(s_iops, s_mb, s_cpu):>34}{fmt(k_iops, k_mb, k_cpu):>34}{ratio:>13.2f}x")
+    rows.append({"pattern": name, "surge_iops": s_iops, "surge_mbs": s_mb, "surge_cpu_us_per_op": s_cpu,
+                 "nbdkit_iops": k_iops, "nbdkit_mbs": k_mb, "nbdkit_cpu_us_per_op": k_cpu, "ratio": ratio})
+print(f"lowest ratio: {worst:.2f}x (target >= 1.5x; below 1.0x is a defect); us/op = server CPU time per request")
 if json_out:
     json.dump({"runtime_s": int(runtime), "rounds": int(rounds), "image_bytes": int(size), "load": load, "results": rows}, open(json_out, "w"), indent=2)
 if worst < float(min_ratio):
