@@ -918,3 +918,109 @@ mod tests {
         assert_eq!(outer.stats().injected, [0; 5]);
     }
 }
+
+/// The fault layer applied to the other layers: errors from below must surface
+/// with their errno, never be acknowledged, never be retried forever, and never
+/// make a layer serve stale data.
+#[cfg(test)]
+mod layer_tests {
+    use super::*;
+    use crate::cache::{CacheConfig, CacheMode, ElasticCache};
+    use crate::clock::VirtualClock;
+    use crate::memory::MemoryDev;
+
+    const BS: u64 = 4096;
+
+    fn faulty(size: u64) -> Arc<FaultDev> {
+        Arc::new(FaultDev::new(Arc::new(MemoryDev::new(size)), FaultRules::default(), Arc::new(VirtualClock::new())))
+    }
+
+    fn cache_over(backing: Arc<dyn BlockDev>, cache_dev: Arc<dyn BlockDev>, mode: CacheMode) -> ElasticCache {
+        let cfg = CacheConfig { block_size: BS, mode, flush_batch: 4, ..CacheConfig::default() };
+        let c = ElasticCache::new(backing, cfg, Arc::new(VirtualClock::new()));
+        c.attach(cache_dev).unwrap();
+        c
+    }
+
+    fn read(d: &dyn BlockDev, off: u64) -> Vec<u8> {
+        let mut b = vec![0u8; BS as usize];
+        d.read_at(&mut b, off).unwrap();
+        b
+    }
+
+    fn rules(s: &str) -> FaultRules {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn writethrough_cache_surfaces_backing_write_errors_and_keeps_old_data() {
+        let backing = faulty(1 << 20);
+        let cache = cache_over(backing.clone(), Arc::new(MemoryDev::new(2 * 4096 + 8 * BS)), CacheMode::WriteThrough);
+        cache.write_at(&[1; BS as usize], 0, false).unwrap();
+        backing.set_rules(rules("write.fail_every=1,write.errno=enospc"));
+        let e = cache.write_at(&[2; BS as usize], 0, false).unwrap_err();
+        assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+        assert_eq!(read(&cache, 0), vec![1; BS as usize], "a failed write must not change what reads return");
+        assert_eq!(backing.stats().injected[OpKind::Write.index()], 1);
+    }
+
+    #[test]
+    fn writeback_cache_keeps_dirty_data_while_backing_fails_and_drains_after() {
+        let backing = faulty(1 << 20);
+        let cache = cache_over(backing.clone(), Arc::new(MemoryDev::new(2 * 4096 + 8 * BS)), CacheMode::WriteBack);
+        cache.write_at(&[7; BS as usize], 0, false).unwrap();
+        cache.flush().unwrap();
+        backing.set_rules(rules("write.fail_every=1"));
+        // Must fail (not spin, not detach, not drop the dirty block).
+        let e = cache.drain_and_detach().err().expect("drain must fail while backing writes fail");
+        assert!(e.to_string().contains("write"), "{e}");
+        assert!(cache.is_attached());
+        assert_eq!(cache.stats().dirty_bytes, BS);
+        assert_eq!(read(&cache, 0), vec![7; BS as usize]);
+        backing.set_rules(FaultRules::default());
+        cache.drain_and_detach().unwrap();
+        assert_eq!(read(backing.as_ref(), 0), vec![7; BS as usize], "drained after the backing recovered");
+    }
+
+    #[test]
+    fn vanished_cache_device_never_serves_stale_backing_data() {
+        let backing = faulty(1 << 20);
+        let cache_dev = faulty(2 * 4096 + 8 * BS);
+        let cache = cache_over(backing.clone(), cache_dev.clone(), CacheMode::WriteBack);
+        cache.write_at(&[7; BS as usize], 0, false).unwrap();
+        cache.flush().unwrap();
+        cache_dev.set_rules(rules("vanish_after=0"));
+        // The only copy of block 0 is on the vanished device: an error, or the
+        // data, but never the stale zeroes of the backing volume.
+        let mut b = vec![0u8; BS as usize];
+        if cache.read_at(&mut b, 0).is_ok() {
+            assert_eq!(b, vec![7; BS as usize], "stale backing data served after the cache device vanished");
+        }
+        // New writes: an error, or acknowledged and then durable and readable.
+        if cache.write_at(&[9; BS as usize], 8 * BS, false).is_ok() && cache.flush().is_ok() {
+            assert_eq!(read(&cache, 8 * BS), vec![9; BS as usize]);
+        }
+    }
+
+    #[test]
+    fn counted_layer_counts_errors_from_below() {
+        let below = faulty(1 << 20);
+        below.set_rules(rules("read.fail_nth=1,flush.fail_nth=1"));
+        let c = crate::counted::Counted::new(below.clone());
+        assert_eq!(c.read_at(&mut [0; 8], 0).unwrap_err().errno(), libc::EIO);
+        assert!(c.flush().is_err());
+        c.flush().unwrap();
+        let s = c.stats();
+        assert_eq!((s.errors, s.reads, s.flushes), (2, 0, 1));
+    }
+
+    #[test]
+    fn file_device_below_a_fault_layer_sees_no_torn_write_as_success() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Arc::new(crate::file::FileDev::create(dir.path().join("f.img"), 1 << 20).unwrap());
+        let f = FaultDev::new(file.clone(), rules("tear_nth=1"), Arc::new(VirtualClock::new()));
+        assert!(f.write_at(&[5; 8192], 0, false).is_err(), "a torn write is reported as failed");
+        assert_eq!(read(file.as_ref(), 0), vec![5; BS as usize], "first half landed");
+        assert_eq!(read(file.as_ref(), BS), vec![0; BS as usize], "second half did not");
+    }
+}
