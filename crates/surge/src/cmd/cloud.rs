@@ -163,7 +163,12 @@ impl Controllable for VolumeControl {
     fn status(&self) -> serde_json::Value {
         let c = self.model.credits();
         let spec = self.provider.describe(&self.id).map(|v| v.spec).unwrap_or_else(|e| e.to_string());
-        json!({ "id": self.id, "spec": spec, "credits": c, "burst_balance_percent": c.percent() })
+        // Cost so far of this volume (all its billing segments).
+        let (usd, agbs) = self.provider.cost().map_or((None, None), |r| {
+            let mine = r.volumes.iter().filter(|v| v.id == self.id);
+            (Some(mine.clone().map(|v| v.usd).sum::<f64>()), mine.map(|v| v.agbs).sum::<Option<f64>>())
+        });
+        json!({ "id": self.id, "spec": spec, "credits": c, "burst_balance_percent": c.percent(), "usd_so_far": usd, "agbs_so_far": agbs })
     }
     fn set(&self, key: &str, value: &str) -> Result<(), String> {
         if key != "spec" {
@@ -213,7 +218,10 @@ mod tests {
         let b = build_volume("d", "gp2", "8GiB", &ctx(d.path())).unwrap();
         assert_eq!(b.dev.size(), 8 << 30);
         b.dev.write_at(b"kept", 0, true).unwrap();
-        assert_eq!(b.controls[0].status()["credits"]["ops"], 5_400_000 - 1);
+        let st = b.controls[0].status();
+        assert_eq!(st["credits"]["ops"], 5_400_000 - 1);
+        // 60 s minimum of 8 GiB at $0.10/GB-month.
+        assert!((st["usd_so_far"].as_f64().unwrap() - 0.8 * 60.0 / 2_592_000.0).abs() < 1e-12, "{st}");
         drop(b);
         // A restarted daemon finds the same volume and its data.
         let b = build_volume("d", "gp2", "8GiB", &ctx(d.path())).unwrap();
@@ -236,6 +244,39 @@ mod tests {
         assert_eq!(build_volume("d", "gp2", "9GiB", &ctx(d.path())).unwrap().dev.size(), 9 << 30);
         let e = build_volume("x", "io1", "100GiB", &ctx(d.path())).err().unwrap().to_string();
         assert!(e.contains("provisioned IOPS are required"), "{e}");
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn cli(d: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
+        use clap::Parser;
+        let mut v = vec!["cloud", "--data-dir", d.to_str().unwrap()];
+        v.extend_from_slice(args);
+        run(Cli::try_parse_from(v)?.args)
+    }
+
+    #[test]
+    fn the_cli_creates_lists_costs_and_deletes() {
+        let d = tempfile::tempdir().unwrap();
+        cli(d.path(), &["create", "reserved:1GiB,bw=33MB/s", "--name", "slow"]).unwrap();
+        cli(d.path(), &["create", "--json", "st1:125GiB"]).unwrap();
+        cli(d.path(), &["list", "--json"]).unwrap();
+        cli(d.path(), &["cost"]).unwrap();
+        let e = cli(d.path(), &["create", "st1:1GiB"]).unwrap_err().to_string();
+        assert!(e.contains("st1 volume size must be between 125 GiB"), "{e}");
+        let e = cli(d.path(), &["delete", "nope"]).unwrap_err().to_string();
+        assert_eq!(e, "delete nope: no such volume");
+        cli(d.path(), &["delete", "slow", "vol-000002"]).unwrap();
+        let p = LocalProvider::open(LocalConfig::new(cloud_dir(d.path())), Arc::new(SystemClock::new())).unwrap();
+        assert!(p.list().unwrap().is_empty());
+        assert_eq!(p.cost().unwrap().volumes.len(), 2, "deleted volumes stay on the bill");
+        let f = d.path().join("p.toml");
+        std::fs::write(&f, "[gp2]\ngb_month = \"x\"").unwrap();
+        assert!(cli(d.path(), &["cost", "--prices", f.to_str().unwrap()]).unwrap_err().to_string().contains("price file"));
     }
 
     #[test]
