@@ -428,6 +428,19 @@ impl LocalProvider {
     }
 }
 
+impl Drop for LocalProvider {
+    /// Save the credit balances of the volumes this process served, so a
+    /// restart resumes from them (claims stay: a dead pid is a stale claim).
+    fn drop(&mut self) {
+        if self.live.lock().is_empty() {
+            return;
+        }
+        if let Err(e) = self.locked(Action::Detach, |_| Ok(((), true))) {
+            tracing::warn!("could not save credit balances: {e}");
+        }
+    }
+}
+
 impl Provider for LocalProvider {
     fn create(&self, req: CreateRequest) -> Result<VolumeInfo> {
         let a = Action::Create;

@@ -66,6 +66,7 @@ fn state_and_data_survive_a_restart() {
     let p = provider(d.path(), &clock);
     let l = p.list().unwrap();
     assert_eq!(l.iter().map(|v| v.spec.as_str()).collect::<Vec<_>>(), vec!["gp2:1GiB", "st1:125GiB"]);
+    assert_eq!(l[0].credits.ops, Some(GP2_CREDITS - 1), "the balance was saved when the provider went away");
     // Our own pid is not a stale claim to others, but this process no longer
     // holds the attachment, so attaching again works.
     let dev = p.attach("a").unwrap();
