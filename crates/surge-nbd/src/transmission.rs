@@ -24,7 +24,7 @@ use surge_block::{BlockDev, BlockError, ExtentKind, ZeroMode};
 use tracing::{debug, warn};
 
 /// Socket read buffer of the reader thread.
-pub(crate) const READ_BUFFER: usize = 256 * 1024;
+pub(crate) const READ_BUFFER: usize = 64 * 1024;
 /// Largest request payload advertised in NBD_INFO_BLOCK_SIZE.
 pub const MAX_BLOCK: u32 = 32 << 20;
 /// Write payloads above this close the connection; reads above it get EINVAL.
