@@ -123,8 +123,14 @@ pub struct ElasticPolicy {
     burst_start: Option<Duration>,
     /// Starts of bursts (utilization first above UT), for period learning.
     burst_starts: Vec<Duration>,
-    /// Ends of bursts (utilization first back below UT).
+    /// Ends of bursts (utilization last back below UT before the drain).
     burst_ends: Vec<Duration>,
+    /// Candidate end of the current burst and the app bytes then.
+    end_candidate: Option<(Duration, u64)>,
+    /// App bytes at the start of the window in which the burst was detected.
+    burst_bytes0: u64,
+    /// The cache saw a burst since it was attached.
+    saw_burst: bool,
     pub history: Vec<BurstRecord>,
     last_util: f64,
 }
@@ -150,6 +156,9 @@ impl ElasticPolicy {
             burst_start: None,
             burst_starts: Vec::new(),
             burst_ends: Vec::new(),
+            end_candidate: None,
+            burst_bytes0: 0,
+            saw_burst: false,
             history: Vec::new(),
             last_util: 0.0,
         }
@@ -181,6 +190,7 @@ impl ElasticPolicy {
         self.used_high = 0;
         self.below_since = None;
         let armed = self.state == State::Provisioning && self.burst_start.is_none();
+        self.saw_burst = !armed;
         self.go(if armed { State::Armed } else { State::Boost }, now);
     }
 
@@ -237,8 +247,12 @@ impl ElasticPolicy {
         };
         self.last_util = util;
         let above = util > self.cfg.ut;
-        if !above && self.burst_start.is_some() && self.burst_ends.len() < self.burst_starts.len() {
-            self.burst_ends.push(now);
+        if self.burst_start.is_some() && self.burst_ends.len() < self.burst_starts.len() {
+            if above {
+                self.end_candidate = None;
+            } else if self.end_candidate.is_none() {
+                self.end_candidate = Some((now, app_bytes));
+            }
         }
         let pct = |u: f64| format!("{:.0} %", u * 100.0);
         let window = self.cfg.window;
@@ -270,6 +284,7 @@ impl ElasticPolicy {
                     let since = *self.below_since.get_or_insert(now);
                     let below = now.saturating_sub(since);
                     if below >= self.cfg.inactivity_delay {
+                        self.close_burst(app_bytes);
                         out.push(self.decide(
                             now,
                             Action::StartDrain,
@@ -301,12 +316,29 @@ impl ElasticPolicy {
         if self.burst_start.is_none() {
             self.burst_start = Some(at);
             self.burst_starts.push(at);
+            self.burst_bytes0 = self.samples.front().map_or(0, |s| s.1);
+            self.end_candidate = None;
+            self.saw_burst = true;
+        }
+    }
+
+    /// The burst is over (drain decided): its end is when utilization last went
+    /// below UT; what it wrote counts as used cache (the cache may have come late).
+    fn close_burst(&mut self, app_bytes: u64) {
+        if self.burst_ends.len() < self.burst_starts.len() {
+            let (end, bytes) = self.end_candidate.take().unwrap_or((self.state_since, app_bytes));
+            self.burst_ends.push(end);
+            self.used_high = self.used_high.max(bytes.saturating_sub(self.burst_bytes0));
         }
     }
 
     /// Learn the next size from this burst: shrink toward what was used (all the
     /// way by default), grow by what had to be evicted early.
     fn finish_burst(&mut self) {
+        if !self.saw_burst {
+            // A pre-provisioned cache whose burst never came teaches nothing.
+            return;
+        }
         let (used, evicted) = (self.used_high, self.evicted_in_boost);
         let want = if evicted > 0 {
             self.cache_size + evicted
@@ -548,6 +580,47 @@ mod tests {
         // Fourth burst is detected at 601 s: provisioned attach delay + 2 windows ahead.
         assert_eq!(provs.last(), Some(&581), "{provs:?}");
         assert!(sim.log.iter().any(|d| d.reason.contains("pre-provision")));
+    }
+
+    #[test]
+    fn bytes_written_before_the_cache_arrived_count_as_used() {
+        let mut sim = Sim::new(ElasticConfig::default());
+        // 30 s at 100 MB/s = 3 GB (2.8 GiB), but the cache saw only 1 GiB of it.
+        sim.run(30.0, 100.0 * MB);
+        sim.obs.used_high_bytes = GIB;
+        sim.obs.dirty_bytes = GIB;
+        sim.run(40.0, 0.0);
+        sim.obs.dirty_bytes = 0;
+        sim.run(2.0, 0.0);
+        assert_eq!(sim.p.next_size(), 3 * GIB, "{:?}", sim.p.history);
+    }
+
+    #[test]
+    fn an_unused_pre_provisioned_cache_does_not_shrink_the_next_one() {
+        let cfg = ElasticConfig { learn_period: true, attach_delay: s(10.0), ..ElasticConfig::default() };
+        let mut sim = Sim::new(cfg);
+        for _ in 0..3 {
+            sim.run(20.0, 100.0 * MB);
+            sim.run(180.0, 0.0);
+        }
+        let before = sim.p.next_size();
+        sim.run(100.0, 0.0);
+        assert!(sim.log.iter().any(|d| d.reason.contains("did not come")));
+        assert_eq!(sim.p.next_size(), before);
+    }
+
+    #[test]
+    fn a_short_dip_inside_a_burst_does_not_end_it() {
+        let cfg = ElasticConfig { learn_period: true, ..ElasticConfig::default() };
+        let mut sim = Sim::new(cfg);
+        sim.run(10.0, 100.0 * MB);
+        sim.run(6.0, 0.0); // dip: below UT for a moment
+        sim.run(10.0, 100.0 * MB);
+        sim.run(100.0, 0.0);
+        sim.run(20.0, 100.0 * MB);
+        // Burst 1 ends when utilization last fell below UT (31 s), not at the dip;
+        // burst 2 is detected 1 s into it (127 s).
+        assert_eq!(sim.p.gap(), Some(s(127.0 - 31.0)), "{:?}", sim.p.history);
     }
 
     #[test]

@@ -358,3 +358,152 @@ impl Controllable for ElasticVolume {
         }
     }
 }
+
+/// `elastic:backing=TYPE:SIZE[,bw=..,iops=..,lat=..],cache=reserved,cache_bw=RATE[,ut=0.3,window=5s,
+/// id=30s,initial=10GiB,min=1GiB,max=64GiB,granularity=1GiB,block=64KiB,learn=true,attach_delay=3s,
+/// mode=writeback,seq_bypass=SIZE]`. Keys after `backing=` that describe a volume (`bw`, `iops`,
+/// `lat`) belong to the backing volume. Volumes live in the local cloud of the data directory.
+pub fn build_elastic(name: &str, args: &str, ctx: &crate::spec::BuildContext) -> Result<crate::spec::Built, crate::spec::SpecError> {
+    use surge_cloud::spec::{parse_duration, parse_rate, parse_size};
+    let err = |msg: String| crate::spec::SpecError::Args { kind: "elastic".into(), msg };
+    let (mut backing, mut cache_kind, mut cache_bw) = (None::<String>, None::<String>, None::<u64>);
+    let mut pol = ElasticConfig::default();
+    let mut cache = CacheConfig::default();
+    let mut attach_delay = None;
+    let ratio = |v: &str| v.parse::<f64>().map_err(|_| err(format!("ut={v}: expected a fraction like 0.3")));
+    for item in args.split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = item.split_once('=').ok_or_else(|| err(format!("{item:?} is not key=value")))?;
+        let size = || parse_size(v).map_err(|e| err(format!("{k}={v}: {e}")));
+        let dur = || parse_duration(v).map_err(|e| err(format!("{k}={v}: {e}")));
+        match k {
+            "backing" => backing = Some(v.to_string()),
+            "bw" | "iops" | "lat" => match &mut backing {
+                Some(b) => b.push_str(&format!(",{k}={v}")),
+                None => return Err(err(format!("{k}= must follow backing="))),
+            },
+            "cache" => cache_kind = Some(v.to_string()),
+            "cache_bw" => cache_bw = Some(parse_rate(v).map_err(|e| err(format!("cache_bw={v}: {e}")))?),
+            "ut" => pol.ut = ratio(v)?,
+            "window" => pol.window = dur()?,
+            "id" => pol.inactivity_delay = dur()?,
+            "initial" => pol.initial_cache = size()?,
+            "min" => pol.min_cache = size()?,
+            "max" => pol.max_cache = size()?,
+            "granularity" => pol.granularity = size()?,
+            "learn" => pol.learn_period = matches!(v, "true" | "on" | "yes" | "1"),
+            "attach_delay" => attach_delay = Some(dur()?),
+            "block" => cache.block_size = size()?,
+            "mode" => cache.mode = v.parse().map_err(err)?,
+            "seq_bypass" => cache.seq_bypass = Some(size()?),
+            _ => return Err(err(format!("unknown option {k:?}"))),
+        }
+    }
+    let backing: VolumeSpec = backing.ok_or_else(|| err("backing=TYPE:SIZE is required".into()))?.parse().map_err(|e| err(format!("backing: {e}")))?;
+    if cache_kind.as_deref().unwrap_or("reserved") != "reserved" {
+        return Err(err("cache volumes are of type reserved (cache=reserved,cache_bw=RATE)".into()));
+    }
+    let cache_bw = cache_bw.ok_or_else(|| err("cache_bw=RATE is required (e.g. 128MB/s)".into()))?;
+    if !cache.block_size.is_power_of_two() || cache.block_size < 4096 {
+        return Err(err("block must be a power of two >= 4KiB".into()));
+    }
+    pol.backing_bw = backing.model.reserved_bw().ok_or_else(|| err("the backing volume needs a reserved bandwidth (bw=RATE) to measure utilization".into()))? as f64;
+    let mut cfg = surge_cloud::LocalConfig::new(crate::cmd::cloud::cloud_dir(&ctx.data_dir));
+    if let Some(d) = attach_delay {
+        cfg.delays.attach = d;
+        cfg.delays.detach = d;
+    }
+    pol.attach_delay = cfg.delays.attach;
+    let provider = Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);
+    let tick = pol.window / 10;
+    let p = ElasticParams { name: name.to_string(), backing: backing.clone(), cache_bw, policy: pol, cache, tick, flusher_poll: Duration::from_millis(20) };
+    let vol = ElasticVolume::open(p, provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
+    vol.start();
+    let detail = serde_json::json!({ "backing": backing.to_string(), "backing_volume": vol.backing_id(), "cache_bw": cache_bw });
+    Ok(crate::spec::Built {
+        dev: vol.clone(),
+        description: format!("elastic volume over {backing} with {} MB/s caches", cache_bw / 1_000_000),
+        detail,
+        controls: vec![vol],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use surge_block::VirtualClock;
+
+    fn ctx(dir: &std::path::Path) -> crate::spec::BuildContext {
+        crate::spec::BuildContext::new(dir.to_path_buf(), Arc::new(VirtualClock::new()))
+    }
+
+    #[test]
+    fn elastic_spec_builds_a_backing_volume_and_reports_status() {
+        let d = tempfile::tempdir().unwrap();
+        let b = build_elastic("d", "backing=reserved:64MiB,bw=33MB/s,cache=reserved,cache_bw=128MB/s,initial=16MiB,min=4MiB,granularity=4MiB,attach_delay=0s", &ctx(d.path())).unwrap();
+        assert_eq!(b.dev.size(), 64 << 20);
+        b.dev.write_at(&[7; 4096], 0, true).unwrap();
+        let st = b.controls[0].status();
+        assert_eq!(st["state"], "idle");
+        assert_eq!(st["cache_size"], 0);
+        let mut buf = [0u8; 4];
+        b.dev.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [7; 4]);
+    }
+
+    #[test]
+    fn elastic_spec_errors_name_the_problem() {
+        let d = tempfile::tempdir().unwrap();
+        let e = |a: &str| build_elastic("d", a, &ctx(d.path())).err().unwrap().to_string();
+        assert!(e("cache=reserved,cache_bw=128MB/s").contains("backing="));
+        assert!(e("backing=reserved:64MiB,bw=33MB/s").contains("cache_bw"));
+        assert!(e("backing=gp2:64GiB,cache_bw=128MB/s").contains("reserved bandwidth"));
+        assert!(e("backing=reserved:64MiB,bw=33MB/s,cache_bw=1MB/s,bogus=1").contains("bogus"));
+    }
+
+    /// The controller on virtual time: a burst provisions a cache, inactivity
+    /// drains it, and a clean cache is detached and deleted, with reasons.
+    #[test]
+    fn controller_provisions_drains_and_deletes_on_virtual_time() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let mut cfg = surge_cloud::LocalConfig::new(d.path());
+        cfg.delays = surge_cloud::Delays::none();
+        let prov: Arc<dyn Provider> = Arc::new(surge_cloud::LocalProvider::open(cfg, clock.clone()).unwrap());
+        let mib = 1u64 << 20;
+        let p = ElasticParams {
+            name: "v".into(),
+            backing: "reserved:64MiB,bw=33MB/s".parse().unwrap(),
+            cache_bw: 128_000_000,
+            policy: ElasticConfig { backing_bw: 33e6, initial_cache: 16 * mib, min_cache: 4 * mib, granularity: 4 * mib, attach_delay: Duration::ZERO, ..ElasticConfig::default() },
+            cache: CacheConfig::default(),
+            tick: Duration::from_secs(1),
+            flusher_poll: Duration::from_millis(1),
+        };
+        let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
+        v.step().unwrap();
+        // A burst: 8 MiB every 0.2 s of compute (the backing model's pacing
+        // moves virtual time too): well above 30 % of 33 MB/s.
+        for i in 0..20u64 {
+            v.write_at(&vec![i as u8 + 1; (8 * mib) as usize], i * 4 * mib % (48 * mib), false).unwrap();
+            clock.advance(Duration::from_millis(200));
+            v.step().unwrap();
+        }
+        assert!(v.cache().is_attached(), "burst provisions a cache: {:?}", v.decisions());
+        assert_eq!(v.cache_sizes(), vec![16 * mib]);
+        // Idle: after ID the policy drains; flushing makes it clean; then detach.
+        for _ in 0..60 {
+            clock.advance(Duration::from_secs(1));
+            v.step().unwrap();
+            v.cache().flush_step(usize::MAX).unwrap();
+        }
+        assert!(!v.cache().is_attached(), "{:?}", v.decisions());
+        let kinds: Vec<String> = v.decisions().iter().map(|d| format!("{:?}", d.action)).collect();
+        assert!(kinds.iter().any(|k| k.starts_with("Provision")) && kinds.contains(&"StartDrain".to_string()) && kinds.contains(&"Detach".to_string()), "{kinds:?}");
+        assert!(v.decisions().iter().all(|d| !d.reason.is_empty()));
+        // Only the backing volume is left.
+        assert_eq!(prov.list().unwrap().len(), 1);
+        let mut buf = vec![0u8; 4096];
+        v.read_at(&mut buf, 28 * mib).unwrap();
+        assert_eq!(buf[0], 20, "the last write survived provisioning, draining and deletion");
+    }
+}

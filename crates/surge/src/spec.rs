@@ -138,12 +138,15 @@ impl Built {
 }
 
 /// Kinds [`build_kind`] knows, for error messages and `--help`.
-pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share"];
+pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share", "elastic"];
 
 /// Build the device of one spec.
 pub fn build(spec: &ExportSpec, ctx: &BuildContext) -> Result<Built> {
     if spec.kind == "share" {
         return crate::cmd::qos::build_share(&spec.name, &spec.args, ctx);
+    }
+    if spec.kind == "elastic" {
+        return crate::elastic::build_elastic(&spec.name, &spec.args, ctx);
     }
     // Cloud volume types need the export name: it names the volume.
     if surge_cloud::spec::is_volume_type(&spec.kind) {

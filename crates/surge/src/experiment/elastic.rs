@@ -119,14 +119,37 @@ pub struct ApproachResult {
     cache_sizes: Vec<u64>,
 }
 
-/// The data of burst `k` at `offset`: 8-byte words from a hash of (k, word index).
+/// The data of burst `k` at `offset`: a per-burst pseudo-random block with every
+/// 4 KiB stamped with its offset and burst, so misplaced or stale data is caught
+/// (cheap to generate: the CPU is shared with the run being measured).
 fn fill(k: usize, offset: u64, buf: &mut [u8]) {
-    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
-        let mut x = (offset / 8 + i as u64) ^ ((k as u64 + 1) << 56);
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        w.copy_from_slice(&x.to_le_bytes());
+    thread_local!(static BASE: std::cell::RefCell<(usize, Vec<u8>)> = const { std::cell::RefCell::new((usize::MAX, Vec::new())) });
+    BASE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.0 != k {
+            let mut v = vec![0u8; MIB as usize];
+            for (i, w) in v.chunks_exact_mut(8).enumerate() {
+                let mut x = i as u64 ^ ((k as u64 + 1) << 56);
+                x ^= x >> 33;
+                x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+                x ^= x >> 33;
+                w.copy_from_slice(&x.to_le_bytes());
+            }
+            *b = (k, v);
+        }
+        // Byte at absolute position p is base[p mod 1 MiB].
+        let mut done = 0;
+        while done < buf.len() {
+            let at = ((offset + done as u64) % MIB) as usize;
+            let n = (MIB as usize - at).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&b.1[at..at + n]);
+            done += n;
+        }
+    });
+    for (i, page) in buf.chunks_mut(4096).enumerate() {
+        let at = offset + i as u64 * 4096;
+        page[..8].copy_from_slice(&at.to_le_bytes());
+        page[8..16].copy_from_slice(&(k as u64 + 1).to_le_bytes());
     }
 }
 
@@ -425,7 +448,13 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         None => 1.0 / 4.0,
     };
     let s = Setting::scaled(scale);
-    let work = out.join("cloud");
+    // Volume files on tmpfs when there is one: the models, not this machine's
+    // disk (and its fsync latency), should set the speed.
+    let work = match std::env::var_os("SURGE_ELASTIC_VOLUMES") {
+        Some(d) => std::path::PathBuf::from(d),
+        None if Path::new("/dev/shm").is_dir() => Path::new("/dev/shm").join(format!("surge-elastic-{}", std::process::id())),
+        None => out.join("cloud"),
+    };
     let mut res: BTreeMap<&str, ApproachResult> = BTreeMap::new();
     for (name, kind) in NAMES.iter().zip([Kind::Slow, Kind::Fast, Kind::Adaptive]) {
         eprintln!("elastic: running {name} (scale 1/{:.0})...", 1.0 / scale);
@@ -454,14 +483,14 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         "timeline": res.iter().map(|(k, v)| (k.to_string(), serde_json::to_value(&v.samples).unwrap())).collect::<serde_json::Map<_, _>>(),
     });
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
-    let report = report_md(&s, &res, quick);
+    let report = report_md(&s, &res, quick, &work);
     std::fs::write(out.join("report.md"), &report)?;
     println!("{report}");
     println!("plots: {} and {}", out.join("io_activity.svg").display(), out.join("cost.svg").display());
     Ok(())
 }
 
-fn report_md(s: &Setting, res: &BTreeMap<&str, ApproachResult>, quick: bool) -> String {
+fn report_md(s: &Setting, res: &BTreeMap<&str, ApproachResult>, quick: bool, work: &Path) -> String {
     use std::fmt::Write;
     let f = s.scale;
     let mut m = String::new();
@@ -515,7 +544,7 @@ fn report_md(s: &Setting, res: &BTreeMap<&str, ApproachResult>, quick: bool) -> 
         s.bursts.iter().map(|&b| format!("{:.3}", gib(b))).collect::<Vec<_>>().join(", ") + " GiB",
     );
     row(&mut m, "burst-period learning (pre-provisioning)", "on".into(), if s.learn_period { "on".into() } else { "off".into() });
-    let _ = writeln!(m, "\nThe application's burst sizes and compute times are chosen so that static-slow is ~23 % slower than static-fast, as in the paper's Table I (CM1); the paper does not publish per-VM burst sizes. Compute phases are modelled by sleeping. Cost: AGBs as in the paper (MB/s x GiB x s), each volume billed from creation to deletion; volumes that exist for the whole run are billed until the application completes, cache volumes until they are deleted (after completion, if still draining). Dollars: the local cloud's price table (reserved volumes priced like gp3 storage + provisioned throughput), per second with the billing minimum scaled by f.\n");
+    let _ = writeln!(m, "\nThe application's burst sizes and compute times are chosen so that static-slow is ~23 % slower than static-fast, as in the paper's Table I (CM1); the paper does not publish per-VM burst sizes. Compute phases are modelled by sleeping. Volume files lived in `{}` (tmpfs when available, so that the volume models and not this machine's disk set the speed). Cost: AGBs as in the paper (MB/s x GiB x s), each volume billed from creation to deletion; volumes that exist for the whole run are billed until the application completes, cache volumes until they are deleted (after completion, if still draining). Dollars: the local cloud's price table (reserved volumes priced like gp3 storage + provisioned throughput), per second with the billing minimum scaled by f.\n", work.display());
     let _ = writeln!(m, "## Policy decisions (adaptive)\n");
     for d in &ad.decisions {
         let _ = writeln!(m, "- {:.2} s: {:?}: {}", d.at_s, d.action, d.reason);

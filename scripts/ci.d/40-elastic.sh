@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 4 (elastic cache): an elastic export in the daemon (write, read back,
+# status), then the quick CM1-style experiment; thresholds from results.json:
+# adaptive within 3.3 % of static-fast completion, cost <= 35 % of static-fast
+# and below static-slow, every approach's data verified. Fails loudly otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${ELASTIC_OUT:-$(mktemp -d /tmp/surge-elastic.XXXXXX)}"
+BIN="${CARGO_TARGET_DIR:-target}/release/surge"
+[ -x "$BIN" ] || cargo build --release -p surge --locked 2>&1 | tail -2
+start=$(date +%s)
+
+# 1. The daemon: an elastic export over the local cloud, I/O through NBD, status.
+D=$(mktemp -d /tmp/surge-elastic-d.XXXXXX)
+"$BIN" --log warn serve --data-dir "$D" --listen "unix:$D/nbd.sock" \
+  --export d=elastic:backing=reserved:256MiB,bw=33MB/s,cache=reserved,cache_bw=128MB/s,initial=64MiB,min=16MiB,granularity=16MiB,window=1s,id=2s,attach_delay=100ms &
+SERVE=$!
+trap 'kill $SERVE 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -S "$D/control.sock" ] && [ -S "$D/nbd.sock" ] && break; sleep 0.1; done
+qemu-io -f raw -c 'write -P 7 0 48M' -c 'flush' "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
+qemu-io -f raw -c 'read -P 7 0 48M' "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
+"$BIN" status --data-dir "$D" --json > "$D/status.json"
+python3 - "$D/status.json" <<'PY'
+import json, sys
+t = {x["name"]: x["status"] for x in json.load(open(sys.argv[1]))}
+e = t["d/elastic"]
+assert e["cache_sizes"], f"a 48 MiB burst at 33 MB/s must provision a cache: {e}"
+assert e["decisions"] and all(d["reason"] for d in e["decisions"]), e["decisions"]
+print("daemon elastic check ok: state", e["state"], "cache sizes", e["cache_sizes"], "cost", e["cost"])
+PY
+kill $SERVE; wait $SERVE || true
+trap - EXIT
+
+# 2. The quick experiment.
+"$BIN" --log warn experiment elastic --quick --out "$OUT" >/dev/null
+echo "elastic quick run took $(( $(date +%s) - start )) s; results in $OUT"
+python3 - "$OUT/results.json" <<'PY'
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+a = r["approaches"]
+slow, fast, ad = a["static-slow"], a["static-fast"], a["adaptive"]
+bad = []
+def check(name, ok, text):
+    print(f"  {name}: {text} {'ok' if ok else 'FAIL'}")
+    if not ok:
+        bad.append(f"{name}: {text}")
+oh = (ad["completion_s"] / fast["completion_s"] - 1) * 100
+check("adaptive overhead", oh <= 3.3, f"{oh:.2f} % vs static-fast (need <= 3.3 %, aim <= 2 %)")
+cr = ad["cost_agbs"] / fast["cost_agbs"] * 100
+check("adaptive cost", cr <= 35, f"{cr:.1f} % of static-fast (need <= 35 %, aim <= 30 %)")
+check("adaptive below static-slow", ad["cost_agbs"] < slow["cost_agbs"], f'{ad["cost_agbs"]:.1f} vs {slow["cost_agbs"]:.1f} AGBs')
+check("static-slow slower", slow["completion_s"] > fast["completion_s"], f'{slow["completion_s"]:.2f} s vs {fast["completion_s"]:.2f} s')
+for k, v in a.items():
+    check(f"{k} verified", v["verified_bytes"] > 0, f'{v["verified_bytes"]} bytes')
+check("cache sizes", len(r["cache_sizes_gib"]) >= 4, f'{r["cache_sizes_gib"]} (one per burst)')
+for f in ("report.md", "io_activity.svg", "cost.svg"):
+    p = os.path.join(os.path.dirname(sys.argv[1]), f)
+    check(f, os.path.exists(p) and os.path.getsize(p) > 0, "written")
+if bad:
+    print("ELASTIC THRESHOLDS NOT MET: " + "; ".join(bad), file=sys.stderr)
+    sys.exit(1)
+print("elastic: all thresholds met")
+PY
