@@ -86,6 +86,7 @@ pub fn validate_name(name: &str) -> Result<()> {
 #[derive(Clone)]
 pub struct BuildContext {
     pub data_dir: PathBuf,
+    #[allow(dead_code)] // for kinds that model time (cloud volume types)
     pub clock: Arc<dyn Clock>,
     /// Devices declared with `--pool NAME=SPEC`, shared by several exports.
     pub pools: BTreeMap<String, Arc<dyn BlockDev>>,
@@ -137,31 +138,21 @@ impl Built {
     }
 }
 
-/// Kinds [`build_kind`] knows, for error messages and `--help`.
+/// Kinds [`build`] knows, for error messages and `--help`.
 pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share", "elastic"];
 
-/// Build the device of one spec.
+/// Build the device of one spec: one arm per kind; add yours here and to
+/// [`KINDS`]. Builders that name things after the export (cloud volumes,
+/// tenants, caches) take the export name too.
 pub fn build(spec: &ExportSpec, ctx: &BuildContext) -> Result<Built> {
-    if spec.kind == "share" {
-        return crate::cmd::qos::build_share(&spec.name, &spec.args, ctx);
-    }
-    if spec.kind == "elastic" {
-        return crate::elastic::build_elastic(&spec.name, &spec.args, ctx);
-    }
-    // Cloud volume types need the export name: it names the volume.
-    if surge_cloud::spec::is_volume_type(&spec.kind) {
-        return crate::cmd::cloud::build_volume(&spec.name, &spec.kind, &spec.args, ctx);
-    }
-    build_kind(&spec.kind, &spec.args, ctx)
-}
-
-/// One arm per kind; add yours here and to [`KINDS`].
-pub fn build_kind(kind: &str, args: &str, ctx: &BuildContext) -> Result<Built> {
-    match kind {
+    let (name, args) = (spec.name.as_str(), spec.args.as_str());
+    match spec.kind.as_str() {
         "file" => build_file(args, ctx),
         "memory" => build_memory(args),
-        "share" => crate::cmd::qos::build_share("", args, ctx),
         "fault" => crate::faultspec::build_fault(args, ctx),
+        "share" => crate::cmd::qos::build_share(name, args, ctx),
+        "elastic" => crate::elastic::build_elastic(name, args, ctx),
+        kind if surge_cloud::spec::is_volume_type(kind) => crate::cmd::cloud::build_volume(name, kind, args, ctx),
         other => Err(SpecError::UnknownKind { kind: other.to_string(), known: KINDS.join(", ") }),
     }
 }
