@@ -5,7 +5,7 @@
 
 use crate::handshake::{self, Negotiated, Outcome, BASE_ALLOCATION_ID};
 use crate::server::{Export, ServerConfig, Shared};
-use crate::transmission::{self, Dispatch};
+use crate::transmission;
 use std::io::{BufReader, Cursor};
 use std::sync::Arc;
 use surge_block::MemoryDev;
@@ -15,9 +15,9 @@ fn fuzz_server() -> Shared {
     let mut ro = Export::new("ro", dev(64 * 1024));
     ro.read_only = true;
     let mut cfg = ServerConfig::new(vec![Export::new("disk", dev(1 << 20)), ro]);
-    cfg.workers_per_export = 0;
+    cfg.workers_per_export = 1;
     cfg.max_in_flight = 4;
-    Shared::new(cfg, &[None, None])
+    Shared::new(cfg)
 }
 
 /// Runs the whole server conversation (greeting, options, then requests if the
@@ -29,7 +29,7 @@ pub fn fuzz_handshake(data: &[u8]) {
     let Ok(Some(mut st)) = handshake::greet(&mut reader, &mut out) else { return };
     // TLS is off here, so STARTTLS is refused and never ends the haggling.
     if let Ok(Outcome::Transmission(neg)) = handshake::options(&shared, &mut st, &mut reader, &mut out) {
-        let _ = transmission::serve(&shared, &neg, reader, Box::new(std::io::sink()), None, Dispatch::Inline);
+        let _ = transmission::serve(&shared, &neg, reader, Box::new(std::io::sink()), None, 1);
     }
 }
 
@@ -46,5 +46,5 @@ pub fn fuzz_requests(data: &[u8]) {
         meta_context: (structured && mode & 2 != 0).then_some(BASE_ALLOCATION_ID),
     };
     let reader = BufReader::new(Cursor::new(rest));
-    let _ = transmission::serve(&shared, &neg, reader, Box::new(std::io::sink()), None, Dispatch::Inline);
+    let _ = transmission::serve(&shared, &neg, reader, Box::new(std::io::sink()), None, 1);
 }

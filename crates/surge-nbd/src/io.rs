@@ -3,6 +3,7 @@
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::os::unix::io::AsRawFd;
 use std::time::Duration;
 
 /// A connected unix or TCP stream.
@@ -38,6 +39,22 @@ impl Socket {
         match self {
             Socket::Unix(s) => s.set_write_timeout(t),
             Socket::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// Asks for socket buffers of `bytes` each way (the kernel caps this at
+    /// net.core.wmem_max / rmem_max); large replies then need fewer wake-ups.
+    pub fn set_buffer_sizes(&self, bytes: usize) {
+        let fd = match self {
+            Socket::Unix(s) => s.as_raw_fd(),
+            Socket::Tcp(s) => s.as_raw_fd(),
+        };
+        let v = bytes.min(i32::MAX as usize) as libc::c_int;
+        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+            // SAFETY: setsockopt with a valid fd and a c_int option value. Best effort.
+            unsafe {
+                libc::setsockopt(fd, libc::SOL_SOCKET, opt, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_int>() as u32);
+            }
         }
     }
 

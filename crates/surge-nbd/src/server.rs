@@ -1,11 +1,10 @@
-//! The server: configuration, listeners, per-export worker pools, statistics and
+//! The server: configuration, listeners, connection threads, statistics and
 //! graceful shutdown.
 
 use crate::handshake::{self, Outcome};
 use crate::tls::{self, TlsMode, TlsReader, TlsWriter};
 use crate::io::Socket;
-use crate::transmission::{self, Dispatch, ServiceTime, Work};
-use crossbeam_channel::{Receiver, Sender};
+use crate::transmission::{self, ServiceTime};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
@@ -40,15 +39,16 @@ impl Export {
 pub struct ServerConfig {
     /// Named exports; the first also answers to the default name "".
     pub exports: Vec<Export>,
-    /// Threads doing device I/O for each export, shared by all its connections.
-    /// 0 runs every request on the connection's reader thread (no parallelism).
+    /// Threads serving each connection of an export: each reads requests in
+    /// turn and does their device I/O (nbdkit's model), so this many requests
+    /// of one connection can be at the device at once. 0 counts as 1.
     pub workers_per_export: usize,
     /// Requests in flight per connection before the server stops reading more.
     pub max_in_flight: usize,
-    /// Run small reads and writes (≤ 64 KiB) on the connection's reader thread
-    /// while the export serves them in under 20 µs on average (page cache,
-    /// memory): a hand-off to a worker costs more than such I/O. Slower
-    /// devices, large requests and other commands always use the workers.
+    /// Run small reads and writes (≤ 64 KiB) without handing the connection's
+    /// input to another thread while the export serves them in under 20 µs on
+    /// average (page cache, memory): waking a peer costs more than such I/O.
+    /// Slower devices, large requests and other commands always hand over.
     pub inline_fast_requests: bool,
     /// Whether clients may or must upgrade with NBD_OPT_STARTTLS.
     pub tls_mode: TlsMode,
@@ -158,7 +158,6 @@ pub(crate) struct ExportState {
     pub caps: Caps,
     pub read_only: bool,
     pub counters: ExportCounters,
-    pub work: Option<Sender<Work>>,
     pub service: ServiceTime,
 }
 
@@ -172,6 +171,7 @@ impl ExportState {
 pub(crate) struct Shared {
     pub exports: Vec<ExportState>,
     pub max_in_flight: usize,
+    pub threads_per_connection: usize,
     pub inline_fast_requests: bool,
     pub tls_mode: TlsMode,
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -182,12 +182,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(cfg: ServerConfig, work: &[Option<Sender<Work>>]) -> Shared {
+    pub(crate) fn new(cfg: ServerConfig) -> Shared {
         let exports = cfg
             .exports
             .into_iter()
-            .zip(work)
-            .map(|(export, work)| {
+            .map(|export| {
                 let caps = export.dev.caps();
                 let read_only = export.read_only || caps.read_only;
                 ExportState {
@@ -195,7 +194,6 @@ impl Shared {
                     caps,
                     read_only,
                     counters: ExportCounters::default(),
-                    work: work.clone(),
                     service: ServiceTime::default(),
                 }
             })
@@ -203,6 +201,7 @@ impl Shared {
         Shared {
             exports,
             max_in_flight: cfg.max_in_flight.max(1),
+            threads_per_connection: cfg.workers_per_export.max(1),
             inline_fast_requests: cfg.inline_fast_requests,
             tls_mode: cfg.tls_mode,
             tls: cfg.tls,
@@ -237,50 +236,22 @@ struct Acceptor {
 pub struct Server {
     shared: Arc<Shared>,
     acceptors: Mutex<Vec<Acceptor>>,
-    workers: Vec<JoinHandle<()>>,
-    work: Vec<Option<Sender<Work>>>,
 }
 
 /// How long a client may take to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Socket buffer size asked for (1 MiB replies then go out in one go).
+const SOCKET_BUFFER: usize = 4 << 20;
 /// How long sending one batch of replies may block.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often acceptors look at the shutdown flag.
 const ACCEPT_POLL_MS: i32 = 100;
 
 impl Server {
-    /// Validates the configuration and starts the worker pools; call
-    /// [`Server::listen`] to accept connections.
+    /// Validates the configuration; call [`Server::listen`] to accept connections.
     pub fn start(cfg: ServerConfig) -> Result<Server> {
         validate(&cfg)?;
-        let mut workers = Vec::new();
-        let mut work = Vec::new();
-        let mut receivers: Vec<Option<Receiver<Work>>> = Vec::new();
-        for _ in &cfg.exports {
-            if cfg.workers_per_export == 0 {
-                work.push(None);
-                receivers.push(None);
-            } else {
-                let (tx, rx) = crossbeam_channel::unbounded();
-                work.push(Some(tx));
-                receivers.push(Some(rx));
-            }
-        }
-        let nworkers = cfg.workers_per_export;
-        let shared = Arc::new(Shared::new(cfg, &work));
-        for (idx, rx) in receivers.into_iter().enumerate() {
-            let Some(rx) = rx else { continue };
-            for w in 0..nworkers {
-                let (shared, rx) = (shared.clone(), rx.clone());
-                let name = format!("nbd-w{idx}.{w}");
-                let t = std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || transmission::worker_loop(&shared.exports[idx], rx))
-                    .map_err(ServerError::Thread)?;
-                workers.push(t);
-            }
-        }
-        Ok(Server { shared, acceptors: Mutex::new(Vec::new()), workers, work })
+        Ok(Server { shared: Arc::new(Shared::new(cfg)), acceptors: Mutex::new(Vec::new()) })
     }
 
     /// Binds `listen` and accepts connections on it in a background thread.
@@ -347,7 +318,7 @@ impl Server {
     /// Stops accepting, lets every connection finish the requests it has already
     /// read (their replies are sent), closes the connections, then flushes every
     /// writable export. Returns the first flush error, after trying them all.
-    pub fn shutdown(mut self) -> Result<()> {
+    pub fn shutdown(self) -> Result<()> {
         self.shared.shutting_down.store(true, Ordering::SeqCst);
         for a in self.acceptors.lock().drain(..) {
             let _ = a.thread.join();
@@ -368,7 +339,6 @@ impl Server {
         for t in threads {
             let _ = t.join();
         }
-        self.stop_workers();
         let mut first_err = None;
         for e in self.shared.exports.iter().filter(|e| !e.read_only) {
             if let Err(source) = e.export.dev.flush() {
@@ -378,17 +348,6 @@ impl Server {
         }
         info!("server stopped");
         first_err.map_or(Ok(()), Err)
-    }
-
-    fn stop_workers(&mut self) {
-        for tx in self.work.iter().flatten() {
-            for _ in 0..self.workers.len() {
-                let _ = tx.send(Work::Stop);
-            }
-        }
-        for t in self.workers.drain(..) {
-            let _ = t.join();
-        }
     }
 }
 
@@ -506,6 +465,7 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     // A client that stops reading replies fails its connection instead of
     // holding a worker (and shutdown) forever.
     control.set_write_timeout(Some(REPLY_TIMEOUT))?;
+    control.set_buffer_sizes(SOCKET_BUFFER);
     let mut reader: BufReader<Box<dyn Read + Send>> =
         BufReader::with_capacity(transmission::READ_BUFFER, Box::new(socket.try_clone()?));
     let mut writer: Box<dyn Write + Send> = Box::new(socket.try_clone()?);
@@ -532,11 +492,8 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     info!(export = %export.export.name, structured = neg.structured, tls = session.is_some(), "connection open");
     export.counters.connections.fetch_add(1, Ordering::Relaxed);
     export.counters.active_connections.fetch_add(1, Ordering::Relaxed);
-    let dispatch = match &export.work {
-        Some(tx) => Dispatch::Pool(tx.clone()),
-        None => Dispatch::Inline,
-    };
-    let out = transmission::serve(shared, &neg, reader, writer, Some(control.try_clone()?), dispatch);
+    let threads = shared.threads_per_connection;
+    let out = transmission::serve(shared, &neg, reader, writer, Some(control.try_clone()?), threads);
     export.counters.active_connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(s) = session {
         s.close(&socket);

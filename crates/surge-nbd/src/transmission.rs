@@ -1,12 +1,16 @@
 //! The transmission phase.
 //!
-//! One reader thread per connection parses requests (buffered: many headers per
-//! `read` syscall), reads write payloads completely into a pooled buffer and hands
-//! the request to the export's worker pool. A worker does the device I/O, then
-//! takes the connection's writer lock only to send the reply with one `writev`.
-//! The pool of per-connection buffers bounds the requests in flight: when all are
-//! out, the reader stops reading (backpressure). A request is dispatched only once
-//! its payload is complete, so a client that disconnects mid-payload changes nothing.
+//! Each connection is served by a few threads in a leader/follower scheme (as
+//! nbdkit does): the thread holding the connection's intake lock reads the next
+//! request (buffered, so one `read` syscall often brings many headers) and its
+//! whole write payload into a pooled buffer. A small read or write on a fast
+//! export it runs right there, still holding the lock (no hand-off, no wake-up);
+//! anything else it runs after releasing the lock, so another thread reads the
+//! next request meanwhile. Replies are queued and sent by whichever thread finds
+//! the queue unattended, many per `writev`. The pool of per-connection buffers
+//! bounds the requests in flight: when all are out, nobody reads (backpressure).
+//! A request runs only once its payload is complete, so a client that
+//! disconnects mid-payload changes nothing.
 
 use crate::handshake::{read_exact_or_eof, truncate_utf8, Negotiated};
 use crate::io::{write_all_parts, Socket};
@@ -19,7 +23,6 @@ use std::ops::Range;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use std::sync::Arc;
 use surge_block::{BlockDev, BlockError, ExtentKind, ZeroMode};
 use tracing::{debug, warn};
 
@@ -38,21 +41,11 @@ const HOLE_SCAN_MIN: u32 = 64 * 1024;
 /// Longest error message sent in an error chunk.
 const MAX_ERROR_MESSAGE: usize = 1024;
 
-pub(crate) enum Work {
-    Request(Job),
-    Stop,
-}
-
-pub(crate) struct Job {
-    conn: Arc<Conn>,
+/// One request read off the wire, with its payload (writes) in `buf`.
+struct Job {
     req: Request,
     buf: Vec<u8>,
     big: bool,
-}
-
-pub(crate) enum Dispatch {
-    Pool(Sender<Work>),
-    Inline,
 }
 
 /// A reply waiting to be sent. It owns the request's buffer, which goes back to
@@ -189,15 +182,23 @@ impl Conn {
     }
 }
 
-/// Serves requests until the client disconnects, then waits for every request in
-/// flight to be answered. Returns a short summary for the close log line.
-pub(crate) fn serve<R: Read>(
+/// The reading side of a connection, owned by whichever thread leads.
+struct Intake<R> {
+    reader: BufReader<R>,
+    /// Set when reading stopped (EOF, DISC, bad input): the summary for the log.
+    done: Option<io::Result<String>>,
+}
+
+/// Serves requests with `threads` threads until the client disconnects, then
+/// waits for every request in flight to be answered. Returns a short summary
+/// for the close log line.
+pub(crate) fn serve<R: Read + Send>(
     shared: &Shared,
     neg: &Negotiated,
-    mut reader: BufReader<R>,
+    reader: BufReader<R>,
     writer: Box<dyn Write + Send>,
     control: Option<Socket>,
-    dispatch: Dispatch,
+    threads: usize,
 ) -> io::Result<String> {
     let export = &shared.exports[neg.export];
     let max = shared.max_in_flight;
@@ -209,7 +210,7 @@ pub(crate) fn serve<R: Read>(
     for _ in 0..BIG_IN_FLIGHT {
         big_tx.send(()).expect("pool has room");
     }
-    let conn = Arc::new(Conn {
+    let conn = Conn {
         out: Mutex::new(Outbox::default()),
         writer: Mutex::new(writer),
         structured: neg.structured,
@@ -218,79 +219,114 @@ pub(crate) fn serve<R: Read>(
         big_tokens: big_tx,
         broken: AtomicBool::new(false),
         control,
+    };
+    let intake = Mutex::new(Intake { reader, done: None });
+    let pools = Pools { buffers: &buf_rx, big_tokens: &big_rx };
+    let inline_ok = shared.inline_fast_requests;
+    std::thread::scope(|s| {
+        for i in 1..threads.max(1) {
+            let (conn, intake) = (&conn, &intake);
+            let spawned = std::thread::Builder::new()
+                .name(format!("nbd-io{i}"))
+                .spawn_scoped(s, move || lead_and_follow(export, conn, intake, pools, inline_ok));
+            if let Err(e) = spawned {
+                warn!(error = %e, "cannot start a connection thread; serving with fewer");
+                break;
+            }
+        }
+        lead_and_follow(export, &conn, &intake, pools, inline_ok);
     });
-    let outcome = read_requests(export, &conn, &mut reader, &buf_rx, &big_rx, &dispatch, shared.inline_fast_requests);
     conn.flush();
     // Every buffer back in the pool means every request has been answered.
     for _ in 0..max {
         let _ = buf_rx.recv();
     }
-    outcome
+    intake.into_inner().done.unwrap_or_else(|| Ok("stopped".into()))
 }
 
-fn read_requests<R: Read>(
-    export: &ExportState,
-    conn: &Arc<Conn>,
-    reader: &mut BufReader<R>,
-    buffers: &Receiver<Vec<u8>>,
-    big_tokens: &Receiver<()>,
-    dispatch: &Dispatch,
-    inline_ok: bool,
-) -> io::Result<String> {
+#[derive(Clone, Copy)]
+struct Pools<'a> {
+    buffers: &'a Receiver<Vec<u8>>,
+    big_tokens: &'a Receiver<()>,
+}
+
+/// One serving thread: take the intake, read a request, run it (inline while
+/// leading if it is small and the export fast, else after handing the intake on).
+fn lead_and_follow<R: Read>(export: &ExportState, conn: &Conn, intake: &Mutex<Intake<R>>, pools: Pools, inline_ok: bool) {
     loop {
-        if reader.buffer().len() < REQUEST_HEADER_LEN {
-            // About to block on the socket: send what inline execution queued.
-            conn.flush();
-        }
-        let mut hdr = [0u8; REQUEST_HEADER_LEN];
-        if !read_exact_or_eof(reader, &mut hdr)? {
-            return Ok("client closed the connection".into());
-        }
-        if conn.broken.load(Ordering::Relaxed) {
-            return Ok("reply could not be sent".into());
-        }
-        let req = parse_request(&hdr).map_err(|e| bad_input(format!("request header: {e}")))?;
-        if req.cmd == CMD_DISC {
-            return Ok("client disconnected".into());
-        }
-        let payload = if req.cmd == CMD_WRITE { req.len } else { 0 };
-        if payload > HARD_MAX_PAYLOAD {
-            return Err(bad_input(format!("write payload of {payload} bytes exceeds {HARD_MAX_PAYLOAD}")));
-        }
-        let big = req.len as usize > KEEP_BUFFER && req.len <= HARD_MAX_PAYLOAD;
-        if big {
-            conn.flush();
-            let _ = big_tokens.recv();
-        }
-        let mut buf = match buffers.try_recv() {
-            Ok(b) => b,
-            Err(_) => {
-                // All buffers in flight: make sure queued replies go out, then wait.
-                conn.flush();
-                buffers.recv().expect("the connection holds a sender")
+        let mut g = intake.lock();
+        loop {
+            if g.done.is_some() {
+                return;
             }
-        };
-        if payload > 0 {
-            if reader.buffer().len() < payload as usize {
-                conn.flush();
-            }
-            if let Err(e) = reader.read_exact(sized(&mut buf, payload as usize)) {
-                // Nothing of this write is applied: it was never dispatched.
-                release(conn, buf, big);
-                return Err(io::Error::new(e.kind(), format!("client left in the middle of a write payload: {e}")));
-            }
-        }
-        let job = Job { conn: conn.clone(), req, buf, big };
-        match dispatch {
-            Dispatch::Pool(_) if inline_ok && is_small_io(&req) && export.service.fast() => run_job(export, job, false),
-            Dispatch::Pool(tx) => {
-                if let Err(crossbeam_channel::SendError(Work::Request(job))) = tx.send(Work::Request(job)) {
-                    run_job(export, job, true);
+            match next_request(conn, &mut g.reader, pools) {
+                Ok(job) => {
+                    if inline_ok && is_small_io(&job.req) && export.service.fast() {
+                        run_job(export, conn, job, false);
+                        continue;
+                    }
+                    drop(g);
+                    run_job(export, conn, job, true);
+                    break;
+                }
+                Err(end) => {
+                    // Peers see `done` when they next take the intake, and stop.
+                    g.done = Some(end);
+                    return;
                 }
             }
-            Dispatch::Inline => run_job(export, job, false),
         }
     }
+}
+
+/// Reads the next request and its payload. `Err` ends the connection: `Ok(summary)`
+/// for a clean end, `Err(e)` for bad input or a broken stream.
+fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -> Result<Job, io::Result<String>> {
+    if reader.buffer().len() < REQUEST_HEADER_LEN {
+        // About to block on the socket: send what inline execution queued.
+        conn.flush();
+    }
+    let mut hdr = [0u8; REQUEST_HEADER_LEN];
+    match read_exact_or_eof(reader, &mut hdr) {
+        Ok(true) => {}
+        Ok(false) => return Err(Ok("client closed the connection".into())),
+        Err(e) => return Err(Err(e)),
+    }
+    if conn.broken.load(Ordering::Relaxed) {
+        return Err(Ok("reply could not be sent".into()));
+    }
+    let req = parse_request(&hdr).map_err(|e| Err(bad_input(format!("request header: {e}"))))?;
+    if req.cmd == CMD_DISC {
+        return Err(Ok("client disconnected".into()));
+    }
+    let payload = if req.cmd == CMD_WRITE { req.len } else { 0 };
+    if payload > HARD_MAX_PAYLOAD {
+        return Err(Err(bad_input(format!("write payload of {payload} bytes exceeds {HARD_MAX_PAYLOAD}"))));
+    }
+    let big = req.len as usize > KEEP_BUFFER && req.len <= HARD_MAX_PAYLOAD;
+    if big {
+        conn.flush();
+        let _ = pools.big_tokens.recv();
+    }
+    let mut buf = match pools.buffers.try_recv() {
+        Ok(b) => b,
+        Err(_) => {
+            // All buffers in flight: make sure queued replies go out, then wait.
+            conn.flush();
+            pools.buffers.recv().expect("the connection holds a sender")
+        }
+    };
+    if payload > 0 {
+        if reader.buffer().len() < payload as usize {
+            conn.flush();
+        }
+        if let Err(e) = reader.read_exact(sized(&mut buf, payload as usize)) {
+            // Nothing of this write is applied: it never runs.
+            release(conn, buf, big);
+            return Err(Err(io::Error::new(e.kind(), format!("client left in the middle of a write payload: {e}"))));
+        }
+    }
+    Ok(Job { req, buf, big })
 }
 
 fn bad_input(msg: String) -> io::Error {
@@ -313,12 +349,6 @@ fn release(conn: &Conn, mut buf: Vec<u8>, big: bool) {
         let _ = conn.big_tokens.send(());
     }
     let _ = conn.buffers.send(buf);
-}
-
-pub(crate) fn worker_loop(export: &ExportState, rx: Receiver<Work>) {
-    while let Ok(Work::Request(job)) = rx.recv() {
-        run_job(export, job, true);
-    }
 }
 
 /// Reads and writes small enough to be worth running on the reader thread.
@@ -371,11 +401,11 @@ impl From<BlockError> for Fail {
 }
 
 /// Runs one request and queues its reply (sending it at once with `flush`).
-fn run_job(export: &ExportState, job: Job, flush: bool) {
-    let Job { conn, req, buf, big } = job;
+fn run_job(export: &ExportState, conn: &Conn, job: Job, flush: bool) {
+    let Job { req, buf, big } = job;
     let mut msg = OutMsg::new(buf, big);
     let started = is_small_io(&req).then(Instant::now);
-    let result = execute(export, &conn, &req, &mut msg);
+    let result = execute(export, conn, &req, &mut msg);
     if let Some(t) = started {
         export.service.record(t.elapsed());
     }
@@ -386,7 +416,7 @@ fn run_job(export: &ExportState, job: Job, flush: bool) {
         } else {
             debug!(cmd = req.cmd, offset = req.offset, len = req.len, errno = fail.errno, error = %fail.msg, "request refused");
         }
-        error_reply(&conn, req.cookie, &fail, &mut msg);
+        error_reply(conn, req.cookie, &fail, &mut msg);
     }
     conn.enqueue(msg, flush);
 }
