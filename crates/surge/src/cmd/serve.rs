@@ -47,7 +47,15 @@ Examples:
   surge serve --config /etc/surge.toml
 Then, for instance:
   qemu-img info 'nbd+unix:///disk?socket=/tmp/nbd.sock'
-  nbdinfo nbd://127.0.0.1:10809/scratch";
+  nbdinfo nbd://127.0.0.1:10809/scratch
+
+A --config file (TOML) holds the same things; flags add to it:
+  listen = [\"unix:/run/surge/nbd.sock\", \"tcp:127.0.0.1:10809\"]
+  workers = 8
+  [[export]]
+  name = \"disk\"
+  spec = \"file:/srv/disk.img,create=10GiB\"
+  read_only = false";
 
 #[derive(clap::Args, Debug)]
 #[command(about = ABOUT, long_about = LONG_ABOUT, after_long_help = EXAMPLES)]
@@ -443,6 +451,20 @@ mod tests {
         assert_eq!(p.exports.iter().map(|(s, _)| s.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(p.workers, Some(3));
         assert_eq!(p.listeners, [ListenAddr::Unix("/x.sock".into())]);
+    }
+
+    #[test]
+    fn the_config_example_in_help_parses() {
+        let toml_text: String = EXAMPLES
+            .split_once("flags add to it:\n")
+            .unwrap()
+            .1
+            .lines()
+            .map(|l| l.trim_start().to_string() + "\n")
+            .collect();
+        let c: FileConfig = toml::from_str(&toml_text).unwrap();
+        assert_eq!(c.export_specs().unwrap()[0].0.to_string(), "disk=file:/srv/disk.img,create=10GiB");
+        assert_eq!(c.listen.len(), 2);
     }
 
     #[test]
