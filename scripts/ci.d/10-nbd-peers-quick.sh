@@ -5,4 +5,4 @@
 # real figures from full runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bash bench/nbd-peers.sh --quick --min-ratio 0.3
+bash bench/nbd-peers.sh --quick --min-ratio 0.25
