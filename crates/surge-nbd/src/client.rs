@@ -10,7 +10,11 @@
 //! cookie, [`Client::wait`] / [`Client::wait_any`] collect replies in whatever
 //! order the server sends them. The synchronous helpers (`read`, `write`, ...)
 //! are submit + wait. One `Client` is one connection and is used from one
-//! thread; open several for parallel connections. It does not refuse requests
+//! thread; open several for parallel connections. `submit` writes without
+//! reading replies, so keep what is submitted but not yet collected moderate
+//! (the server stops reading after its in-flight limit, 64 by default, and a
+//! client that never collects replies can block on a full socket). It speaks
+//! no TLS. It does not refuse requests
 //! the server did not advertise (tests use that to probe the server), and it
 //! checks the server's replies strictly (unknown cookies, chunks outside the
 //! request, reads not fully covered are protocol errors).
@@ -653,7 +657,7 @@ fn apply_chunk(p: &mut Pending, kind: u16, payload: &[u8]) -> Result<()> {
             Ok(())
         }
         REPLY_TYPE_BLOCK_STATUS if p.cmd == CMD_BLOCK_STATUS => {
-            if payload.len() < 12 || (payload.len() - 4) % 8 != 0 {
+            if payload.len() < 12 || !(payload.len() - 4).is_multiple_of(8) {
                 return Err(protocol("malformed block status chunk"));
             }
             let mut total = 0u64;

@@ -6,7 +6,8 @@
 //!   STRUCTURED_REPLY, LIST/SET_META_CONTEXT with `base:allocation`), commands
 //!   READ, WRITE(+FUA), FLUSH, TRIM, WRITE_ZEROES(+NO_HOLE, FAST_ZERO), CACHE,
 //!   BLOCK_STATUS and DISC, many requests in flight per connection with replies
-//!   out of order, transmission flags advertised from the device's [`Caps`].
+//!   out of order, transmission flags advertised from the device's [`Caps`],
+//!   optional TLS (NBD_OPT_STARTTLS).
 //! * [`client::Client`] is a small blocking client (used by tests, torture tests
 //!   and experiments; later for remote base images).
 //! * [`proto`] holds the wire constants and pure parsers; [`fuzz_handshake`] and
@@ -22,10 +23,19 @@
 //! server.shutdown().unwrap();
 //! ```
 //!
-//! Request flow: acceptor thread → one thread per connection runs the handshake,
-//! then reads requests (buffered) and write payloads into a pooled buffer → the
-//! export's worker pool (crossbeam channel) does the device I/O → the worker sends
-//! the reply with one `writev` under the connection's writer lock.
+//! Request flow: an acceptor thread per listener (unix or TCP with
+//! TCP_NODELAY) → one thread per connection runs the handshake (and STARTTLS)
+//! → it and `workers_per_export - 1` peers serve the connection leader/follower
+//! style: whoever holds the connection's input reads the next request header
+//! (buffered) and its complete payload into a pooled buffer, then runs it on the
+//! device; a small read/write on a fast export (measured) runs without giving up
+//! the input, anything else after handing the input to a peer, so slow requests
+//! overlap and replies go out of order. Replies queue per connection and
+//! whichever thread finds the queue unattended sends all of it with one
+//! `writev` (device I/O never happens under the writer lock). At most
+//! `max_in_flight` requests per connection are read ahead (backpressure).
+//!
+//! TLS: [`tls`] (rustls, X.509; `ServerConfig::tls_mode`/`tls`).
 //!
 //! Errors: device errors go on the wire as `BlockError::errno()` mapped by
 //! [`proto::wire_errno`]; reads, CACHE and BLOCK_STATUS past the end get EINVAL,

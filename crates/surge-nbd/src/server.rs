@@ -110,7 +110,7 @@ pub type Result<T, E = ServerError> = std::result::Result<T, E>;
 
 /// Counters of one export, cumulative since the server started.
 #[derive(Debug, Default)]
-pub struct ExportCounters {
+pub(crate) struct ExportCounters {
     pub reads: AtomicU64,
     pub writes: AtomicU64,
     pub bytes_read: AtomicU64,
@@ -125,7 +125,7 @@ pub struct ExportCounters {
     pub active_connections: AtomicU64,
 }
 
-/// A snapshot of [`ExportCounters`].
+/// Counters of one export, cumulative since the server started.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ExportStats {
     pub name: String,
