@@ -657,7 +657,7 @@ fn apply_chunk(p: &mut Pending, kind: u16, payload: &[u8]) -> Result<()> {
             Ok(())
         }
         REPLY_TYPE_BLOCK_STATUS if p.cmd == CMD_BLOCK_STATUS => {
-            if payload.len() < 12 || !(payload.len() - 4).is_multiple_of(8) {
+            if payload.len() < 12 || (payload.len() - 4) % 8 != 0 {
                 return Err(protocol("malformed block status chunk"));
             }
             let mut total = 0u64;

@@ -56,7 +56,7 @@ fn valid_stream(structured: bool, meta: bool, reqs: &[Req]) -> Vec<u8> {
     for (i, r) in reqs.iter().enumerate() {
         s.extend_from_slice(&encode_request(&Request { flags: r.flags, cmd: r.cmd, cookie: i as u64, offset: r.offset, len: r.len }));
         if r.cmd == CMD_WRITE {
-            s.extend(std::iter::repeat_n(i as u8, r.len as usize));
+            s.extend(std::iter::repeat(i as u8).take(r.len as usize));
         }
     }
     s.extend_from_slice(&encode_request(&Request { flags: 0, cmd: CMD_DISC, cookie: 0, offset: 0, len: 0 }));
