@@ -532,3 +532,24 @@ fn small_requests_on_a_slow_device_leave_the_reader_thread() {
     c.disconnect().unwrap();
     srv.stop();
 }
+
+#[test]
+fn flush_on_one_connection_covers_writes_completed_on_another() {
+    // CAN_MULTI_CONN is advertised for a device shared by all connections: a
+    // write acknowledged on A is visible on B, and B's FLUSH reaches the device.
+    let dev = TestDev::new(1 << 20, Caps::default());
+    let srv = Running::one(dev.clone());
+    let mut a = srv.client();
+    let mut b = srv.client();
+    assert!(a.info().multi_conn());
+    a.write(4096, b"from connection a", false).unwrap();
+    let before = dev.flushes();
+    b.flush().unwrap();
+    assert_eq!(dev.flushes(), before + 1);
+    let mut got = [0u8; 17];
+    b.read(4096, &mut got).unwrap();
+    assert_eq!(&got, b"from connection a");
+    a.disconnect().unwrap();
+    b.disconnect().unwrap();
+    srv.stop();
+}

@@ -115,3 +115,22 @@ fn libnbd_clients_use_the_export_over_tls() {
     assert!(!Command::new("nbdinfo").arg(&plain).output().unwrap().status.success());
     server.shutdown().unwrap();
 }
+
+#[test]
+fn allow_mode_serves_plain_and_tls_clients() {
+    if !have("openssl") || !have("nbdinfo") {
+        eprintln!("SKIP: openssl or nbdinfo not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let sock = dir.path().join("s");
+    let server = start(TlsMode::Allow, Some(dir.path()), &sock);
+    let tls_uri = format!("nbds+unix:///?socket={}&tls-certificates={}", sock.display(), dir.path().display());
+    let plain_uri = format!("nbd+unix:///?socket={}", sock.display());
+    let tls_json = String::from_utf8(run(Command::new("nbdinfo").arg("--json").arg(&tls_uri)).stdout).unwrap();
+    let plain_json = String::from_utf8(run(Command::new("nbdinfo").arg("--json").arg(&plain_uri)).stdout).unwrap();
+    assert!(tls_json.contains("\"TLS\": true"), "{tls_json}");
+    assert!(plain_json.contains("\"TLS\": false"), "{plain_json}");
+    server.shutdown().unwrap();
+}
