@@ -488,6 +488,9 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
         }
     };
     control.set_read_timeout(None)?;
+    if let Some(s) = &session {
+        s.sync_read_timeout(&control)?;
+    }
     let export = &shared.exports[neg.export];
     info!(export = %export.export.name, structured = neg.structured, tls = session.is_some(), "connection open");
     export.counters.connections.fetch_add(1, Ordering::Relaxed);

@@ -15,6 +15,7 @@ use rustls::ServerConnection;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -69,6 +70,9 @@ pub fn server_config_from_dir(dir: &Path) -> Result<Arc<rustls::ServerConfig>, T
 /// The TLS state of one connection, shared by its reader and writers.
 pub(crate) struct TlsSession {
     conn: Mutex<ServerConnection>,
+    /// How long a read may wait for data, in ms (0: forever); the plain socket's
+    /// read timeout does not apply because the reader polls before reading.
+    read_timeout_ms: AtomicU64,
 }
 
 /// Runs the TLS handshake on `sock` (the NBD_REP_ACK to STARTTLS already sent).
@@ -83,10 +87,25 @@ pub(crate) fn accept(cfg: Arc<rustls::ServerConfig>, sock: &Socket, early: &[u8]
     while conn.is_handshaking() {
         conn.complete_io(&mut s)?;
     }
-    Ok(Arc::new(TlsSession { conn: Mutex::new(conn) }))
+    let timeout = sock_read_timeout(sock)?;
+    Ok(Arc::new(TlsSession { conn: Mutex::new(conn), read_timeout_ms: AtomicU64::new(timeout) }))
+}
+
+fn sock_read_timeout(sock: &Socket) -> io::Result<u64> {
+    let t = match sock {
+        Socket::Unix(s) => s.read_timeout()?,
+        Socket::Tcp(s) => s.read_timeout()?,
+    };
+    Ok(t.map_or(0, |d| d.as_millis().clamp(1, i32::MAX as u128) as u64))
 }
 
 impl TlsSession {
+    /// Applies the socket's current read timeout to TLS reads too.
+    pub(crate) fn sync_read_timeout(&self, sock: &Socket) -> io::Result<()> {
+        self.read_timeout_ms.store(sock_read_timeout(sock)?, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Sends close_notify (the spec: shut TLS down before closing).
     pub(crate) fn close(&self, sock: &Socket) {
         let mut c = self.conn.lock();
@@ -133,13 +152,17 @@ impl TlsReader {
     }
 }
 
-/// Blocks until `fd` is readable (or closed).
-fn wait_readable(fd: i32) -> io::Result<()> {
+/// Blocks until `fd` is readable (or closed), for at most `ms` (0: forever).
+fn wait_readable(fd: i32, ms: u64) -> io::Result<()> {
     let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let timeout = if ms == 0 { -1 } else { ms as i32 };
     loop {
         // SAFETY: one valid pollfd for the duration of the call.
-        let r = unsafe { libc::poll(&mut p, 1, -1) };
-        if r >= 0 {
+        let r = unsafe { libc::poll(&mut p, 1, timeout) };
+        if r == 0 {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "TLS peer sent nothing in time"));
+        }
+        if r > 0 {
             return Ok(());
         }
         let e = io::Error::last_os_error();
@@ -162,7 +185,7 @@ impl Read for TlsReader {
                     Err(e) => return Err(e),
                 }
             }
-            wait_readable(fd_of(&self.sock))?;
+            wait_readable(fd_of(&self.sock), self.session.read_timeout_ms.load(Ordering::Relaxed))?;
             let mut c = self.session.conn.lock();
             let mut s = &self.sock;
             match c.read_tls(&mut ReadAdapter(&mut s)) {
