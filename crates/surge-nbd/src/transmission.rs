@@ -18,7 +18,7 @@ use crate::proto::*;
 use crate::server::{ExportState, Shared};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::ops::Range;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +40,48 @@ const BIG_IN_FLIGHT: usize = 4;
 const HOLE_SCAN_MIN: u32 = 64 * 1024;
 /// Longest error message sent in an error chunk.
 const MAX_ERROR_MESSAGE: usize = 1024;
+
+/// The request buffers of one connection: a fixed number (the in-flight
+/// bound), reused last-in first-out so the few buffers a steady load needs stay
+/// hot in the CPU cache instead of cycling through all of them.
+struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    returned: parking_lot::Condvar,
+    total: usize,
+}
+
+impl BufferPool {
+    fn new(total: usize) -> BufferPool {
+        BufferPool { free: Mutex::new((0..total).map(|_| Vec::new()).collect()), returned: parking_lot::Condvar::new(), total }
+    }
+
+    fn try_take(&self) -> Option<Vec<u8>> {
+        self.free.lock().pop()
+    }
+
+    fn take(&self) -> Vec<u8> {
+        let mut free = self.free.lock();
+        loop {
+            if let Some(b) = free.pop() {
+                return b;
+            }
+            self.returned.wait(&mut free);
+        }
+    }
+
+    fn put(&self, buf: Vec<u8>) {
+        self.free.lock().push(buf);
+        self.returned.notify_all();
+    }
+
+    /// Blocks until every buffer is back: every request has been answered.
+    fn wait_all_returned(&self) {
+        let mut free = self.free.lock();
+        while free.len() < self.total {
+            self.returned.wait(&mut free);
+        }
+    }
+}
 
 /// One request read off the wire, with its payload (writes) in `buf`.
 struct Job {
@@ -113,7 +155,7 @@ pub(crate) struct Conn {
     writer: Mutex<Box<dyn Write + Send>>,
     structured: bool,
     meta_context: Option<u32>,
-    buffers: Sender<Vec<u8>>,
+    buffers: BufferPool,
     big_tokens: Sender<()>,
     broken: AtomicBool,
     control: Option<Socket>,
@@ -202,10 +244,6 @@ pub(crate) fn serve<R: Read + Send>(
 ) -> io::Result<String> {
     let export = &shared.exports[neg.export];
     let max = shared.max_in_flight;
-    let (buf_tx, buf_rx) = crossbeam_channel::bounded(max);
-    for _ in 0..max {
-        buf_tx.send(Vec::new()).expect("pool has room");
-    }
     let (big_tx, big_rx) = crossbeam_channel::bounded(BIG_IN_FLIGHT);
     for _ in 0..BIG_IN_FLIGHT {
         big_tx.send(()).expect("pool has room");
@@ -215,13 +253,13 @@ pub(crate) fn serve<R: Read + Send>(
         writer: Mutex::new(writer),
         structured: neg.structured,
         meta_context: neg.meta_context,
-        buffers: buf_tx,
+        buffers: BufferPool::new(max),
         big_tokens: big_tx,
         broken: AtomicBool::new(false),
         control,
     };
     let intake = Mutex::new(Intake { reader, done: None });
-    let pools = Pools { buffers: &buf_rx, big_tokens: &big_rx };
+    let pools = Pools { big_tokens: &big_rx };
     let inline_ok = shared.inline_fast_requests;
     std::thread::scope(|s| {
         for i in 1..threads.max(1) {
@@ -238,15 +276,12 @@ pub(crate) fn serve<R: Read + Send>(
     });
     conn.flush();
     // Every buffer back in the pool means every request has been answered.
-    for _ in 0..max {
-        let _ = buf_rx.recv();
-    }
+    conn.buffers.wait_all_returned();
     intake.into_inner().done.unwrap_or_else(|| Ok("stopped".into()))
 }
 
 #[derive(Clone, Copy)]
 struct Pools<'a> {
-    buffers: &'a Receiver<Vec<u8>>,
     big_tokens: &'a Receiver<()>,
 }
 
@@ -308,25 +343,40 @@ fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -
         conn.flush();
         let _ = pools.big_tokens.recv();
     }
-    let mut buf = match pools.buffers.try_recv() {
-        Ok(b) => b,
-        Err(_) => {
+    let mut buf = match conn.buffers.try_take() {
+        Some(b) => b,
+        None => {
             // All buffers in flight: make sure queued replies go out, then wait.
             conn.flush();
-            pools.buffers.recv().expect("the connection holds a sender")
+            conn.buffers.take()
         }
     };
     if payload > 0 {
         if reader.buffer().len() < payload as usize {
             conn.flush();
         }
-        if let Err(e) = reader.read_exact(sized(&mut buf, payload as usize)) {
+        if let Err(e) = read_payload(reader, sized(&mut buf, payload as usize)) {
             // Nothing of this write is applied: it never runs.
             release(conn, buf, big);
             return Err(Err(io::Error::new(e.kind(), format!("client left in the middle of a write payload: {e}"))));
         }
     }
     Ok(Job { req, buf, big })
+}
+
+/// Fills `dst` from the buffered bytes, then reads a large remainder straight
+/// from the socket into `dst` (one copy instead of two); small remainders go
+/// through the buffer so their syscalls also bring in the next headers.
+fn read_payload<R: Read>(reader: &mut BufReader<R>, dst: &mut [u8]) -> io::Result<()> {
+    let have = reader.buffer().len().min(dst.len());
+    dst[..have].copy_from_slice(&reader.buffer()[..have]);
+    reader.consume(have);
+    let rest = &mut dst[have..];
+    if rest.len() >= READ_BUFFER {
+        reader.get_mut().read_exact(rest)
+    } else {
+        reader.read_exact(rest)
+    }
 }
 
 fn bad_input(msg: String) -> io::Error {
@@ -348,7 +398,7 @@ fn release(conn: &Conn, mut buf: Vec<u8>, big: bool) {
     if big {
         let _ = conn.big_tokens.send(());
     }
-    let _ = conn.buffers.send(buf);
+    conn.buffers.put(buf);
 }
 
 /// Reads and writes small enough to be worth running on the reader thread.
