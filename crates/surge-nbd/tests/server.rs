@@ -29,7 +29,8 @@ impl Running {
         Running::start(ServerConfig::new(vec![Export::new("disk", dev)]))
     }
 
-    /// One export, every request through the worker pool (none on the reader thread).
+    /// One export, every request run after handing the input to a peer thread
+    /// (none run inline by the thread that read it).
     fn pooled(dev: Arc<dyn BlockDev>) -> Running {
         let mut cfg = ServerConfig::new(vec![Export::new("disk", dev)]);
         cfg.inline_fast_requests = false;
