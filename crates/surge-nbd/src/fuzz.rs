@@ -26,7 +26,7 @@ pub fn fuzz_handshake(data: &[u8]) {
     let shared = fuzz_server();
     let mut reader = BufReader::new(Cursor::new(data));
     let mut out = Vec::new();
-    let Ok(Some(mut st)) = handshake::greet(&mut reader, &mut out) else { return };
+    let Ok(Some(mut st)) = handshake::greet(&mut reader, &mut out, crate::access::Peer::Unix) else { return };
     // TLS is off here, so STARTTLS is refused and never ends the haggling.
     if let Ok(Outcome::Transmission(neg)) = handshake::options(&shared, &mut st, &mut reader, &mut out) {
         let _ = transmission::serve(&shared, &neg, reader, Box::new(std::io::sink()), None, 1);

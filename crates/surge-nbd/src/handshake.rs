@@ -1,5 +1,6 @@
 //! Fixed newstyle option haggling, from the greeting to the transmission phase.
 
+use crate::access::Peer;
 use crate::proto::*;
 use crate::server::{ExportState, Shared};
 use crate::tls::TlsMode;
@@ -30,6 +31,8 @@ pub(crate) struct State {
     /// Export for which `base:allocation` was selected, if any.
     meta_export: Option<usize>,
     tls_active: bool,
+    /// The client's address, for export allow-lists.
+    peer: Peer,
 }
 
 impl State {
@@ -94,7 +97,7 @@ pub(crate) fn transmission_flags(e: &ExportState, structured: bool) -> u16 {
 }
 
 /// Sends the greeting and reads the client flags. `Ok(None)`: the client left.
-pub(crate) fn greet(r: &mut impl Read, w: &mut impl Write) -> io::Result<Option<State>> {
+pub(crate) fn greet(r: &mut impl Read, w: &mut impl Write, peer: Peer) -> io::Result<Option<State>> {
     let mut greeting = [0u8; 18];
     greeting[0..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
     greeting[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
@@ -109,7 +112,7 @@ pub(crate) fn greet(r: &mut impl Read, w: &mut impl Write) -> io::Result<Option<
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return Err(protocol_error(format!("unknown client flags {client_flags:#x}")));
     }
-    Ok(Some(State { no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0, structured: false, meta_export: None, tls_active: false }))
+    Ok(Some(State { no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0, structured: false, meta_export: None, tls_active: false, peer }))
 }
 
 /// Option haggling until transmission, the client leaving, or STARTTLS.
@@ -184,7 +187,7 @@ fn handle_option(shared: &Shared, st: &mut State, w: &mut impl Write, option: u3
             let _ = reply(w, option, REP_ACK, &[]);
             Ok(Some(Outcome::Closed))
         }
-        OPT_LIST => list_exports(shared, w, data).map(|_| None),
+        OPT_LIST => list_exports(shared, st, w, data).map(|_| None),
         OPT_INFO | OPT_GO => info_or_go(shared, st, w, option, data),
         OPT_STRUCTURED_REPLY => {
             if !data.is_empty() {
@@ -202,6 +205,10 @@ fn export_name(shared: &Shared, st: &State, w: &mut impl Write, data: &[u8]) -> 
     let name = std::str::from_utf8(data).map_err(|_| protocol_error("export name is not UTF-8"))?;
     let idx = shared.find_export(name).ok_or_else(|| protocol_error(format!("no export named {name:?}")))?;
     let e = &shared.exports[idx];
+    if !e.export.allows(&st.peer) {
+        // EXPORT_NAME cannot carry an error: the spec says to close.
+        return Err(protocol_error(refused_msg(e, &st.peer)));
+    }
     let mut out = [0u8; 8 + 2 + 124];
     out[0..8].copy_from_slice(&e.size().to_be_bytes());
     out[8..10].copy_from_slice(&transmission_flags(e, st.structured).to_be_bytes());
@@ -216,11 +223,17 @@ fn negotiated(st: &State, export: usize) -> Negotiated {
     Negotiated { export, structured: st.structured, meta_context }
 }
 
-fn list_exports(shared: &Shared, w: &mut impl Write, data: &[u8]) -> io::Result<()> {
+/// The refusal sent to (and logged for) a client outside an export's allow-list.
+fn refused_msg(e: &ExportState, peer: &Peer) -> String {
+    tracing::info!(export = %e.export.name, %peer, "client refused by the export's allow-list");
+    format!("export {:?} is not available to clients at {peer}", e.export.name)
+}
+
+fn list_exports(shared: &Shared, st: &State, w: &mut impl Write, data: &[u8]) -> io::Result<()> {
     if !data.is_empty() {
         return reply_error(w, OPT_LIST, REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
     }
-    for e in &shared.exports {
+    for e in shared.exports.iter().filter(|e| e.export.allows(&st.peer)) {
         let name = e.export.name.as_bytes();
         let mut d = Vec::with_capacity(4 + name.len() + e.export.description.len());
         d.extend_from_slice(&(name.len() as u32).to_be_bytes());
@@ -258,6 +271,9 @@ fn info_or_go(
         return reply_error(w, option, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.name)).map(|_| None);
     };
     let e = &shared.exports[idx];
+    if !e.export.allows(&st.peer) {
+        return reply_error(w, option, REP_ERR_POLICY, &refused_msg(e, &st.peer)).map(|_| None);
+    }
     let mut info = Vec::with_capacity(12);
     info.extend_from_slice(&INFO_EXPORT.to_be_bytes());
     info.extend_from_slice(&e.size().to_be_bytes());
@@ -325,6 +341,12 @@ fn meta_context(shared: &Shared, st: &mut State, w: &mut impl Write, option: u32
     let Some(idx) = shared.find_export(&req.export) else {
         return reply_error(w, option, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.export));
     };
+    if !shared.exports[idx].export.allows(&st.peer) {
+        if option == OPT_SET_META_CONTEXT {
+            st.meta_export = None;
+        }
+        return reply_error(w, option, REP_ERR_POLICY, &refused_msg(&shared.exports[idx], &st.peer));
+    }
     let (matches, id) = if option == OPT_SET_META_CONTEXT {
         let selected = req.queries.iter().any(|q| q == BASE_ALLOCATION);
         st.meta_export = selected.then_some(idx);

@@ -37,6 +37,12 @@
 //!
 //! TLS: [`tls`] (rustls, X.509; `ServerConfig::tls_mode`/`tls`).
 //!
+//! Access: [`Export::allow`] takes an [`AllowList`] of client addresses
+//! (networks, addresses, `unix`); a client outside it does not see the export in
+//! NBD_OPT_LIST, gets NBD_REP_ERR_POLICY on NBD_OPT_INFO/GO/LIST_META_CONTEXT/
+//! SET_META_CONTEXT, and is disconnected on NBD_OPT_EXPORT_NAME (which cannot
+//! carry an error).
+//!
 //! Errors: device errors go on the wire as `BlockError::errno()` mapped by
 //! [`proto::wire_errno`]; reads, CACHE and BLOCK_STATUS past the end get EINVAL,
 //! writes, TRIM and WRITE_ZEROES past the end ENOSPC (as the spec says), writes
@@ -46,6 +52,7 @@
 //!
 //! [`Caps`]: surge_block::Caps
 
+pub mod access;
 pub mod client;
 mod fuzz;
 mod handshake;
@@ -55,6 +62,7 @@ mod server;
 pub mod tls;
 mod transmission;
 
+pub use access::{AllowList, AllowRule, Peer};
 pub use fuzz::{fuzz_handshake, fuzz_requests};
 pub use io::Socket;
 pub use server::{Export, ExportStats, Listen, Result, Server, ServerConfig, ServerError, ServerStats};

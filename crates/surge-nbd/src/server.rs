@@ -1,6 +1,7 @@
 //! The server: configuration, listeners, connection threads, statistics and
 //! graceful shutdown.
 
+use crate::access::{AllowList, Peer};
 use crate::handshake::{self, Outcome};
 use crate::tls::{self, TlsMode, TlsReader, TlsWriter};
 use crate::io::Socket;
@@ -27,11 +28,19 @@ pub struct Export {
     pub dev: Arc<dyn BlockDev>,
     /// Refuse writes even if the device accepts them.
     pub read_only: bool,
+    /// Clients that may use this export (`None`: everyone). Others do not see
+    /// it in NBD_OPT_LIST and get NBD_REP_ERR_POLICY on NBD_OPT_INFO/GO.
+    pub allow: Option<AllowList>,
 }
 
 impl Export {
     pub fn new(name: impl Into<String>, dev: Arc<dyn BlockDev>) -> Self {
-        Export { name: name.into(), description: String::new(), dev, read_only: false }
+        Export { name: name.into(), description: String::new(), dev, read_only: false, allow: None }
+    }
+
+    /// Whether a client at `peer` may use this export.
+    pub fn allows(&self, peer: &Peer) -> bool {
+        self.allow.as_ref().map_or(true, |a| a.allows(peer))
     }
 }
 
@@ -459,6 +468,15 @@ fn run_connection(shared: &Arc<Shared>, id: u64, socket: Socket) {
     }
 }
 
+/// The client's address for allow-lists.
+fn peer_of(socket: &Socket) -> Peer {
+    match socket {
+        Socket::Unix(_) => Peer::Unix,
+        // No address (the peer already left): match nothing but open exports.
+        Socket::Tcp(s) => s.peer_addr().map_or(Peer::Tcp(std::net::Ipv6Addr::UNSPECIFIED.into()), |a| Peer::tcp(a.ip())),
+    }
+}
+
 fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     let control = socket.try_clone()?;
     control.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
@@ -469,7 +487,7 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     let mut reader: BufReader<Box<dyn Read + Send>> =
         BufReader::with_capacity(transmission::READ_BUFFER, Box::new(socket.try_clone()?));
     let mut writer: Box<dyn Write + Send> = Box::new(socket.try_clone()?);
-    let Some(mut st) = handshake::greet(&mut reader, &mut writer)? else {
+    let Some(mut st) = handshake::greet(&mut reader, &mut writer, peer_of(&socket))? else {
         return Ok("during handshake".into());
     };
     let mut session = None;

@@ -222,7 +222,7 @@ fn prepare(spec: &ExportSpec, read_only: bool, ctx: &BuildContext, server: &Serv
     let counted = Arc::new(Counted::new(built.dev));
     let read_only = read_only || counted.caps().read_only;
     let export =
-        Export { name: spec.name.clone(), description: built.description.clone(), dev: counted.clone(), read_only };
+        Export { name: spec.name.clone(), description: built.description.clone(), dev: counted.clone(), read_only, allow: None };
     let control = Arc::new(ExportControl {
         name: spec.name.clone(),
         kind: spec.kind.clone(),
