@@ -14,7 +14,7 @@ D=$(mktemp -d /tmp/surge-qos.XXXXXX)
   --export a=share:pool,weight=4 --export b=share:pool,weight=1,limit=50MB/s &
 SERVE=$!
 trap 'kill $SERVE 2>/dev/null || true' EXIT
-for _ in $(seq 100); do [ -S "$D/control.sock" ] && break; sleep 0.1; done
+for _ in $(seq 100); do [ -S "$D/control.sock" ] && [ -S "$D/nbd.sock" ] && break; sleep 0.1; done
 qemu-io -f raw -c 'write -P 7 0 4M' "nbd+unix:///a?socket=$D/nbd.sock" >/dev/null
 qemu-io -f raw -c 'read -P 7 0 4M' "nbd+unix:///a?socket=$D/nbd.sock" >/dev/null
 "$BIN" qos --data-dir "$D" set a weight=8 depth=4
