@@ -6,6 +6,8 @@
 //! control = "/run/surge/control.sock"  # optional
 //! workers = 8                          # optional
 //! listen = ["unix:/run/surge/nbd.sock", "tcp:127.0.0.1:10809"]
+//! tls = "require"                      # optional: off (default), allow, require
+//! tls_certs = "/etc/surge/tls"         # server-cert.pem, server-key.pem
 //!
 //! [[pool]]                             # shared devices (for share: exports)
 //! name = "shared"
@@ -15,6 +17,7 @@
 //! name = "disk"
 //! spec = "file:/var/lib/surge/disk.img,create=10GiB"
 //! read_only = false                    # optional
+//! allow = ["127.0.0.1", "10.0.0.0/8", "unix"]  # optional: who may use it
 //! ```
 //! Spec strings are exactly those of `--export NAME=SPEC`.
 
@@ -25,6 +28,7 @@ use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use surge_nbd::{AllowList, TlsMode};
 
 /// Default NBD port (IANA).
 pub const NBD_PORT: u16 = 10809;
@@ -68,15 +72,69 @@ impl fmt::Display for ListenAddr {
 }
 
 impl ListenAddr {
-    /// Plaintext NBD off the machine needs an explicit `--insecure` (TLS comes later).
+    /// NBD off the machine needs TLS required of every client, or an explicit
+    /// `--insecure`; the caller passes `insecure || tls == require`.
     pub fn check_exposure(&self, insecure: bool) -> anyhow::Result<()> {
         match self {
             ListenAddr::Tcp(a) if !a.ip().is_loopback() && !insecure => anyhow::bail!(
-                "refusing to listen on {a}: it is not a loopback address and NBD here is unencrypted \
-                 and unauthenticated; pass --insecure if every host that can reach it is trusted"
+                "refusing to listen on {a}: it is not a loopback address and plaintext NBD is \
+                 unencrypted and unauthenticated; pass --tls require --tls-certs DIR to encrypt every \
+                 connection (--tls allow still admits plaintext clients), or --insecure if every host \
+                 that can reach it is trusted"
             ),
             _ => Ok(()),
         }
+    }
+}
+
+/// `--tls` / `tls =`: whether clients may or must use NBD_OPT_STARTTLS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsSetting {
+    /// Plaintext only (STARTTLS is refused).
+    #[default]
+    Off,
+    /// Clients may upgrade to TLS; plaintext clients are served too.
+    Allow,
+    /// Every client must upgrade to TLS before anything else.
+    Require,
+}
+
+impl TlsSetting {
+    pub fn mode(self) -> TlsMode {
+        match self {
+            TlsSetting::Off => TlsMode::Off,
+            TlsSetting::Allow => TlsMode::Allow,
+            TlsSetting::Require => TlsMode::Require,
+        }
+    }
+}
+
+impl fmt::Display for TlsSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TlsSetting::Off => "off",
+            TlsSetting::Allow => "allow",
+            TlsSetting::Require => "require",
+        })
+    }
+}
+
+/// `--allow NAME=RULE,RULE,...`: the clients that may use export NAME.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportAllow {
+    pub name: String,
+    pub list: AllowList,
+}
+
+impl FromStr for ExportAllow {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        let (name, rules) = s.split_once('=').with_context(|| {
+            format!("--allow {s:?} must be NAME=RULE[,RULE...], e.g. disk=127.0.0.1,10.0.0.0/8,unix")
+        })?;
+        validate_name(name)?;
+        Ok(ExportAllow { name: name.to_string(), list: rules.parse()? })
     }
 }
 
@@ -88,6 +146,9 @@ pub struct ExportEntry {
     pub spec: String,
     #[serde(default)]
     pub read_only: bool,
+    /// Client addresses that may use the export (as `--allow NAME=...`); absent: everyone.
+    #[serde(default)]
+    pub allow: Option<Vec<String>>,
 }
 
 /// One `[[pool]]` table.
@@ -107,6 +168,8 @@ pub struct FileConfig {
     pub workers: Option<usize>,
     #[serde(default)]
     pub insecure: bool,
+    pub tls: Option<TlsSetting>,
+    pub tls_certs: Option<PathBuf>,
     #[serde(default)]
     pub listen: Vec<String>,
     #[serde(default, rename = "pool")]
@@ -124,6 +187,18 @@ impl FileConfig {
     /// The exports as specs, with their read-only flags.
     pub fn export_specs(&self) -> Result<Vec<(ExportSpec, bool)>, SpecError> {
         self.exports.iter().map(|e| Ok((entry_spec(&e.name, &e.spec)?, e.read_only))).collect()
+    }
+
+    /// The `allow` lists of the exports that have one.
+    pub fn export_allows(&self) -> anyhow::Result<Vec<ExportAllow>> {
+        let mut out = Vec::new();
+        for e in &self.exports {
+            if let Some(rules) = &e.allow {
+                let list = rules.join(",").parse().with_context(|| format!("config: export {:?}: allow", e.name))?;
+                out.push(ExportAllow { name: e.name.clone(), list });
+            }
+        }
+        Ok(out)
     }
 
     pub fn pool_specs(&self) -> Result<Vec<ExportSpec>, SpecError> {
@@ -204,6 +279,41 @@ mod tests {
         assert_eq!(specs[1], ("a=file:/x.img,create=1GiB".parse().unwrap(), true));
         assert_eq!(c.pool_specs().unwrap()[0].kind, "memory");
         assert_eq!(c.workers, Some(4));
+    }
+
+    #[test]
+    fn non_loopback_refusal_names_both_ways_out() {
+        let e = "tcp:10.1.2.3:10809".parse::<ListenAddr>().unwrap().check_exposure(false).unwrap_err().to_string();
+        assert!(e.contains("--tls require") && e.contains("--insecure") && e.contains("10.1.2.3"), "{e}");
+    }
+
+    #[test]
+    fn tls_and_allow_lists_in_the_config_file() {
+        let c: FileConfig = toml::from_str(
+            "tls = 'require'\ntls_certs = '/etc/surge/tls'\n[[export]]\nname='a'\nspec='memory:1M'\nallow=['127.0.0.1','10.0.0.0/8','unix']\n[[export]]\nname='b'\nspec='memory:1M'\n",
+        )
+        .unwrap();
+        assert_eq!(c.tls, Some(TlsSetting::Require));
+        assert_eq!(c.tls_certs.as_deref(), Some(Path::new("/etc/surge/tls")));
+        let a = c.export_allows().unwrap();
+        assert_eq!(a.len(), 1);
+        assert_eq!((a[0].name.as_str(), a[0].list.to_string().as_str()), ("a", "127.0.0.1,10.0.0.0/8,unix"));
+        let e = toml::from_str::<FileConfig>("tls = 'maybe'").unwrap_err().to_string();
+        assert!(e.contains("maybe"), "{e}");
+        let c: FileConfig = toml::from_str("[[export]]\nname='a'\nspec='memory:1M'\nallow=['10.0.0.0/33']").unwrap();
+        let e = format!("{:#}", c.export_allows().unwrap_err());
+        assert!(e.contains("export \"a\"") && e.contains("10.0.0.0/33"), "{e}");
+    }
+
+    #[test]
+    fn allow_flags_parse_name_and_rules() {
+        let a: ExportAllow = "disk=127.0.0.1,10.0.0.0/8,unix".parse().unwrap();
+        assert_eq!(a.name, "disk");
+        assert_eq!(a.list.0.len(), 3);
+        for (bad, why) in [("disk", "NAME=RULE"), ("disk=", "empty"), ("disk=10.0.0.0/x", "not a number"), ("=1.2.3.4", "")] {
+            let e = bad.parse::<ExportAllow>().expect_err(bad).to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `surge serve`: build the exports from specs, serve them over NBD, answer the
 //! control API, and shut down gracefully on SIGINT/SIGTERM.
 
-use crate::config::{self, FileConfig, ListenAddr, NBD_PORT};
+use crate::config::{self, ExportAllow, FileConfig, ListenAddr, TlsSetting, NBD_PORT};
 use crate::control::{self, Controllable, ControlServer, Registry};
 use crate::spec::{self, BuildContext, ExportSpec};
 use anyhow::Context as _;
@@ -11,7 +11,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use surge_block::{BlockDev, Counted, SystemClock};
-use surge_nbd::{Export, Listen, Server, ServerConfig};
+use surge_nbd::{AllowList, Export, Listen, Server, ServerConfig};
 
 const ABOUT: &str = "Export volumes over NBD (unix socket and TCP)";
 
@@ -34,6 +34,33 @@ An export is NAME=KIND:ARGS. Kinds:
 Relative paths are taken from the data directory. Sizes: 4096, 512KiB, 64MiB, 1GiB, \
 100G (= GiB), 10GB (= 10^9 bytes).
 
+Security (docs/security.md): --tls require makes every client upgrade to TLS \
+(NBD_OPT_STARTTLS) before it can see or use an export; --tls allow lets clients \
+choose; --tls off (the default) refuses STARTTLS. --tls-certs DIR holds the \
+server's X.509 certificate and key in the layout qemu, nbdkit and libnbd use:
+  DIR/server-cert.pem   the server certificate (then any intermediates), PEM
+  DIR/server-key.pem    its private key, PEM (PKCS#8, PKCS#1 or SEC1)
+Clients verify it with the CA certificate: put ca-cert.pem in a directory of \
+their own and use nbds:// or nbds+unix:// URIs with ?tls-certificates=THAT_DIR \
+(libnbd), or qemu's --object tls-creds-x509,dir=THAT_DIR,endpoint=client. \
+To make a test CA and server certificate with openssl:
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \\
+    -keyout ca-key.pem -out ca-cert.pem -days 365 -subj /CN=my-surge-ca
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \\
+    -keyout server-key.pem -out server.csr -subj /CN=HOSTNAME
+  printf 'subjectAltName=DNS:HOSTNAME,IP:ADDRESS\\nextendedKeyUsage=serverAuth\\n' > ext.cnf
+  openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem \\
+    -CAcreateserial -days 365 -extfile ext.cnf -out server-cert.pem
+(or with GnuTLS certtool: see docs/security.md). rustls has no server-side PSK, \
+so TLS-PSK is not offered. A TCP listener on a non-loopback address is refused \
+unless --tls require is set or --insecure is passed (--tls allow is not enough).
+
+--allow NAME=RULES limits export NAME to clients whose address matches one of \
+RULES (comma-separated: 127.0.0.1, ::1, 10.0.0.0/8, fd00::/8, or `unix` for \
+unix-socket clients); others do not see it in the export list and are refused \
+(NBD_REP_ERR_POLICY). Without --allow an export is open to every client that \
+reaches a listener. Repeat --allow for more exports or more rules.
+
 SIGINT or SIGTERM stops accepting connections, finishes the requests already \
 received, flushes every export and exits 0. `surge status` shows exports, I/O \
 counters and connections through the control socket.";
@@ -45,17 +72,23 @@ Examples:
   surge serve --listen tcp:127.0.0.1:10809 --export scratch=memory:4GiB \\
               --export base=file:/srv/base.img --read-only base
   surge serve --config /etc/surge.toml
+  surge serve --listen tcp:0.0.0.0:10809 --tls require --tls-certs /etc/surge/tls \\
+              --export disk=file:/srv/disk.img --allow disk=10.0.0.0/8
 Then, for instance:
   qemu-img info 'nbd+unix:///disk?socket=/tmp/nbd.sock'
   nbdinfo nbd://127.0.0.1:10809/scratch
+  nbdinfo 'nbds://server.example:10809/disk?tls-certificates=/etc/surge/client-ca'
 
 A --config file (TOML) holds the same things; flags add to it:
   listen = [\"unix:/run/surge/nbd.sock\", \"tcp:127.0.0.1:10809\"]
   workers = 8
+  tls = \"allow\"
+  tls_certs = \"/etc/surge/tls\"
   [[export]]
   name = \"disk\"
   spec = \"file:/srv/disk.img,create=10GiB\"
-  read_only = false";
+  read_only = false
+  allow = [\"127.0.0.1\", \"10.0.0.0/8\", \"unix\"]";
 
 #[derive(clap::Args, Debug)]
 #[command(about = ABOUT, long_about = LONG_ABOUT, after_long_help = EXAMPLES)]
@@ -86,9 +119,22 @@ pub struct Args {
     /// within a connection) [default: 8].
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
-    /// Allow TCP listeners on non-loopback addresses (NBD is unencrypted).
+    /// Allow TCP listeners on non-loopback addresses without `--tls require`
+    /// (plaintext NBD: anyone on the path can read and change the data).
     #[arg(long)]
     pub insecure: bool,
+    /// TLS (NBD_OPT_STARTTLS): off refuses it, allow lets clients choose, require
+    /// makes every client upgrade first [default: off].
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tls: Option<TlsSetting>,
+    /// Directory with server-cert.pem and server-key.pem (needed by --tls allow|require).
+    #[arg(long, value_name = "DIR")]
+    pub tls_certs: Option<PathBuf>,
+    /// Only clients at these addresses may use export NAME: NAME=RULE[,RULE...]
+    /// with RULE an address (127.0.0.1, ::1), a network (10.0.0.0/8) or `unix`
+    /// (repeatable; without it an export is open to every client).
+    #[arg(long = "allow", value_name = "NAME=RULES")]
+    pub allow: Vec<ExportAllow>,
 }
 
 /// Everything `serve` will do, resolved from flags, the config file and defaults.
@@ -102,6 +148,11 @@ pub struct Plan {
     pub optional_tcp: Option<ListenAddr>,
     pub pools: Vec<ExportSpec>,
     pub exports: Vec<(ExportSpec, bool)>,
+    pub tls: TlsSetting,
+    /// Where server-cert.pem and server-key.pem are (set whenever `tls` is not off).
+    pub tls_certs: Option<PathBuf>,
+    /// Allow-lists by export name (config entries and flags for one name are merged).
+    pub allow: Vec<(String, AllowList)>,
 }
 
 /// Merge flags over the config file, then fill in defaults.
@@ -115,7 +166,16 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
         None => config::default_data_dir()?,
     };
     let control = args.control.or(file.control.clone()).unwrap_or_else(|| data_dir.join("control.sock"));
-    let insecure = args.insecure || file.insecure;
+    let tls = args.tls.or(file.tls).unwrap_or_default();
+    let tls_certs = args.tls_certs.or(file.tls_certs.clone());
+    if tls != TlsSetting::Off && tls_certs.is_none() {
+        anyhow::bail!(
+            "--tls {tls} needs --tls-certs DIR (a directory holding server-cert.pem and server-key.pem; \
+             see `surge serve --help` for how to make them)"
+        );
+    }
+    // Plaintext off the machine needs an explicit --insecure; TLS for every client is enough.
+    let insecure = args.insecure || file.insecure || tls == TlsSetting::Require;
 
     let mut listeners: Vec<ListenAddr> =
         file.listen.iter().map(|s| s.parse()).collect::<anyhow::Result<_>>().context("config: listen")?;
@@ -136,12 +196,43 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
     }
     apply_read_only(&mut exports, &args.read_only)?;
     check_unique(exports.iter().map(|(s, _)| s.name.as_str()), "export")?;
+    let allow = merge_allows(file.export_allows()?.into_iter().chain(args.allow), &exports)?;
 
     let mut pools = file.pool_specs()?;
     pools.extend(args.pools);
     check_unique(pools.iter().map(|s| s.name.as_str()), "pool")?;
 
-    Ok(Plan { data_dir, control, workers: args.workers.or(file.workers), listeners, optional_tcp, pools, exports })
+    Ok(Plan {
+        data_dir,
+        control,
+        workers: args.workers.or(file.workers),
+        listeners,
+        optional_tcp,
+        pools,
+        exports,
+        tls,
+        tls_certs: tls_certs.filter(|_| tls != TlsSetting::Off),
+        allow,
+    })
+}
+
+/// One allow-list per export (rules for the same name add up); every name must be an export.
+fn merge_allows(
+    given: impl Iterator<Item = ExportAllow>,
+    exports: &[(ExportSpec, bool)],
+) -> anyhow::Result<Vec<(String, AllowList)>> {
+    let mut out: Vec<(String, AllowList)> = Vec::new();
+    for a in given {
+        if !exports.iter().any(|(s, _)| s.name == a.name) {
+            let known: Vec<_> = exports.iter().map(|(s, _)| s.name.as_str()).collect();
+            anyhow::bail!("--allow {}: no such export (exports: {})", a.name, known.join(", "));
+        }
+        match out.iter_mut().find(|(n, _)| *n == a.name) {
+            Some((_, l)) => l.0.extend(a.list.0),
+            None => out.push((a.name, a.list)),
+        }
+    }
+    Ok(out)
 }
 
 fn apply_read_only(exports: &mut [(ExportSpec, bool)], names: &[String]) -> anyhow::Result<()> {
@@ -217,12 +308,18 @@ fn build_context(plan: &Plan) -> anyhow::Result<BuildContext> {
     Ok(ctx)
 }
 
-fn prepare(spec: &ExportSpec, read_only: bool, ctx: &BuildContext, server: &ServerCell) -> anyhow::Result<Prepared> {
+fn prepare(
+    spec: &ExportSpec,
+    read_only: bool,
+    allow: Option<AllowList>,
+    ctx: &BuildContext,
+    server: &ServerCell,
+) -> anyhow::Result<Prepared> {
     let built = spec::build(spec, ctx).with_context(|| format!("export {}", spec.name))?;
     let counted = Arc::new(Counted::new(built.dev));
     let read_only = read_only || counted.caps().read_only;
     let export =
-        Export { name: spec.name.clone(), description: built.description.clone(), dev: counted.clone(), read_only, allow: None };
+        Export { name: spec.name.clone(), description: built.description.clone(), dev: counted.clone(), read_only, allow };
     let control = Arc::new(ExportControl {
         name: spec.name.clone(),
         kind: spec.kind.clone(),
@@ -270,8 +367,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let ctx = build_context(&plan)?;
     let cell: ServerCell = Arc::new(RwLock::new(None));
-    let prepared: Vec<Prepared> =
-        plan.exports.iter().map(|(s, ro)| prepare(s, *ro, &ctx, &cell)).collect::<anyhow::Result<_>>()?;
+    let allow_of = |name: &str| plan.allow.iter().find(|(n, _)| n == name).map(|(_, l)| l.clone());
+    let prepared: Vec<Prepared> = plan
+        .exports
+        .iter()
+        .map(|(s, ro)| prepare(s, *ro, allow_of(&s.name), &ctx, &cell))
+        .collect::<anyhow::Result<_>>()?;
 
     let registry = Registry::new();
     let mut exports = Vec::new();
@@ -287,6 +388,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut cfg = ServerConfig::new(exports);
     if let Some(w) = plan.workers {
         cfg.workers_per_export = w;
+    }
+    cfg.tls_mode = plan.tls.mode();
+    if let Some(dir) = &plan.tls_certs {
+        let tls = surge_nbd::tls::server_config_from_dir(dir)
+            .with_context(|| format!("--tls-certs {}: loading server-cert.pem and server-key.pem", dir.display()))?;
+        cfg.tls = Some(tls);
+        tracing::info!(mode = %plan.tls, certs = %dir.display(), "TLS enabled");
     }
     let server = Server::start(cfg).context("starting the NBD server")?;
     let bound = start_listeners(&server, &plan);
@@ -307,6 +415,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     print_instructions(&summary, &bound, control.path());
+    if plan.tls != TlsSetting::Off {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(tls_note(plan.tls, &bound, &summary[0].name).as_bytes()).and_then(|_| out.flush());
+    }
 
     let sig = signals.forever().next();
     tracing::info!(signal = ?sig, "shutting down: finishing in-flight requests and flushing");
@@ -349,6 +461,22 @@ pub fn nbd_uri(listen: &ListenAddr, export: &str) -> String {
         ListenAddr::Unix(p) => format!("nbd+unix:///{export}?socket={}", p.display()),
         ListenAddr::Tcp(a) => format!("nbd://{a}/{export}"),
     }
+}
+
+/// How TLS clients connect (the plain URIs above fail when TLS is required).
+fn tls_note(tls: TlsSetting, bound: &[ListenAddr], first: &str) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = match tls {
+        TlsSetting::Require => writeln!(s, "TLS is required: plaintext clients are refused. With TLS:"),
+        _ => writeln!(s, "TLS is allowed. With TLS:"),
+    };
+    for l in bound {
+        let uri = nbd_uri(l, first).replacen("nbd", "nbds", 1);
+        let sep = if uri.contains('?') { '&' } else { '?' };
+        let _ = writeln!(s, "  nbdinfo '{uri}{sep}tls-certificates=DIR'   # DIR holds ca-cert.pem, the CA that signed the server certificate");
+    }
+    s
 }
 
 fn instructions(exports: &[ExportSummary], bound: &[ListenAddr], control: &Path) -> String {
@@ -432,6 +560,55 @@ mod tests {
         let e = plan(args(&["--data-dir", "/d", "--listen", "tcp:0.0.0.0:10809"])).unwrap_err();
         assert!(e.to_string().contains("--insecure"));
         plan(args(&["--data-dir", "/d", "--listen", "tcp:0.0.0.0:10809", "--insecure"])).unwrap();
+    }
+
+    #[test]
+    fn tls_require_satisfies_the_exposure_rule_and_allow_does_not() {
+        let base = ["--data-dir", "/d", "--listen", "tcp:0.0.0.0:10809", "--tls-certs", "/certs"];
+        let p = plan(args(&[&base[..], &["--tls", "require"]].concat())).unwrap();
+        assert_eq!((p.tls, p.tls_certs.as_deref()), (TlsSetting::Require, Some(Path::new("/certs"))));
+        let e = plan(args(&[&base[..], &["--tls", "allow"]].concat())).unwrap_err().to_string();
+        assert!(e.contains("--tls require") && e.contains("--insecure"), "{e}");
+        plan(args(&[&base[..], &["--tls", "allow", "--insecure"]].concat())).unwrap();
+        let e = plan(args(&["--data-dir", "/d", "--listen", "tcp:0.0.0.0:10809"])).unwrap_err().to_string();
+        assert!(e.contains("--tls require"), "{e}");
+    }
+
+    #[test]
+    fn tls_needs_a_certificate_directory_and_defaults_to_off() {
+        let e = plan(args(&["--data-dir", "/d", "--tls", "require"])).unwrap_err().to_string();
+        assert!(e.contains("--tls-certs") && e.contains("server-cert.pem"), "{e}");
+        let p = plan(args(&["--data-dir", "/d"])).unwrap();
+        assert_eq!((p.tls, p.tls_certs), (TlsSetting::Off, None));
+        let Err(e) = T::try_parse_from(["serve", "--tls", "maybe"]) else { panic!("accepted") };
+        assert!(e.to_string().contains("require"), "{e}");
+    }
+
+    #[test]
+    fn allow_lists_merge_per_export_and_must_name_an_export() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, "tls='allow'\ntls_certs='/c'\n[[export]]\nname='a'\nspec='memory:1M'\nallow=['unix']\n").unwrap();
+        let p = plan(args(&[
+            "--data-dir", "/d", "--config", cfg.to_str().unwrap(), "--export", "b=memory:1M",
+            "--allow", "a=10.0.0.0/8", "--allow", "b=127.0.0.1",
+        ]))
+        .unwrap();
+        let got: Vec<_> = p.allow.iter().map(|(n, l)| format!("{n}={l}")).collect();
+        assert_eq!(got, ["a=unix,10.0.0.0/8", "b=127.0.0.1"]);
+        assert_eq!(p.tls, TlsSetting::Allow);
+        let e = plan(args(&["--data-dir", "/d", "--export", "a=memory:1M", "--allow", "b=unix"])).unwrap_err();
+        assert!(e.to_string().contains("no such export") && e.to_string().contains("exports: a"), "{e}");
+        let Err(e) = T::try_parse_from(["serve", "--allow", "a=10.0.0.0/40"]) else { panic!("accepted") };
+        assert!(e.to_string().contains("10.0.0.0/40"), "{e}");
+    }
+
+    #[test]
+    fn tls_note_gives_nbds_uris() {
+        let bound = ["unix:/d/s.sock".parse().unwrap(), "tcp:127.0.0.1:10809".parse().unwrap()];
+        let t = tls_note(TlsSetting::Require, &bound, "disk");
+        assert!(t.contains("nbds+unix:///disk?socket=/d/s.sock&tls-certificates=DIR"), "{t}");
+        assert!(t.contains("nbds://127.0.0.1:10809/disk?tls-certificates=DIR") && t.contains("required"), "{t}");
     }
 
     #[test]
