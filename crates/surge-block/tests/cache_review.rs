@@ -343,6 +343,8 @@ struct FlakyFlush {
     durable: Arc<MemoryDev>,
     pending: Mutex<Vec<(u64, Vec<u8>)>>,
     fail_next: Mutex<bool>,
+    /// If non-zero, the flush that brings it to zero fails (counts down per flush).
+    fail_countdown: Mutex<u32>,
 }
 
 impl BlockDev for FlakyFlush {
@@ -363,7 +365,14 @@ impl BlockDev for FlakyFlush {
     }
     fn flush(&self) -> Result<()> {
         let pending = std::mem::take(&mut *self.pending.lock().unwrap());
-        if std::mem::take(&mut *self.fail_next.lock().unwrap()) {
+        let countdown_hit = {
+            let mut n = self.fail_countdown.lock().unwrap();
+            *n > 0 && {
+                *n -= 1;
+                *n == 0
+            }
+        };
+        if std::mem::take(&mut *self.fail_next.lock().unwrap()) || countdown_hit {
             return Err(eio("flush", 0, 0));
         }
         for (off, data) in pending {
@@ -387,6 +396,7 @@ fn failed_backing_flush_must_keep_written_back_blocks_dirty() {
         durable: durable.clone(),
         pending: Mutex::new(Vec::new()),
         fail_next: Mutex::new(false),
+        fail_countdown: Mutex::new(0),
     });
     let cmem = cache_mem(8);
     let c = ElasticCache::new(backing.clone(), cfg(), clock());
@@ -406,6 +416,43 @@ fn failed_backing_flush_must_keep_written_back_blocks_dirty() {
         "block 0 was FLUSHed (acked) before the backing flush failed; after a later {} FLUSH and a crash it reads {}",
         if flush_ok { "acknowledged" } else { "failed" },
         describe(&got)
+    );
+}
+
+/// Same family, on the fail-over path: the cache device fails during a FLUSH's
+/// commit; `fail_over` copies the dirty block to backing but the backing flush
+/// that should make it durable fails. `fail_over` only logs that
+/// (`backing_flush_ok = false`), counts the block as saved (not lost), and the
+/// FLUSH is retried on backing alone, where the next flush succeeds: the FLUSH
+/// is acknowledged while the block is on neither the backing medium nor a cache
+/// the layer still uses, and `lost_blocks` says 0.
+#[test]
+#[ignore = "bug: fail_over ignores a failed backing flush of the saved dirty blocks; the retried FLUSH is acked and nothing is reported lost"]
+fn fallback_must_not_ack_a_flush_when_saving_dirty_blocks_to_backing_failed() {
+    let durable = Arc::new(MemoryDev::new(64 * BS));
+    let backing = Arc::new(FlakyFlush {
+        live: MemoryDev::new(64 * BS),
+        durable: durable.clone(),
+        pending: Mutex::new(Vec::new()),
+        fail_next: Mutex::new(false),
+        fail_countdown: Mutex::new(0),
+    });
+    let dev = Arc::new(WriteFault { inner: cache_mem(8), bad: Mutex::new(false) });
+    let c = ElasticCache::new(backing.clone(), cfg(), clock());
+    c.attach(dev.clone()).unwrap();
+    c.write_at(&fill(0xA1), 0, false).unwrap();
+    // The cache device dies; the FLUSH's commit flushes backing (ok), then the
+    // cache flush fails -> fail_over saves block 0, its backing flush (2nd) fails.
+    *dev.bad.lock().unwrap() = true;
+    *backing.fail_countdown.lock().unwrap() = 2;
+    let acked = c.flush().is_ok();
+    assert!(!c.is_attached());
+    let lost = c.stats().lost_blocks;
+    let on_medium = block(durable.as_ref(), 0);
+    assert!(
+        !acked || lost > 0 || on_medium == fill(0xA1),
+        "FLUSH acknowledged, lost_blocks = {lost}, but block 0 on the backing medium is {} (the cache was abandoned)",
+        describe(&on_medium)
     );
 }
 
