@@ -338,8 +338,13 @@ fn run_one(s: &Setting, kind: Kind, dir: &Path) -> anyhow::Result<ApproachResult
         Some(e) => (e.decisions(), e.cache_sizes()),
         None => (vec![], vec![]),
     };
+    // Release every handle (the provider saves state on the way out) before
+    // removing its directory.
     drop(elastic);
     drop(dev);
+    drop(static_io);
+    drop(pdyn);
+    drop(prov);
     let _ = std::fs::remove_dir_all(dir);
     Ok(ApproachResult {
         completion_s: completion,
