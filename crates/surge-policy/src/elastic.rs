@@ -552,6 +552,19 @@ mod tests {
     }
 
     #[test]
+    fn a_shrink_factor_of_one_half_shrinks_halfway_to_used() {
+        let cfg = ElasticConfig { shrink: 0.5, ..ElasticConfig::default() };
+        let mut sim = Sim::new(cfg);
+        sim.run(10.0, 100.0 * MB);
+        sim.obs.used_high_bytes = 2 * GIB;
+        sim.obs.dirty_bytes = GIB;
+        sim.run(40.0, 0.0);
+        sim.obs.dirty_bytes = 0;
+        sim.run(2.0, 0.0);
+        assert_eq!(sim.p.next_size(), 6 * GIB, "10 - (10 - 2) / 2");
+    }
+
+    #[test]
     fn size_bounds_hold() {
         let cfg = ElasticConfig { min_cache: 2 * GIB, max_cache: 5 * GIB, ..ElasticConfig::default() };
         let mut sim = Sim::new(cfg);
