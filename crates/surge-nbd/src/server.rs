@@ -40,7 +40,10 @@ impl Export {
 
     /// Whether a client at `peer` may use this export.
     pub fn allows(&self, peer: &Peer) -> bool {
-        self.allow.as_ref().map_or(true, |a| a.allows(peer))
+        match &self.allow {
+            Some(list) => list.allows(peer),
+            None => true,
+        }
     }
 }
 
