@@ -229,6 +229,13 @@ fn allow_lists_refuse_other_addresses_and_admit_allowed_ones() {
     assert_eq!(text(&nbdinfo(&["--size", &s.uri("sock")]).stdout).trim(), "3145728");
     fails(&nbdinfo(&["--size", &s.uri("local")]));
     fails(&nbdinfo(&["--size", &s.uri("net10")]));
+    // `surge status` shows each export's list (null: open to everyone).
+    let st = s.client(&["status", "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&st.stderr)));
+    let allow_of = |n: &str| st.as_array().unwrap().iter().find(|t| t["name"] == n).unwrap()["status"]["allow"].clone();
+    assert_eq!(allow_of("net10"), "10.0.0.0/8");
+    assert_eq!(allow_of("sock"), "unix");
+    assert!(allow_of("open").is_null());
     // qemu-img sees the same refusal.
     let qemu_img = require("qemu-img", "qemu-utils");
     assert!(!run(Command::new(&qemu_img).args(["info", &tcp("net10")])).status.success());

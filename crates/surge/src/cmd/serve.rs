@@ -264,6 +264,8 @@ struct ExportControl {
     description: String,
     detail: serde_json::Value,
     read_only: bool,
+    /// The export's allow-list as given (`None`: every client).
+    allow: Option<String>,
     counted: Arc<Counted>,
     server: ServerCell,
 }
@@ -282,6 +284,7 @@ impl Controllable for ExportControl {
             "description": self.description,
             "size_bytes": self.counted.size(),
             "read_only": self.read_only,
+            "allow": self.allow,
             "detail": self.detail,
             "io": self.counted.stats(),
             "connections": {
@@ -318,6 +321,7 @@ fn prepare(
     let built = spec::build(spec, ctx).with_context(|| format!("export {}", spec.name))?;
     let counted = Arc::new(Counted::new(built.dev));
     let read_only = read_only || counted.caps().read_only;
+    let allow_text = allow.as_ref().map(|a| a.to_string());
     let export =
         Export { name: spec.name.clone(), description: built.description.clone(), dev: counted.clone(), read_only, allow };
     let control = Arc::new(ExportControl {
@@ -326,6 +330,7 @@ fn prepare(
         description: built.description,
         detail: built.detail,
         read_only,
+        allow: allow_text,
         counted,
         server: server.clone(),
     });
