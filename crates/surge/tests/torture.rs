@@ -59,3 +59,17 @@ fn bad_spec_is_a_clear_error() {
     assert!(!ok);
     assert!(out.contains("unknown export kind"), "{out}");
 }
+
+#[test]
+fn injected_write_and_flush_errors_are_never_counted_as_acknowledged() {
+    // Failed writes leave their blocks unspecified and failed flushes make
+    // nothing stable: the checker must accept both, and the errors must be seen.
+    let (ok, out, r) = torture(&[
+        "--pool", "base=file:t.img,create=8MiB",
+        "--export", "fault:base,volatile,write.fail_prob=0.01,flush.fail_prob=0.05,tear_nth=300,seed=3",
+        "--cycles", "4", "--seed", "14", "--region", "4MiB",
+    ]);
+    assert!(ok, "{out}");
+    assert_eq!(r["losses"], 0, "{out}");
+    assert!(r["request_errors"].as_u64().unwrap() > 10, "{out}");
+}

@@ -264,7 +264,13 @@ impl Runner<'_> {
         let Some(req) = inflight.remove(&reply.cookie) else { return Ok(()) };
         if reply.error.is_some() {
             self.report.request_errors += 1;
+            for blk in req.first..req.first + req.blocks {
+                self.model.failed(blk, req.gen);
+            }
             return Ok(());
+        }
+        for blk in req.first..req.first + req.blocks {
+            self.model.acked(blk, req.gen);
         }
         match req.kind {
             CMD_WRITE => {

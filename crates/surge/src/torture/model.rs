@@ -66,11 +66,21 @@ pub fn decode(seed: u64, block: u64, data: &[u8], scratch: &mut Vec<u8>) -> Foun
     }
 }
 
+/// What became of a write sent since the block's stable version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    InFlight,
+    Acked,
+    /// The server answered with an error: NBD leaves the range unspecified
+    /// (the write may have landed, partly or not at all) until rewritten.
+    Failed,
+}
+
 /// Per block: the stable version and those written since.
 #[derive(Debug, Clone)]
 pub struct Model {
     stable: Vec<u64>,
-    since: Vec<Vec<u64>>,
+    since: Vec<Vec<(u64, Fate)>>,
     /// Blocks with entries in `since`, so a flush is cheap.
     dirty: Vec<u64>,
 }
@@ -100,7 +110,23 @@ impl Model {
         if s.is_empty() {
             self.dirty.push(block);
         }
-        s.push(gen);
+        s.push((gen, Fate::InFlight));
+    }
+
+    fn set_fate(&mut self, block: u64, gen: u64, fate: Fate) {
+        if let Some(e) = self.since[block as usize].iter_mut().rev().find(|e| e.0 == gen) {
+            e.1 = fate;
+        }
+    }
+
+    /// The write of `gen` to `block` was acknowledged.
+    pub fn acked(&mut self, block: u64, gen: u64) {
+        self.set_fate(block, gen, Fate::Acked);
+    }
+
+    /// The write of `gen` to `block` failed.
+    pub fn failed(&mut self, block: u64, gen: u64) {
+        self.set_fate(block, gen, Fate::Failed);
     }
 
     /// A FUA write of `gen` to `block` was acknowledged: durable now. Older
@@ -108,38 +134,49 @@ impl Model {
     pub fn durable(&mut self, block: u64, gen: u64) {
         self.stable[block as usize] = gen;
         let s = &mut self.since[block as usize];
-        if let Some(i) = s.iter().position(|&g| g == gen) {
+        if let Some(i) = s.iter().position(|e| e.0 == gen) {
             s.drain(..=i);
         }
     }
 
     /// A FLUSH completed, and every write sent before it had completed: the
-    /// newest version of each dirty block is stable.
+    /// newest acknowledged version of each dirty block is stable; failed writes
+    /// after it keep the block unspecified.
     pub fn flushed(&mut self) {
-        for b in self.dirty.drain(..) {
+        for b in std::mem::take(&mut self.dirty) {
             let s = &mut self.since[b as usize];
-            if let Some(&last) = s.last() {
-                self.stable[b as usize] = last;
+            if let Some(i) = s.iter().rposition(|e| e.1 == Fate::Acked) {
+                self.stable[b as usize] = s[i].0;
+                s.drain(..=i);
             }
-            s.clear();
+            s.retain(|e| e.1 == Fate::Failed);
+            if !s.is_empty() {
+                self.dirty.push(b);
+            }
         }
     }
 
     /// Is `found` legal for `block`?
     pub fn check(&self, block: u64, found: &Found) -> Result<(), Loss> {
         let b = block as usize;
-        match found {
-            Found::Gen(g) if *g == self.stable[b] || self.since[b].contains(g) => Ok(()),
-            other => Err(Loss {
-                block,
-                found: match other {
-                    Found::Gen(g) => format!("generation {g}"),
-                    Found::Corrupt(why) => why.clone(),
-                },
-                stable: self.stable[b],
-                written_since: self.since[b].clone(),
-            }),
+        let since = &self.since[b];
+        let ok = match found {
+            Found::Gen(g) => *g == self.stable[b] || since.iter().any(|e| e.0 == *g),
+            // Only a failed write may leave a block mixed.
+            Found::Corrupt(_) => since.iter().any(|e| e.1 == Fate::Failed),
+        };
+        if ok {
+            return Ok(());
         }
+        Err(Loss {
+            block,
+            found: match found {
+                Found::Gen(g) => format!("generation {g}"),
+                Found::Corrupt(why) => why.clone(),
+            },
+            stable: self.stable[b],
+            written_since: since.iter().map(|e| e.0).collect(),
+        })
     }
 
     /// After a verified restart (and a flush): what was read is the truth.
@@ -183,6 +220,7 @@ mod tests {
     fn unflushed_writes_may_be_lost_flushed_ones_may_not() {
         let mut m = Model::new(4);
         m.sent(1, 10);
+        m.acked(1, 10);
         m.flushed();
         m.sent(1, 11);
         m.sent(2, 12);
@@ -195,6 +233,27 @@ mod tests {
         let loss = m.check(1, &Found::Gen(0)).unwrap_err();
         assert_eq!((loss.stable, loss.written_since.clone()), (10, vec![11]));
         assert!(m.check(3, &Found::Corrupt("x".into())).is_err());
+    }
+
+    #[test]
+    fn a_failed_write_never_becomes_stable_but_leaves_the_block_unspecified() {
+        let mut m = Model::new(2);
+        m.sent(0, 1);
+        m.acked(0, 1);
+        m.sent(0, 2);
+        m.failed(0, 2);
+        m.flushed();
+        assert!(m.check(0, &Found::Gen(1)).is_ok(), "the failed write need not have landed");
+        assert!(m.check(0, &Found::Gen(2)).is_ok(), "or it may have");
+        assert!(m.check(0, &Found::Corrupt("torn".into())).is_ok(), "or partly");
+        assert!(m.check(0, &Found::Gen(0)).is_err(), "but the flushed write 1 may not be lost");
+        // A later acknowledged and flushed write makes the block exact again.
+        m.sent(0, 3);
+        m.acked(0, 3);
+        m.flushed();
+        assert!(m.check(0, &Found::Gen(3)).is_ok());
+        assert!(m.check(0, &Found::Gen(2)).is_err());
+        assert!(m.check(0, &Found::Corrupt("torn".into())).is_err());
     }
 
     #[test]
