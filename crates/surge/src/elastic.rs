@@ -171,6 +171,7 @@ impl ElasticVolume {
 
     /// One controller step: feed the policy, apply what it decides.
     pub fn step(&self) -> anyhow::Result<()> {
+        self.drop_failed_cache()?;
         let now = self.clock.now();
         let decisions = self.policy.lock().tick(now, self.app_bytes.load(Relaxed), self.obs());
         for d in decisions {
@@ -228,6 +229,23 @@ impl ElasticVolume {
         self.cache.set_phase(Phase::Boost);
         self.sizes.lock().push(size);
         *self.vol.lock() = Some(CacheVol { id: info.id, size, io: dev });
+        Ok(())
+    }
+
+    /// The cache layer fell back to backing (its device failed): delete that
+    /// volume. Its metadata may still name dirty blocks that were saved to
+    /// backing and rewritten since, so a restart must never reopen it. The
+    /// policy starts over from Idle.
+    fn drop_failed_cache(&self) -> anyhow::Result<()> {
+        if self.cache.is_attached() {
+            return Ok(());
+        }
+        let Some(v) = self.vol.lock().take() else { return Ok(()) };
+        tracing::error!(volume = %v.id, "cache volume failed over to backing; deleting it");
+        self.old_cache_bytes.fetch_add(io_total(&v.io), Relaxed);
+        self.policy.lock().detached(self.clock.now());
+        let _ = self.provider.detach(&v.id);
+        self.provider.delete(&v.id)?;
         Ok(())
     }
 
