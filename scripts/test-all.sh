@@ -11,7 +11,7 @@ $SUDO apt-get update -qq
 # gcc/libc6-dev: the linker rustc needs; the rest are the real clients the
 # integration tests drive (python3-libnbd provides nbdsh).
 $SUDO apt-get install -y -qq --no-install-recommends \
-  gcc libc6-dev \
+  gcc libc6-dev python3 \
   qemu-utils fio nbdkit libnbd-bin python3-libnbd nbdfuse fuse3 e2fsprogs util-linux mount \
   openssl gnutls-bin ca-certificates >/dev/null
 
@@ -19,7 +19,9 @@ echo "== cargo build"
 cargo build --release --workspace --locked 2>&1 | tail -3
 
 echo "== cargo test"
-cargo test --workspace --locked
+# Release profile (with overflow checks, see Cargo.toml): reuses the build above
+# instead of compiling everything a second time.
+cargo test --release --workspace --locked
 
 # Further steps (real-client checks, bounded fuzzing, quick experiments) live in
 # scripts/ci.d/, one file each, run in name order.
