@@ -153,8 +153,12 @@ struct Counters {
 struct Slot {
     block: Option<u64>,
     dirty: bool,
-    /// Block this slot is listed under in the last durable metadata.
+    /// Block this slot is listed under in the last durable metadata, or in the
+    /// snapshot of a commit in flight (which may become durable any moment).
     persisted: Option<u64>,
+    /// Written back to backing, but the backing flush that makes it durable has
+    /// not succeeded yet: the slot keeps the only durable copy.
+    unsynced: bool,
     tick: u64,
 }
 
@@ -198,7 +202,7 @@ impl State {
         debug_assert!(!s.dirty);
         s.block = None;
         self.lru.remove(&s.tick);
-        if s.persisted.is_none() && !reuse_now {
+        if s.persisted.is_none() && !s.unsynced && !reuse_now {
             self.free.push(slot);
         }
         Some(slot)
@@ -566,7 +570,7 @@ impl ElasticCache {
                     if s.dirty {
                         continue;
                     }
-                    if s.persisted.is_some() {
+                    if s.persisted.is_some() || s.unsynced {
                         need_commit = true;
                         continue;
                     }
@@ -585,7 +589,7 @@ impl ElasticCache {
                     return Ok(Some(slot));
                 }
                 if !need_commit {
-                    need_commit = st.slots.iter().any(|s| s.persisted.is_some() && (s.block.is_none() || !s.dirty));
+                    need_commit = st.slots.iter().any(|s| (s.persisted.is_some() || s.unsynced) && (s.block.is_none() || !s.dirty));
                 }
             }
             if !may_flush {
@@ -612,7 +616,12 @@ impl ElasticCache {
                     drop(guard);
                 }
             }
-            self.commit(att)?;
+            // Never wait for a commit in flight (a FLUSH parked on a slow
+            // backing flush): write around the cache instead.
+            match att.commit.try_lock() {
+                Some(c) => self.commit_locked(att, c)?,
+                None => return Ok(None),
+            }
         }
         Ok(None)
     }
@@ -634,6 +643,7 @@ impl ElasticCache {
         other_err(self.backing.write_at(&buf, block * self.block_size, false))?;
         let mut st = att.state.lock();
         st.slots[slot as usize].dirty = false;
+        st.slots[slot as usize].unsynced = true;
         st.dirty.remove(&block);
         self.c.flushed_bytes.fetch_add(len, Relaxed);
         Ok(len)
@@ -691,7 +701,9 @@ impl ElasticCache {
                 Ok(n)
             }
             Err(Fault::Cache(e)) => {
-                self.fail_over(&att, &e);
+                if !self.fail_over(&att, &e) {
+                    return Err(e);
+                }
                 Ok(0)
             }
             Err(Fault::Other(e)) => Err(e),
@@ -700,12 +712,39 @@ impl ElasticCache {
 
     /// Persist the dirty set (see the module doc for the order).
     fn commit(&self, att: &Attached) -> FResult<()> {
-        let mut c = att.commit.lock();
-        let entries: Vec<(u64, u32)> = {
-            let st = att.state.lock();
-            st.dirty.iter().map(|b| (*b, st.map[b])).collect()
+        self.commit_locked(att, att.commit.lock())
+    }
+
+    fn commit_locked(&self, att: &Attached, mut c: MutexGuard<'_, CommitState>) -> FResult<()> {
+        let (entries, written_back): (Vec<(u64, u32)>, Vec<u32>) = {
+            let mut st = att.state.lock();
+            let entries: Vec<(u64, u32)> = st.dirty.iter().map(|b| (*b, st.map[b])).collect();
+            // From now on the snapshot may become durable at any moment: its
+            // slots count as persisted (R1) until the commit settles.
+            for &(b, slot) in &entries {
+                st.slots[slot as usize].persisted = Some(b);
+            }
+            let wb = (0..st.slots.len() as u32).filter(|&i| st.slots[i as usize].unsynced).collect();
+            (entries, wb)
         };
-        other_err(self.backing.flush())?;
+        if let Err(e) = self.backing.flush() {
+            // What was written back may be gone: dirty again where still cached.
+            let mut st = att.state.lock();
+            for slot in written_back {
+                let s = st.slots[slot as usize];
+                if let Some(b) = s.block {
+                    if s.unsynced && !s.dirty {
+                        st.slots[slot as usize].dirty = true;
+                        st.dirty.insert(b);
+                    }
+                }
+                st.slots[slot as usize].unsynced = false;
+                if s.block.is_none() && s.persisted.is_none() {
+                    st.free.push(slot);
+                }
+            }
+            return Err(Fault::Other(e));
+        }
         cache_err(att.dev.flush())?;
         if entries != c.last {
             let copy = 1 - c.newest_copy;
@@ -723,12 +762,19 @@ impl ElasticCache {
             self.c.commits.fetch_add(1, Relaxed);
         }
         let now: HashMap<u32, u64> = entries.iter().map(|&(b, s)| (s, b)).collect();
+        let synced: std::collections::HashSet<u32> = written_back.into_iter().collect();
         let mut st = att.state.lock();
+        for &slot in &synced {
+            st.slots[slot as usize].unsynced = false;
+        }
+        // A slot goes to the free list exactly when it stops being held (named
+        // by metadata or unsynced) while unmapped; unmap never frees held slots.
         for i in 0..st.slots.len() {
             let new = now.get(&(i as u32)).copied();
             let s = &mut st.slots[i];
-            let was = std::mem::replace(&mut s.persisted, new);
-            if was.is_some() && new.is_none() && s.block.is_none() {
+            let was_held = s.persisted.is_some() || synced.contains(&(i as u32));
+            s.persisted = new;
+            if was_held && new.is_none() && s.block.is_none() && !s.unsynced {
                 st.free.push(i as u32);
             }
         }
@@ -738,33 +784,61 @@ impl ElasticCache {
 
     /// The cache device failed: save what dirty data can still be read, record
     /// the rest as lost (reads of it fail), and continue on backing alone.
-    fn fail_over(&self, failed: &Arc<Attached>, cause: &BlockError) {
+    /// False if the saved blocks could not be made durable on backing (the
+    /// failing request must then fail too, not be retried and acknowledged).
+    fn fail_over(&self, failed: &Arc<Attached>, cause: &BlockError) -> bool {
         let mut g = self.attached.write();
         match g.as_ref() {
             Some(a) if Arc::ptr_eq(a, failed) => {}
-            _ => return,
+            _ => return true,
         }
         let att = g.take().expect("checked");
         let st = att.state.lock();
-        let (mut saved, mut lost) = (0u64, Vec::new());
-        for &b in &st.dirty {
+        let (mut saved, mut lost) = (Vec::new(), Vec::new());
+        // Unsynced written-back blocks are rewritten too: their backing copy may
+        // not be durable yet.
+        let unsynced = st.slots.iter().filter(|s| s.unsynced && !s.dirty).filter_map(|s| s.block);
+        for b in st.dirty.iter().copied().chain(unsynced) {
             let slot = st.map[&b];
             let mut buf = vec![0u8; self.block_len(b) as usize];
             let ok = att.dev.read_at(&mut buf, att.layout.slot_offset(slot)).is_ok()
                 && self.backing.write_at(&buf, b * self.block_size, false).is_ok();
             if ok {
-                saved += 1;
+                saved.push(b);
             } else {
                 lost.push(b);
             }
         }
-        let synced = self.backing.flush();
+        let synced = self.backing.flush().is_ok();
+        if !synced {
+            // Nothing saved is known to be durable.
+            lost.append(&mut saved);
+        }
+        // Best effort: leave no metadata naming dirty blocks behind, so the
+        // device can never be "recovered" over newer data.
+        if synced {
+            let c = att.commit.lock();
+            let mut m = Meta {
+                seq: c.seq + 1,
+                block_size: self.block_size as u32,
+                nslots: att.layout.nslots,
+                backing_size: self.backing.size(),
+                entries: vec![],
+            };
+            for copy in [1 - c.newest_copy, c.newest_copy] {
+                let _ = att.dev.write_at(&pad_to_4k(m.encode()), att.layout.copy_offset(copy), false).and_then(|_| att.dev.flush());
+                m.seq += 1;
+            }
+        }
         tracing::error!(
-            %cause, saved_blocks = saved, lost_blocks = lost.len(), backing_flush_ok = synced.is_ok(),
+            %cause, saved_blocks = saved.len(), lost_blocks = lost.len(), backing_flush_ok = synced,
             "CACHE DEVICE FAILED: fell back to the backing device; dirty blocks that could not be saved: {:?}",
             lost.iter().map(|b| b * self.block_size).collect::<Vec<_>>()
         );
         self.lost.lock().extend(lost);
+        // Unreadable blocks are reported (reads of them fail); an unsynced
+        // backing means nothing may be acknowledged.
+        synced
     }
 
     // ---- request paths ----
@@ -914,7 +988,9 @@ impl ElasticCache {
                 Err(Fault::Cache(e)) => (g.clone().expect("cache fault needs a cache"), e),
             }
         };
-        self.fail_over(&failed.0, &failed.1);
+        if !self.fail_over(&failed.0, &failed.1) {
+            return Err(failed.1);
+        }
         let g = self.attached.read();
         op(g.as_deref()).map_err(|f| match f {
             Fault::Cache(e) | Fault::Other(e) => e,
