@@ -170,7 +170,6 @@ impl BlockDev for Gated {
 /// 2 evicts block 0 and takes its slot; the FLUSH completes and is acknowledged.
 /// A crash now must find block 0's flushed data.
 #[test]
-#[ignore = "bug: a FLUSH persists block->slot for a slot the allocator reused after the commit's snapshot (flushed block reads another block's data after a crash)"]
 fn flushed_block_must_survive_a_crash_when_its_slot_is_reused_during_the_flush() {
     let backing_mem = Arc::new(MemoryDev::new(64 * BS));
     let gate = Gated::new(backing_mem.clone());
@@ -223,7 +222,6 @@ fn flushed_block_must_survive_a_crash_when_its_slot_is_reused_during_the_flush()
 /// elastic policy does when a new burst starts while draining), two blocks are
 /// given the same slot and one silently reads the other's data.
 #[test]
-#[ignore = "bug: a slot freed by a phase-2 bypass during an in-flight commit lands twice on the free list; two blocks then share one cache slot"]
 fn a_cache_slot_must_never_be_given_to_two_blocks_at_once() {
     let backing_mem = Arc::new(MemoryDev::new(64 * BS));
     let gate = Gated::new(backing_mem.clone());
@@ -388,7 +386,6 @@ impl BlockDev for FlakyFlush {
 /// succeeds, so the commit drops block 0 from the metadata. A crash then loses
 /// block 0: it is neither on the backing medium nor named by the cache.
 #[test]
-#[ignore = "bug: blocks are marked clean before the backing flush succeeds; after a failed backing flush the next commit drops them from metadata"]
 fn failed_backing_flush_must_keep_written_back_blocks_dirty() {
     let durable = Arc::new(MemoryDev::new(64 * BS));
     let backing = Arc::new(FlakyFlush {
@@ -427,7 +424,6 @@ fn failed_backing_flush_must_keep_written_back_blocks_dirty() {
 /// is acknowledged while the block is on neither the backing medium nor a cache
 /// the layer still uses, and `lost_blocks` says 0.
 #[test]
-#[ignore = "bug: fail_over ignores a failed backing flush of the saved dirty blocks; the retried FLUSH is acked and nothing is reported lost"]
 fn fallback_must_not_ack_a_flush_when_saving_dirty_blocks_to_backing_failed() {
     let durable = Arc::new(MemoryDev::new(64 * BS));
     let backing = Arc::new(FlakyFlush {
