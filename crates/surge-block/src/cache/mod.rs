@@ -254,6 +254,8 @@ pub struct ElasticCache {
     locks: Vec<Mutex<()>>,
     c: Counters,
     lost: Mutex<BTreeSet<u64>>,
+    /// Blocks were lost since the last FLUSH: the next one must fail.
+    loss_unreported: AtomicBool,
     clock: Arc<dyn Clock>,
     last_io_ns: AtomicU64,
     seq_run: Mutex<(u64, u64)>,
@@ -305,6 +307,7 @@ impl ElasticCache {
             locks: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             c: Counters::default(),
             lost: Mutex::new(BTreeSet::new()),
+            loss_unreported: AtomicBool::new(false),
             clock,
             last_io_ns: AtomicU64::new(0),
             seq_run: Mutex::new((u64::MAX, 0)),
@@ -835,10 +838,27 @@ impl ElasticCache {
             "CACHE DEVICE FAILED: fell back to the backing device; dirty blocks that could not be saved: {:?}",
             lost.iter().map(|b| b * self.block_size).collect::<Vec<_>>()
         );
+        if !lost.is_empty() {
+            self.loss_unreported.store(true, Relaxed);
+        }
         self.lost.lock().extend(lost);
         // Unreadable blocks are reported (reads of them fail); an unsynced
         // backing means nothing may be acknowledged.
         synced
+    }
+
+    /// Fail a FLUSH once after blocks were lost (like fsync after a writeback
+    /// error); reads of the lost blocks keep failing until rewritten.
+    fn report_loss(&self) -> Result<()> {
+        if !self.loss_unreported.swap(false, Relaxed) {
+            return Ok(());
+        }
+        Err(BlockError::io(
+            "flush after dirty blocks were lost with the cache device",
+            0,
+            0,
+            std::io::Error::from_raw_os_error(libc::EIO),
+        ))
     }
 
     // ---- request paths ----
@@ -1042,10 +1062,12 @@ impl BlockDev for ElasticCache {
     }
 
     fn flush(&self) -> Result<()> {
-        self.with_fallback(|att| match att {
+        let r = self.with_fallback(|att| match att {
             Some(att) => self.commit(att),
             None => other_err(self.backing.flush()),
-        })
+        });
+        let loss = self.report_loss();
+        r.and(loss)
     }
 }
 

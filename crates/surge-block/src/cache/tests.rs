@@ -666,6 +666,23 @@ fn failing_cache_write_falls_back_and_the_write_still_succeeds() {
     assert!(c.read_at(&mut buf, 0).is_err());
 }
 
+/// Durability contract: a FLUSH acknowledges everything written before it. A
+/// block lost with the cache device (written, acked, then unreadable) makes the
+/// next FLUSH fail once, like fsync after a writeback error.
+#[test]
+fn flush_after_a_block_was_lost_with_the_cache_device_fails_once() {
+    let backing: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(16 * BS));
+    let failing = Arc::new(Failing { inner: cache_dev(8), bad: Mutex::new(None) });
+    let c = ElasticCache::new(backing, cfg(CacheMode::WriteBack), clock());
+    c.attach(failing.clone()).unwrap();
+    c.write_at(&[3; 4096], 0, false).unwrap();
+    *failing.bad.lock() = Some(0..failing.size());
+    c.write_at(&[4; 4096], BS, false).unwrap(); // falls back; block 0 is lost
+    assert_eq!(c.stats().lost_blocks, 1);
+    assert!(c.flush().is_err(), "a FLUSH must not be acked after acked data was lost");
+    c.flush().unwrap();
+}
+
 #[test]
 fn concurrent_writers_with_flusher_and_attach_detach_cycles_lose_nothing() {
     let size = 256 * BS;
