@@ -159,6 +159,8 @@ struct Slot {
     /// Written back to backing, but the backing flush that makes it durable has
     /// not succeeded yet: the slot keeps the only durable copy.
     unsynced: bool,
+    /// On the free list: a slot is never pushed twice (two blocks would share it).
+    free: bool,
     tick: u64,
 }
 
@@ -184,7 +186,9 @@ impl State {
     }
 
     fn map_slot(&mut self, slot: u32, block: u64, dirty: bool) {
-        debug_assert!(self.slots[slot as usize].block.is_none());
+        // Hard check: a slot shared by two blocks silently corrupts both.
+        let s = &self.slots[slot as usize];
+        assert!(s.block.is_none() && !s.free, "cache slot {slot} handed out twice");
         self.slots[slot as usize].block = Some(block);
         self.slots[slot as usize].dirty = dirty;
         self.map.insert(block, slot);
@@ -203,8 +207,23 @@ impl State {
         s.block = None;
         self.lru.remove(&s.tick);
         if s.persisted.is_none() && !s.unsynced && !reuse_now {
+            self.push_free(slot);
+        }
+        Some(slot)
+    }
+
+    /// Put an unmapped slot on the free list; a second push is ignored.
+    fn push_free(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        if s.block.is_none() && !s.free {
+            s.free = true;
             self.free.push(slot);
         }
+    }
+
+    fn pop_free(&mut self) -> Option<u32> {
+        let slot = self.free.pop()?;
+        self.slots[slot as usize].free = false;
         Some(slot)
     }
 
@@ -335,13 +354,12 @@ impl ElasticCache {
                     ))
                     .into());
                 }
-                let mut st = me.empty_state(&layout);
-                st.free.clear();
+                let mut st = State { slots: vec![Slot::default(); layout.nslots as usize], ..State::default() };
                 for &(block, slot) in &m.entries {
                     st.slots[slot as usize].persisted = Some(block);
                     st.map_slot(slot, block, true);
                 }
-                st.free = (0..layout.nslots).rev().filter(|&s| st.slots[s as usize].block.is_none()).collect();
+                (0..layout.nslots).rev().for_each(|s| st.push_free(s));
                 tracing::info!(dirty_blocks = m.entries.len(), seq = m.seq, "cache recovered");
                 *me.attached.write() = Some(Arc::new(Attached {
                     dev: cache,
@@ -360,11 +378,9 @@ impl ElasticCache {
     }
 
     fn empty_state(&self, layout: &Layout) -> State {
-        State {
-            slots: vec![Slot::default(); layout.nslots as usize],
-            free: (0..layout.nslots).rev().collect(),
-            ..State::default()
-        }
+        let mut st = State { slots: vec![Slot::default(); layout.nslots as usize], ..State::default() };
+        (0..layout.nslots).rev().for_each(|s| st.push_free(s));
+        st
     }
 
     /// Write an empty table to both copies, newer than anything there.
@@ -563,7 +579,7 @@ impl ElasticCache {
             let mut need_commit = false;
             {
                 let mut st = att.state.lock();
-                if let Some(s) = st.free.pop() {
+                if let Some(s) = st.pop_free() {
                     return Ok(Some(s));
                 }
                 let mut victim = None;
@@ -743,7 +759,7 @@ impl ElasticCache {
                 }
                 st.slots[slot as usize].unsynced = false;
                 if s.block.is_none() && s.persisted.is_none() {
-                    st.free.push(slot);
+                    st.push_free(slot);
                 }
             }
             return Err(Fault::Other(e));
@@ -778,7 +794,7 @@ impl ElasticCache {
             let was_held = s.persisted.is_some() || synced.contains(&(i as u32));
             s.persisted = new;
             if was_held && new.is_none() && s.block.is_none() && !s.unsynced {
-                st.free.push(i as u32);
+                st.push_free(i as u32);
             }
         }
         c.last = entries;
@@ -946,7 +962,7 @@ impl ElasticCache {
                             let mut buf = vec![0u8; len as usize];
                             let r = self.backing.read_at(&mut buf, block * self.block_size);
                             if let Err(e) = r {
-                                att.state.lock().free.push(slot);
+                                att.state.lock().push_free(slot);
                                 return Err(Fault::Other(e));
                             }
                             buf[at as usize..at as usize + data.len()].copy_from_slice(data);

@@ -684,6 +684,15 @@ fn flush_after_a_block_was_lost_with_the_cache_device_fails_once() {
 }
 
 #[test]
+fn a_slot_freed_twice_is_on_the_free_list_once() {
+    let mut st = State { slots: vec![Slot::default(); 2], ..State::default() };
+    st.push_free(1);
+    st.push_free(1);
+    assert_eq!(st.pop_free(), Some(1));
+    assert_eq!(st.pop_free(), None);
+}
+
+#[test]
 fn concurrent_writers_with_flusher_and_attach_detach_cycles_lose_nothing() {
     let size = 256 * BS;
     let backing: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(size));
