@@ -416,6 +416,49 @@ fn failed_backing_flush_must_keep_written_back_blocks_dirty() {
     );
 }
 
+/// Same family, racing: block 0 is written back while a FLUSH is parked on its
+/// backing flush, which then fails and drops that write-back too (it was
+/// pending). The flusher's own commit then succeeds. Block 0 must still be
+/// named by the metadata (or be on the backing medium) after a crash.
+#[test]
+fn a_write_back_dropped_by_a_concurrent_failed_backing_flush_stays_dirty() {
+    let durable = Arc::new(MemoryDev::new(64 * BS));
+    let flaky = Arc::new(FlakyFlush {
+        live: MemoryDev::new(64 * BS),
+        durable: durable.clone(),
+        pending: Mutex::new(Vec::new()),
+        fail_next: Mutex::new(false),
+        fail_countdown: Mutex::new(0),
+    });
+    let gate = Gated::new(flaky.clone());
+    let cmem = cache_mem(8);
+    let c = Arc::new(ElasticCache::new(gate.clone(), cfg(), clock()));
+    c.attach(cmem.clone()).unwrap();
+    c.write_at(&fill(0xA1), 0, false).unwrap();
+    c.flush().unwrap(); // acked: block 0 = 0xA1 durable in the cache
+    c.write_at(&fill(0xD1), BS, false).unwrap();
+
+    gate.hold();
+    let user_flush = std::thread::spawn({
+        let c = c.clone();
+        move || c.flush()
+    });
+    gate.wait_parked(1); // snapshot taken: block 0 dirty, nothing written back yet
+    let flusher = std::thread::spawn({
+        let c = c.clone();
+        move || c.flush_step(1)
+    });
+    wait_until("block 0 is written back", || c.stats().flushed_bytes >= BS);
+    *flaky.fail_next.lock().unwrap() = true;
+    gate.open(); // the FLUSH's backing flush fails, dropping the write-back
+    assert!(user_flush.join().unwrap().is_err());
+    let _ = flusher.join().unwrap(); // its commit's backing flush succeeds
+
+    let r = ElasticCache::open(image(durable.as_ref()), image(cmem.as_ref()), cfg(), clock()).unwrap();
+    let got = block(&r, 0);
+    assert!(got == fill(0xA1), "block 0 was FLUSHed (acked); after a crash it reads {}", describe(&got));
+}
+
 /// Same family, on the fail-over path: the cache device fails during a FLUSH's
 /// commit; `fail_over` copies the dirty block to backing but the backing flush
 /// that should make it durable fails. `fail_over` only logs that

@@ -159,6 +159,9 @@ struct Slot {
     /// Written back to backing, but the backing flush that makes it durable has
     /// not succeeded yet: the slot keeps the only durable copy.
     unsynced: bool,
+    /// Bumped by every write: a commit clears `unsynced` only if unchanged
+    /// since its snapshot (a later write-back is not covered by its flush).
+    gen: u64,
     /// On the free list: a slot is never pushed twice (two blocks would share it).
     free: bool,
     tick: u64,
@@ -229,7 +232,27 @@ impl State {
 
     fn set_dirty(&mut self, slot: u32, block: u64) {
         self.slots[slot as usize].dirty = true;
+        self.slots[slot as usize].gen += 1;
         self.dirty.insert(block);
+    }
+
+    /// A backing flush failed and may have dropped every write-back pending
+    /// on it, including ones made after the commit's snapshot: all of them
+    /// are dirty again.
+    fn redirty_unsynced(&mut self) {
+        for i in 0..self.slots.len() {
+            let s = self.slots[i];
+            if !s.unsynced {
+                continue;
+            }
+            if let Some(b) = s.block {
+                self.set_dirty(i as u32, b);
+            }
+            self.slots[i].unsynced = false;
+            if s.block.is_none() && s.persisted.is_none() {
+                self.push_free(i as u32);
+            }
+        }
     }
 }
 
@@ -735,7 +758,7 @@ impl ElasticCache {
     }
 
     fn commit_locked(&self, att: &Attached, mut c: MutexGuard<'_, CommitState>) -> FResult<()> {
-        let (entries, written_back): (Vec<(u64, u32)>, Vec<u32>) = {
+        let (entries, written_back): (Vec<(u64, u32)>, Vec<(u32, u64)>) = {
             let mut st = att.state.lock();
             let entries: Vec<(u64, u32)> = st.dirty.iter().map(|b| (*b, st.map[b])).collect();
             // From now on the snapshot may become durable at any moment: its
@@ -743,25 +766,11 @@ impl ElasticCache {
             for &(b, slot) in &entries {
                 st.slots[slot as usize].persisted = Some(b);
             }
-            let wb = (0..st.slots.len() as u32).filter(|&i| st.slots[i as usize].unsynced).collect();
+            let wb = (0..st.slots.len() as u32).filter(|&i| st.slots[i as usize].unsynced).map(|i| (i, st.slots[i as usize].gen)).collect();
             (entries, wb)
         };
         if let Err(e) = self.backing.flush() {
-            // What was written back may be gone: dirty again where still cached.
-            let mut st = att.state.lock();
-            for slot in written_back {
-                let s = st.slots[slot as usize];
-                if let Some(b) = s.block {
-                    if s.unsynced && !s.dirty {
-                        st.slots[slot as usize].dirty = true;
-                        st.dirty.insert(b);
-                    }
-                }
-                st.slots[slot as usize].unsynced = false;
-                if s.block.is_none() && s.persisted.is_none() {
-                    st.push_free(slot);
-                }
-            }
+            att.state.lock().redirty_unsynced();
             return Err(Fault::Other(e));
         }
         cache_err(att.dev.flush())?;
@@ -781,8 +790,9 @@ impl ElasticCache {
             self.c.commits.fetch_add(1, Relaxed);
         }
         let now: HashMap<u32, u64> = entries.iter().map(|&(b, s)| (s, b)).collect();
-        let synced: std::collections::HashSet<u32> = written_back.into_iter().collect();
         let mut st = att.state.lock();
+        let synced: std::collections::HashSet<u32> =
+            written_back.into_iter().filter(|&(i, gen)| st.slots[i as usize].gen == gen).map(|(i, _)| i).collect();
         for &slot in &synced {
             st.slots[slot as usize].unsynced = false;
         }
