@@ -329,6 +329,56 @@ fn reopening_a_failed_over_cache_must_not_resurrect_stale_dirty_blocks() {
     assert!(on_backing == fill(0xA2), "draining wrote {} over the flushed data", describe(&on_backing));
 }
 
+/// A device whose next write fails once (a transient fault), then works.
+struct OneWriteFault {
+    inner: Arc<dyn BlockDev>,
+    armed: Mutex<bool>,
+}
+
+impl BlockDev for OneWriteFault {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        if std::mem::take(&mut *self.armed.lock().unwrap()) {
+            return Err(eio("write", offset, buf.len() as u64));
+        }
+        self.inner.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The part of bug 2 the cache layer can fix alone: when the failed device still
+/// takes the metadata write, fail-over leaves an empty, newer table behind and a
+/// reopen finds nothing to resurrect. (When it takes no write at all, as in the
+/// test above, only the daemon deleting the volume helps.)
+#[test]
+fn fail_over_clears_the_metadata_of_a_device_that_still_takes_writes() {
+    let backing: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(64 * BS));
+    let dev = Arc::new(OneWriteFault { inner: cache_mem(8), armed: Mutex::new(false) });
+    let c = ElasticCache::new(backing.clone(), cfg(), clock());
+    c.attach(dev.clone()).unwrap();
+    c.write_at(&fill(0xA1), 0, false).unwrap();
+    c.flush().unwrap(); // durable metadata: block 0 dirty in the cache
+
+    *dev.armed.lock().unwrap() = true;
+    c.write_at(&fill(0x11), BS, false).unwrap(); // cache write fails: fall back
+    assert!(!c.is_attached());
+    c.write_at(&fill(0xA2), 0, false).unwrap();
+    c.flush().unwrap();
+    drop(c);
+
+    let r = ElasticCache::open(backing.clone(), dev.clone(), cfg(), clock()).unwrap();
+    assert_eq!(r.stats().dirty_bytes, 0, "the reopened device names no dirty block");
+    let got = block(&r, 0);
+    assert!(got == fill(0xA2), "block 0 reads {} after a restart", describe(&got));
+}
+
 // ---------------------------------------------------------------------------
 // Bug 3: a failed backing flush does not re-dirty the blocks written back.
 
