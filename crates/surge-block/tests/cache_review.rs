@@ -509,6 +509,80 @@ fn a_write_back_dropped_by_a_concurrent_failed_backing_flush_stays_dirty() {
     assert!(got == fill(0xA1), "block 0 was FLUSHed (acked); after a crash it reads {}", describe(&got));
 }
 
+/// A device whose next write completes and then parks its caller until released.
+struct ParkAfterWrite {
+    inner: Arc<dyn BlockDev>,
+    /// (armed, parked, released)
+    st: Mutex<(bool, bool, bool)>,
+    cv: Condvar,
+}
+
+impl BlockDev for ParkAfterWrite {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        self.inner.write_at(buf, offset, fua)?;
+        let mut st = self.st.lock().unwrap();
+        if std::mem::take(&mut st.0) {
+            st.1 = true;
+            self.cv.notify_all();
+            while !st.2 {
+                st = self.cv.wait(st).unwrap();
+            }
+        }
+        Ok(())
+    }
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Same family, tighter race: the write-back of block 0 has reached backing
+/// (pending there) but is not yet recorded when a FLUSH's backing flush fails
+/// and drops it. The flusher's commit then succeeds; block 0 must stay named.
+#[test]
+fn a_write_back_in_progress_during_a_failed_backing_flush_stays_dirty() {
+    let durable = Arc::new(MemoryDev::new(64 * BS));
+    let flaky = Arc::new(FlakyFlush {
+        live: MemoryDev::new(64 * BS),
+        durable: durable.clone(),
+        pending: Mutex::new(Vec::new()),
+        fail_next: Mutex::new(false),
+        fail_countdown: Mutex::new(0),
+    });
+    let park = Arc::new(ParkAfterWrite { inner: flaky.clone(), st: Mutex::new((false, false, false)), cv: Condvar::new() });
+    let cmem = cache_mem(8);
+    let c = Arc::new(ElasticCache::new(park.clone(), cfg(), clock()));
+    c.attach(cmem.clone()).unwrap();
+    c.write_at(&fill(0xA1), 0, false).unwrap();
+    c.flush().unwrap(); // acked: block 0 = 0xA1 durable in the cache
+
+    park.st.lock().unwrap().0 = true;
+    let flusher = std::thread::spawn({
+        let c = c.clone();
+        move || c.flush_step(1)
+    });
+    {
+        let mut st = park.st.lock().unwrap();
+        while !st.1 {
+            st = park.cv.wait(st).unwrap();
+        }
+    }
+    *flaky.fail_next.lock().unwrap() = true;
+    assert!(c.flush().is_err(), "the backing flush failed");
+    park.st.lock().unwrap().2 = true;
+    park.cv.notify_all();
+    let _ = flusher.join().unwrap();
+
+    let r = ElasticCache::open(image(durable.as_ref()), image(cmem.as_ref()), cfg(), clock()).unwrap();
+    let got = block(&r, 0);
+    assert!(got == fill(0xA1), "block 0 was FLUSHed (acked); after a crash it reads {}", describe(&got));
+}
+
 /// Same family, on the fail-over path: the cache device fails during a FLUSH's
 /// commit; `fail_over` copies the dirty block to backing but the backing flush
 /// that should make it durable fails. `fail_over` only logs that

@@ -177,6 +177,9 @@ struct State {
     tick: u64,
     used_high: u32,
     flush_cursor: u64,
+    /// Failed backing flushes so far: a write-back that saw one happen while
+    /// it was in progress may have been dropped by it, so it stays dirty.
+    failed_flushes: u64,
 }
 
 impl State {
@@ -240,6 +243,7 @@ impl State {
     /// on it, including ones made after the commit's snapshot: all of them
     /// are dirty again.
     fn redirty_unsynced(&mut self) {
+        self.failed_flushes += 1;
         for i in 0..self.slots.len() {
             let s = self.slots[i];
             if !s.unsynced {
@@ -672,10 +676,10 @@ impl ElasticCache {
 
     /// Write a dirty block back (caller holds its stripe). Returns bytes flushed.
     fn flush_locked(&self, att: &Attached, block: u64) -> FResult<u64> {
-        let slot = {
+        let (slot, failed_flushes) = {
             let st = att.state.lock();
             match st.map.get(&block) {
-                Some(&s) if st.slots[s as usize].dirty => s,
+                Some(&s) if st.slots[s as usize].dirty => (s, st.failed_flushes),
                 _ => return Ok(0),
             }
         };
@@ -684,6 +688,9 @@ impl ElasticCache {
         cache_err(att.dev.read_at(&mut buf, att.layout.slot_offset(slot)))?;
         other_err(self.backing.write_at(&buf, block * self.block_size, false))?;
         let mut st = att.state.lock();
+        if st.failed_flushes != failed_flushes {
+            return Ok(0); // a failed backing flush may have dropped it
+        }
         st.slots[slot as usize].dirty = false;
         st.slots[slot as usize].unsynced = true;
         st.dirty.remove(&block);
