@@ -12,6 +12,7 @@
 //!   longer names it (slots freed by flushing become reusable after a commit);
 //! - commit order: snapshot the dirty set, flush backing, flush cache data, write
 //!   the older metadata copy, flush the cache device.
+//!
 //! A FLUSH is a commit; a FUA write is a write followed by a commit.
 //!
 //! Dynamic writeback: in [`Phase::Boost`] (phase 1) dirty blocks are flushed only
@@ -765,7 +766,8 @@ impl ElasticCache {
     }
 
     fn commit_locked(&self, att: &Attached, mut c: MutexGuard<'_, CommitState>) -> FResult<()> {
-        let (entries, written_back): (Vec<(u64, u32)>, Vec<(u32, u64)>) = {
+        // The snapshot, and the (slot, generation) of blocks written back before it.
+        let (entries, written_back) = {
             let mut st = att.state.lock();
             let entries: Vec<(u64, u32)> = st.dirty.iter().map(|b| (*b, st.map[b])).collect();
             // From now on the snapshot may become durable at any moment: its
@@ -773,7 +775,7 @@ impl ElasticCache {
             for &(b, slot) in &entries {
                 st.slots[slot as usize].persisted = Some(b);
             }
-            let wb = (0..st.slots.len() as u32).filter(|&i| st.slots[i as usize].unsynced).map(|i| (i, st.slots[i as usize].gen)).collect();
+            let wb: Vec<(u32, u64)> = (0..st.slots.len() as u32).filter(|&i| st.slots[i as usize].unsynced).map(|i| (i, st.slots[i as usize].gen)).collect();
             (entries, wb)
         };
         if let Err(e) = self.backing.flush() {
