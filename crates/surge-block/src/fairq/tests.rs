@@ -378,7 +378,10 @@ fn threads_on_two_tenants_share_by_weight() {
     threads.into_iter().for_each(|t| t.join().unwrap());
     let st = q.stats();
     let ratio = st.tenants[0].bytes as f64 / st.tenants[1].bytes as f64;
-    assert!((2.5..=3.5).contains(&ratio), "heavy:light = {ratio:.2} ({:?})", st.tenants);
+    // Real threads on a shared, noisy machine: a descheduled thread leaves its
+    // tenant briefly idle (and SFQ rightly gives no catch-up), so allow slack here;
+    // the exact 3:1 is asserted on virtual time above. 1:1 would still fail.
+    assert!((2.2..=4.0).contains(&ratio), "heavy:light = {ratio:.2} ({:?})", st.tenants);
     assert_eq!(st.outstanding, 0);
     assert_eq!(st.tenants[1].queued + st.tenants[1].in_flight, 0);
 }
