@@ -216,25 +216,13 @@ fn parse_flag(key: &str, v: Option<&str>) -> std::result::Result<bool, String> {
     }
 }
 
-/// `5ms`, `200us`, `1.5s`, `2m`, `0`.
+/// A latency rule's duration (`5ms`, `200us`, `1.5s`, `2m`); at most an hour.
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a duration like 5ms, 200us or 1s"))?;
-    let secs = match unit.trim() {
-        "ns" => n / 1e9,
-        "us" | "µs" => n / 1e6,
-        "ms" => n / 1e3,
-        "s" => n,
-        "m" | "min" => n * 60.0,
-        "" if n == 0.0 => 0.0,
-        u => return Err(format!("{s:?}: unknown unit {u:?} (use ns, us, ms, s, m)")),
-    };
-    if !secs.is_finite() || secs > 3600.0 {
+    let d = crate::units::parse_duration(s)?;
+    if d > Duration::from_secs(3600) {
         return Err(format!("{s:?}: latency above one hour is not a fault, it is an outage; use vanish_after"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
 fn format_duration(d: Duration) -> String {

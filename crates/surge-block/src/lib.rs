@@ -19,6 +19,7 @@ pub mod fault;
 pub mod file;
 pub mod memory;
 pub mod model;
+pub mod units;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;

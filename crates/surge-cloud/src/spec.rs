@@ -71,69 +71,7 @@ impl VolumeSpec {
     }
 }
 
-const UNITS: &[(&str, u64)] = &[
-    ("", 1),
-    ("b", 1),
-    ("k", 1 << 10),
-    ("kib", 1 << 10),
-    ("kb", 1_000),
-    ("m", 1 << 20),
-    ("mib", 1 << 20),
-    ("mb", 1_000_000),
-    ("g", 1 << 30),
-    ("gib", 1 << 30),
-    ("gb", 1_000_000_000),
-    ("t", 1 << 40),
-    ("tib", 1 << 40),
-    ("tb", 1_000_000_000_000),
-];
-
-/// `100GiB`, `10GB`, `4096`, `1.5TiB` -> bytes (must be a whole number of bytes).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = (&s[..split], s[split..].trim().to_ascii_lowercase());
-    if num.is_empty() {
-        return Err("expected a number first".into());
-    }
-    let mult = UNITS.iter().find(|u| u.0 == unit).ok_or_else(|| format!("unknown unit {unit:?}"))?.1 as u128;
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty() || frac.contains('.') || frac.len() > 12 {
-        return Err("malformed number".into());
-    }
-    let scale = 10u128.pow(frac.len() as u32);
-    let int: u128 = int.parse().map_err(|_| "number too large".to_string())?;
-    let frac: u128 = if frac.is_empty() { 0 } else { frac.parse().map_err(|_| "malformed number".to_string())? };
-    let v = (int * scale + frac).checked_mul(mult).ok_or("number too large")?;
-    if v % scale != 0 {
-        return Err("not a whole number of bytes".into());
-    }
-    u64::try_from(v / scale).map_err(|_| "number too large".into())
-}
-
-/// `33MB/s`, `128MiB/s` -> bytes/s.
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let q = s.trim().strip_suffix("/s").ok_or("a rate ends in /s, e.g. 33MB/s")?;
-    match parse_size(q)? {
-        0 => Err("a rate must be positive".into()),
-        v => Ok(v),
-    }
-}
-
-/// `2ms`, `500us`, `1s`, `0` -> Duration.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let n: u64 = s[..split].parse().map_err(|_| "expected a whole number first (e.g. 2ms)".to_string())?;
-    match &s[split..] {
-        "ns" => Ok(Duration::from_nanos(n)),
-        "us" | "µs" => Ok(Duration::from_micros(n)),
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "" if n == 0 => Ok(Duration::ZERO),
-        u => Err(format!("unknown unit {u:?} (use ns, us, ms or s)")),
-    }
-}
+pub use surge_block::units::{parse_duration, parse_rate, parse_size};
 
 fn parse_count(s: &str) -> Result<u64, String> {
     s.trim().replace('_', "").parse::<u64>().map_err(|_| "expected a whole number".into())

@@ -278,9 +278,6 @@ impl ElasticVolume {
     pub fn device_bytes(&self) -> u64 {
         io_total(&self.backing_io) + self.old_cache_bytes.load(Relaxed) + self.vol.lock().as_ref().map_or(0, |v| io_total(&v.io))
     }
-    pub fn backing_bytes(&self) -> u64 {
-        io_total(&self.backing_io)
-    }
     pub fn decisions(&self) -> Vec<LoggedDecision> {
         self.log.lock().clone()
     }

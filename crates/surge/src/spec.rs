@@ -164,7 +164,7 @@ fn build_file(args: &str, ctx: &BuildContext) -> Result<Built> {
     let opts = FileOptions {
         direct: o.flag("direct")?,
         read_only: o.flag("ro")?,
-        create_size: o.take("create").map(|s| parse_size(&s)).transpose()?,
+        create_size: o.take_size("create")?,
     };
     o.finish(&["direct", "ro", "create"])?;
     if opts.create_size.is_none() && !path.exists() {
@@ -264,12 +264,6 @@ impl Opts {
         self.take(key).map(|v| parse_rate(&v)).transpose()
     }
 
-    pub fn take_u64(&mut self, key: &str) -> Result<Option<u64>> {
-        self.take(key)
-            .map(|v| v.parse::<u64>().map_err(|_| self.err(format!("{key}={v}: expected a whole number"))))
-            .transpose()
-    }
-
     /// A bare flag (`direct`) or `flag=true|false|on|off|1|0`.
     pub fn flag(&mut self, key: &str) -> Result<bool> {
         let Some(i) = self.pairs.iter().position(|(k, _)| k == key) else { return Ok(false) };
@@ -293,78 +287,23 @@ impl Opts {
     }
 }
 
-/// Unit multipliers: K/M/G/T/P and KiB.. are powers of 1024 (as qemu-img and
-/// `truncate -s` read them), KB/MB/GB.. are powers of 1000.
-fn unit_multiplier(unit: &str) -> Option<u64> {
-    const K: u64 = 1024;
-    const D: u64 = 1000;
-    let u = unit.to_ascii_lowercase();
-    Some(match u.as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => K,
-        "m" | "mib" => K.pow(2),
-        "g" | "gib" => K.pow(3),
-        "t" | "tib" => K.pow(4),
-        "p" | "pib" => K.pow(5),
-        "kb" => D,
-        "mb" => D.pow(2),
-        "gb" => D.pow(3),
-        "tb" => D.pow(4),
-        "pb" => D.pow(5),
-        _ => return None,
-    })
-}
-
-/// `NUMBER[.FRACTION]UNIT` -> bytes, exact integer arithmetic; the result must be whole.
-fn parse_quantity(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = (&s[..split], s[split..].trim());
-    if num.is_empty() {
-        return Err("expected a number first".into());
-    }
-    let mult = unit_multiplier(unit).ok_or_else(|| format!("unknown unit {unit:?}"))? as u128;
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty() || frac.contains('.') || frac.len() > 18 {
-        return Err("malformed number".into());
-    }
-    let int: u128 = int.parse().map_err(|_| "number too large".to_string())?;
-    let scale = 10u128.pow(frac.len() as u32);
-    let frac_v: u128 = if frac.is_empty() { 0 } else { frac.parse().map_err(|_| "malformed number".to_string())? };
-    let scaled = (int * scale + frac_v).checked_mul(mult).ok_or("number too large")?;
-    if scaled % scale != 0 {
-        return Err("not a whole number of bytes".into());
-    }
-    u64::try_from(scaled / scale).map_err(|_| "number too large".into())
-}
-
 /// Sizes: `4096`, `512KiB`, `64MiB`, `1GiB`, `100G` (GiB), `10GB` (10^9), `1.5GiB`.
 pub fn parse_size(s: &str) -> Result<u64> {
-    parse_quantity(s).map_err(|why| SpecError::Size { input: s.to_string(), why })
+    surge_block::units::parse_size(s).map_err(|why| SpecError::Size { input: s.to_string(), why })
 }
 
 /// Rates in bytes per second: `33MB/s`, `128MiB/s`, `1GiB/s` (`/s` required).
 pub fn parse_rate(s: &str) -> Result<u64> {
     let err = |why: String| SpecError::Rate { input: s.to_string(), why };
     let q = s.trim().strip_suffix("/s").ok_or_else(|| err("missing \"/s\"".into()))?;
-    let v = parse_quantity(q).map_err(err)?;
+    let v = surge_block::units::parse_size(q).map_err(err)?;
     if v == 0 {
         return Err(err("a rate must be positive".into()));
     }
     Ok(v)
 }
 
-/// Largest binary unit that divides the size exactly, e.g. `64MiB`, `1536KiB`.
-pub fn format_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["PiB", "TiB", "GiB", "MiB", "KiB"];
-    for (i, u) in UNITS.iter().enumerate() {
-        let m = 1u64 << (10 * (5 - i));
-        if bytes >= m && bytes % m == 0 {
-            return format!("{}{u}", bytes / m);
-        }
-    }
-    format!("{bytes}B")
-}
+pub use surge_block::units::format_size;
 
 #[cfg(test)]
 mod tests {
@@ -458,8 +397,6 @@ mod tests {
         assert!(Opts::parse("x", "/p,=3").unwrap_err().to_string().contains("no key"));
         let mut o = Opts::parse("x", "/p,direct=maybe").unwrap();
         assert!(o.flag("direct").unwrap_err().to_string().contains("true or false"));
-        let mut o = Opts::parse("x", "n=abc").unwrap();
-        assert!(o.take_u64("n").unwrap_err().to_string().contains("whole number"));
     }
 
     #[test]

@@ -19,8 +19,8 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)?;
     match args.name.as_str() {
-        "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick),
         "elastic" => crate::experiment::elastic::run(&args.out, args.quick),
-        other => anyhow::bail!("unknown experiment {other:?}"),
+        "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick),
+        other => anyhow::bail!("unknown experiment {other:?}; known: elastic, fairshare"),
     }
 }

@@ -31,15 +31,15 @@ pub fn build_share(export: &str, args: &str, ctx: &BuildContext) -> Result<Built
     let tenant = o.take("tenant").unwrap_or_else(|| export.to_string());
     let cfg = TenantConfig {
         weight: o.take("weight").map(|w| parse_weight(&w)).transpose().map_err(|m| share_err(&m))?.unwrap_or(1),
-        reservation: o.take("reservation").map(|r| parse_rate(&r)).transpose()?,
-        limit: o.take("limit").map(|r| parse_rate(&r)).transpose()?,
+        reservation: o.take_rate("reservation")?,
+        limit: o.take_rate("limit")?,
     };
     let mut sched = SchedConfig::default();
     if let Some(d) = o.take("depth") {
         sched.depth = parse_depth(&d).map_err(|m| share_err(&m))?;
     }
-    if let Some(s) = o.take("overhead") {
-        sched.overhead = parse_size(&s)?;
+    if let Some(overhead) = o.take_size("overhead")? {
+        sched.overhead = overhead;
     }
     if let Some(v) = o.take("adaptive") {
         sched.adaptive = parse_adaptive(&v).map_err(|m| share_err(&m))?;

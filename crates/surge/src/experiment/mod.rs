@@ -1,4 +1,4 @@
 //! Experiments: one module each, run by `surge experiment NAME`.
-pub mod fairshare;
 
+pub mod fairshare;
 pub mod elastic;
