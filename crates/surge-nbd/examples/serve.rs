@@ -18,7 +18,7 @@ fn main() {
     };
     let mut cfg = ServerConfig::new(vec![Export::new("disk", dev)]);
     if let Some(w) = args.get(2) {
-        cfg.workers_per_export = w.parse().expect("workers");
+        cfg.threads_per_connection = w.parse().expect("workers");
     }
     // SURGE_TLS_DIR=DIR (server-cert.pem, server-key.pem) requires TLS.
     if let Ok(dir) = std::env::var("SURGE_TLS_DIR") {

@@ -15,7 +15,7 @@ fn fuzz_server() -> Shared {
     let mut ro = Export::new("ro", dev(64 * 1024));
     ro.read_only = true;
     let mut cfg = ServerConfig::new(vec![Export::new("disk", dev(1 << 20)), ro]);
-    cfg.workers_per_export = 1;
+    cfg.threads_per_connection = 1;
     cfg.max_in_flight = 4;
     Shared::new(cfg)
 }

@@ -25,7 +25,7 @@
 //!
 //! Request flow: an acceptor thread per listener (unix or TCP with
 //! TCP_NODELAY) → one thread per connection runs the handshake (and STARTTLS)
-//! → it and `workers_per_export - 1` peers serve the connection leader/follower
+//! → it and `threads_per_connection - 1` peers serve the connection leader/follower
 //! style: whoever holds the connection's input reads the next request header
 //! (buffered) and its complete payload into a pooled buffer, then runs it on the
 //! device; a small read/write on a fast export (measured) runs without giving up

@@ -54,7 +54,7 @@ pub struct ServerConfig {
     /// Threads serving each connection of an export: each reads requests in
     /// turn and does their device I/O (nbdkit's model), so this many requests
     /// of one connection can be at the device at once. 0 counts as 1.
-    pub workers_per_export: usize,
+    pub threads_per_connection: usize,
     /// Requests in flight per connection before the server stops reading more.
     pub max_in_flight: usize,
     /// Run small reads and writes (≤ 64 KiB) without handing the connection's
@@ -73,7 +73,7 @@ impl ServerConfig {
     pub fn new(exports: Vec<Export>) -> Self {
         ServerConfig {
             exports,
-            workers_per_export: 8,
+            threads_per_connection: 8,
             max_in_flight: 64,
             inline_fast_requests: true,
             tls_mode: TlsMode::Off,
@@ -213,7 +213,7 @@ impl Shared {
         Shared {
             exports,
             max_in_flight: cfg.max_in_flight.max(1),
-            threads_per_connection: cfg.workers_per_export.max(1),
+            threads_per_connection: cfg.threads_per_connection.max(1),
             inline_fast_requests: cfg.inline_fast_requests,
             tls_mode: cfg.tls_mode,
             tls: cfg.tls,

@@ -114,9 +114,9 @@ pub struct Args {
     /// Control socket for `surge status` / `surge set` [default: <data-dir>/control.sock].
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
-    /// I/O threads per export, shared by its connections; 0 runs each request on
-    /// its connection's thread (lowest latency for fast devices, no parallelism
-    /// within a connection) [default: 8].
+    /// Threads serving each connection: this many requests of one connection can
+    /// be at the device at once; 0 or 1 serves them one at a time on the
+    /// connection's own thread [default: 8].
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Allow TCP listeners on non-loopback addresses without `--tls require`
@@ -392,7 +392,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let mut cfg = ServerConfig::new(exports);
     if let Some(w) = plan.workers {
-        cfg.workers_per_export = w;
+        cfg.threads_per_connection = w;
     }
     cfg.tls_mode = plan.tls.mode();
     if let Some(dir) = &plan.tls_certs {

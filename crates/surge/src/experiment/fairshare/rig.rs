@@ -90,7 +90,7 @@ pub fn run(dev_spec: &DeviceSpec, spec: &RunSpec) -> anyhow::Result<RunOutcome> 
         .collect();
     let mut cfg = ServerConfig::new(exports);
     // One worker per stream, so the server never queues ahead of the scheduler.
-    cfg.workers_per_export = spec.streams.iter().copied().max().unwrap_or(1) + 2;
+    cfg.threads_per_connection = spec.streams.iter().copied().max().unwrap_or(1) + 2;
     let server = Server::start(cfg)?;
     let path = socket_path();
     server.listen(&Listen::Unix(path.clone()))?;
