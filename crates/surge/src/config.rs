@@ -21,7 +21,7 @@
 //! ```
 //! Spec strings are exactly those of `--export NAME=SPEC`.
 
-use crate::spec::{validate_name, ExportSpec, SpecError};
+use crate::stack::{validate_name, ExportSpec, SpecError};
 use anyhow::Context as _;
 use serde::Deserialize;
 use std::fmt;

@@ -5,10 +5,8 @@ use clap::{Parser, Subcommand};
 mod cmd;
 mod config;
 mod control;
-mod elastic;
 mod experiment;
-mod faultspec;
-mod spec;
+mod stack;
 mod torture;
 
 /// surge: elastic, cheap cloud storage throughput.

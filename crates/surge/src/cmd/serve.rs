@@ -3,7 +3,7 @@
 
 use crate::config::{self, ExportAllow, FileConfig, ListenAddr, TlsSetting, NBD_PORT};
 use crate::control::{self, Controllable, ControlServer, Registry};
-use crate::spec::{self, BuildContext, ExportSpec};
+use crate::stack::{self, BuildContext, ExportSpec};
 use anyhow::Context as _;
 use parking_lot::RwLock;
 use serde_json::json;
@@ -305,7 +305,7 @@ struct Prepared {
 fn build_context(plan: &Plan) -> anyhow::Result<BuildContext> {
     let mut ctx = BuildContext::new(plan.data_dir.clone(), Arc::new(SystemClock::new()));
     for p in &plan.pools {
-        let built = spec::build(p, &ctx).with_context(|| format!("pool {}", p.name))?;
+        let built = stack::build(p, &ctx).with_context(|| format!("pool {}", p.name))?;
         ctx.pools.insert(p.name.clone(), built.dev);
     }
     Ok(ctx)
@@ -318,7 +318,7 @@ fn prepare(
     ctx: &BuildContext,
     server: &ServerCell,
 ) -> anyhow::Result<Prepared> {
-    let built = spec::build(spec, ctx).with_context(|| format!("export {}", spec.name))?;
+    let built = stack::build(spec, ctx).with_context(|| format!("export {}", spec.name))?;
     let counted = Arc::new(Counted::new(built.dev));
     let read_only = read_only || counted.caps().read_only;
     let allow_text = allow.as_ref().map(|a| a.to_string());
@@ -490,7 +490,7 @@ fn instructions(exports: &[ExportSummary], bound: &[ListenAddr], control: &Path)
     let _ = writeln!(s, "surge is serving {} export(s):", exports.len());
     for e in exports {
         let ro = if e.read_only { ", read-only" } else { "" };
-        let _ = writeln!(s, "  {:<12} {:>10}{ro}  {}", e.name, spec::format_size(e.size), e.description);
+        let _ = writeln!(s, "  {:<12} {:>10}{ro}  {}", e.name, stack::format_size(e.size), e.description);
     }
     let _ = writeln!(s, "listening on: {}", bound.iter().map(|l| l.to_string()).collect::<Vec<_>>().join("  "));
     let first = &exports[0].name;

@@ -74,7 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64 % 1_000_000).unwrap_or(1)
     });
-    let region = crate::spec::parse_size(&args.region).map_err(|e| anyhow::anyhow!("--region: {e}"))?;
+    let region = crate::stack::parse_size(&args.region).map_err(|e| anyhow::anyhow!("--region: {e}"))?;
     let (data_dir, temporary) = match &args.data_dir {
         Some(d) => (d.clone(), false),
         None => {

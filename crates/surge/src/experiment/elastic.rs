@@ -12,7 +12,7 @@
 //! Every duration and size is multiplied by the scale factor (bandwidths and UT
 //! are not); report.md lists them all. Compute phases are modelled by sleeping.
 
-use crate::elastic::{ElasticParams, ElasticVolume, LoggedDecision};
+use crate::stack::elastic::{ElasticParams, ElasticVolume, LoggedDecision};
 use anyhow::{ensure, Context};
 use serde::Serialize;
 use std::collections::BTreeMap;

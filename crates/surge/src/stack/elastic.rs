@@ -378,9 +378,9 @@ impl Controllable for ElasticVolume {
 /// id=30s,initial=10GiB,min=1GiB,max=64GiB,granularity=1GiB,block=64KiB,learn=true,attach_delay=3s,
 /// mode=writeback,seq_bypass=SIZE]`. Keys after `backing=` that describe a volume (`bw`, `iops`,
 /// `lat`) belong to the backing volume. Volumes live in the local cloud of the data directory.
-pub fn build_elastic(name: &str, args: &str, ctx: &crate::spec::BuildContext) -> Result<crate::spec::Built, crate::spec::SpecError> {
+pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -> Result<crate::stack::Built, crate::stack::SpecError> {
     use surge_cloud::spec::{parse_duration, parse_rate, parse_size};
-    let err = |msg: String| crate::spec::SpecError::Args { kind: "elastic".into(), msg };
+    let err = |msg: String| crate::stack::SpecError::Args { kind: "elastic".into(), msg };
     let (mut backing, mut cache_kind, mut cache_bw) = (None::<String>, None::<String>, None::<u64>);
     let mut pol = ElasticConfig::default();
     let mut cache = CacheConfig::default();
@@ -422,7 +422,7 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::spec::BuildContext) ->
         return Err(err("block must be a power of two >= 4KiB".into()));
     }
     pol.backing_bw = backing.model.reserved_bw().ok_or_else(|| err("the backing volume needs a reserved bandwidth (bw=RATE) to measure utilization".into()))? as f64;
-    let mut cfg = surge_cloud::LocalConfig::new(crate::cmd::cloud::cloud_dir(&ctx.data_dir));
+    let mut cfg = surge_cloud::LocalConfig::new(crate::stack::volume::cloud_dir(&ctx.data_dir));
     if let Some(d) = attach_delay {
         cfg.delays.attach = d;
         cfg.delays.detach = d;
@@ -434,7 +434,7 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::spec::BuildContext) ->
     let vol = ElasticVolume::open(p, provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
     vol.start();
     let detail = serde_json::json!({ "backing": backing.to_string(), "backing_volume": vol.backing_id(), "cache_bw": cache_bw });
-    Ok(crate::spec::Built {
+    Ok(crate::stack::Built {
         dev: vol.clone(),
         description: format!("elastic volume over {backing} with {} MB/s caches", cache_bw / 1_000_000),
         detail,
@@ -447,8 +447,8 @@ mod tests {
     use super::*;
     use surge_block::VirtualClock;
 
-    fn ctx(dir: &std::path::Path) -> crate::spec::BuildContext {
-        crate::spec::BuildContext::new(dir.to_path_buf(), Arc::new(VirtualClock::new()))
+    fn ctx(dir: &std::path::Path) -> crate::stack::BuildContext {
+        crate::stack::BuildContext::new(dir.to_path_buf(), Arc::new(VirtualClock::new()))
     }
 
     #[test]

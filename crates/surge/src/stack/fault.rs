@@ -5,7 +5,7 @@
 //! "read.fail_prob=0.01"` replaces all rules, `surge set fault/base KEY VALUE` changes one.
 
 use crate::control::Controllable;
-use crate::spec::{BuildContext, Built, SpecError};
+use crate::stack::{BuildContext, Built, SpecError};
 use serde_json::json;
 use std::sync::Arc;
 use surge_block::fault::{FaultDev, FaultRules, OpKind};

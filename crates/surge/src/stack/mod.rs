@@ -1,11 +1,17 @@
-//! Export specs: `NAME=KIND:ARGS`, the one-line form shared by `surge serve
-//! --export`, `--pool`, the config file and (later) `surge torture`.
+//! Volume stacks and their builders: `NAME=KIND:ARGS`, the one-line form
+//! shared by `surge serve --export`, `--pool`, the config file and `surge
+//! torture`. `cmd/` calls into this module; nothing here depends on `cmd/`.
 //!
 //! Each KIND has one builder function, chosen by the `match` in [`build_kind`];
 //! a new kind (cloud volume types, `share:`, `elastic:`, ...) adds one arm and one
 //! function. ARGS are a comma-separated list: a leading positional value (a
 //! path, a size, a pool name) followed by `key=value` options and bare flags,
 //! parsed with [`Opts`]. Sizes and rates use [`parse_size`] / [`parse_rate`].
+
+pub mod elastic;
+pub mod fault;
+pub mod share;
+pub mod volume;
 
 use crate::control::Controllable;
 use serde_json::json;
@@ -91,7 +97,7 @@ pub struct BuildContext {
     /// Devices declared with `--pool NAME=SPEC`, shared by several exports.
     pub pools: BTreeMap<String, Arc<dyn BlockDev>>,
     /// Fair queues of pools shared by `share:` exports (see cmd::qos).
-    pub fair_queues: crate::cmd::qos::Queues,
+    pub fair_queues: share::Queues,
 }
 
 impl BuildContext {
@@ -149,10 +155,10 @@ pub fn build(spec: &ExportSpec, ctx: &BuildContext) -> Result<Built> {
     match spec.kind.as_str() {
         "file" => build_file(args, ctx),
         "memory" => build_memory(args),
-        "fault" => crate::faultspec::build_fault(args, ctx),
-        "share" => crate::cmd::qos::build_share(name, args, ctx),
-        "elastic" => crate::elastic::build_elastic(name, args, ctx),
-        kind if surge_cloud::spec::is_volume_type(kind) => crate::cmd::cloud::build_volume(name, kind, args, ctx),
+        "fault" => fault::build_fault(args, ctx),
+        "share" => share::build_share(name, args, ctx),
+        "elastic" => elastic::build_elastic(name, args, ctx),
+        kind if surge_cloud::spec::is_volume_type(kind) => volume::build_volume(name, kind, args, ctx),
         other => Err(SpecError::UnknownKind { kind: other.to_string(), known: KINDS.join(", ") }),
     }
 }
