@@ -44,10 +44,25 @@ impl BlockError {
             BlockError::NotSupported(_) => libc::ENOTSUP,
             BlockError::NoSpace => libc::ENOSPC,
             BlockError::Io { source, .. } | BlockError::Flush(source) => match source.raw_os_error() {
-                Some(libc::ENOSPC) | Some(libc::EDQUOT) => libc::ENOSPC,
+                // The NBD spec: EDQUOT and EFBIG (file too large) are ENOSPC to a client.
+                Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => libc::ENOSPC,
                 _ => libc::EIO,
             },
             BlockError::Gone(_) | BlockError::Corrupt(_) => libc::EIO,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn space_errors_of_every_kind_are_enospc() {
+        for e in [libc::ENOSPC, libc::EDQUOT, libc::EFBIG] {
+            let err = BlockError::io("write", 0, 1, io::Error::from_raw_os_error(e));
+            assert_eq!(err.errno(), libc::ENOSPC, "errno {e}");
+        }
+        assert_eq!(BlockError::io("write", 0, 1, io::Error::from_raw_os_error(libc::EBADF)).errno(), libc::EIO);
     }
 }

@@ -137,6 +137,10 @@ fn read_option_data(r: &mut impl Read, w: &mut impl Write, h: OptionHeader) -> i
     if h.len > MAX_DISCARDABLE_OPTION {
         return Err(protocol_error(format!("option {} carries {} bytes", h.option, h.len)));
     }
+    if h.option == OPT_EXPORT_NAME && h.len as usize > MAX_STRING {
+        // No export has so long a name, and this option cannot take an error reply.
+        return Err(protocol_error(format!("NBD_OPT_EXPORT_NAME of {} bytes", h.len)));
+    }
     if h.len > MAX_OPTION_DATA {
         let skipped = io::copy(&mut r.take(h.len as u64), &mut io::sink())?;
         if skipped < h.len as u64 {
@@ -156,9 +160,11 @@ fn reply(w: &mut impl Write, option: u32, rep: u32, data: &[u8]) -> io::Result<(
     w.flush()
 }
 
+/// An error reply whose message (which may echo client input) is cut to the
+/// spec's string limit.
 fn reply_error(w: &mut impl Write, option: u32, rep: u32, msg: &str) -> io::Result<()> {
     debug!(option, rep, msg, "option refused");
-    reply(w, option, rep, msg.as_bytes())
+    reply(w, option, rep, truncate_utf8(msg, MAX_STRING).as_bytes())
 }
 
 /// `Ok(Some(..))` ends this round of haggling; `Ok(None)` continues.
@@ -331,6 +337,10 @@ fn send_info_string(w: &mut impl Write, option: u32, kind: u16, s: &str) -> io::
 }
 
 fn meta_context(shared: &Shared, st: &mut State, w: &mut impl Write, option: u32, data: &[u8]) -> io::Result<()> {
+    if option == OPT_SET_META_CONTEXT {
+        // "replaces all previously-set metadata contexts (including when this command fails)"
+        st.meta_export = None;
+    }
     if !st.structured {
         return reply_error(w, option, REP_ERR_INVALID, "negotiate structured replies first");
     }
@@ -342,9 +352,6 @@ fn meta_context(shared: &Shared, st: &mut State, w: &mut impl Write, option: u32
         return reply_error(w, option, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.export));
     };
     if !shared.exports[idx].export.allows(&st.peer) {
-        if option == OPT_SET_META_CONTEXT {
-            st.meta_export = None;
-        }
         return reply_error(w, option, REP_ERR_POLICY, &refused_msg(&shared.exports[idx], &st.peer));
     }
     let (matches, id) = if option == OPT_SET_META_CONTEXT {

@@ -44,11 +44,14 @@
 //! carry an error).
 //!
 //! Errors: device errors go on the wire as `BlockError::errno()` mapped by
-//! [`proto::wire_errno`]; reads, CACHE and BLOCK_STATUS past the end get EINVAL,
-//! writes, TRIM and WRITE_ZEROES past the end ENOSPC (as the spec says), writes
-//! to read-only exports EPERM, FAST_ZERO on a device without fast zeroing
-//! ENOTSUP; the connection stays usable. Garbage magic or a write payload over
-//! [`HARD_MAX_PAYLOAD`] closes only that connection.
+//! [`proto::wire_errno`]; reads, TRIM, CACHE and BLOCK_STATUS past the end get
+//! EINVAL, writes and WRITE_ZEROES past the end ENOSPC (as the spec says),
+//! writes to read-only exports EPERM, FAST_ZERO on an export that does not
+//! advertise it EINVAL (ENOTSUP only answers a fast zero the device cannot do
+//! fast); structured reads longer than [`MAX_BLOCK`] come back in chunks of at
+//! most [`MAX_BLOCK`] (EOVERFLOW with NBD_CMD_FLAG_DF, or past
+//! [`HARD_MAX_PAYLOAD`]); the connection stays usable. Garbage magic or a write
+//! payload over [`HARD_MAX_PAYLOAD`] closes only that connection.
 //!
 //! [`Caps`]: surge_block::Caps
 

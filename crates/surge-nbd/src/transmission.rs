@@ -459,8 +459,12 @@ fn run_job(export: &ExportState, conn: &Conn, job: Job, flush: bool) {
     if let Some(t) = started {
         export.service.record(t.elapsed());
     }
-    if let Err(fail) = result {
+    if let Err(mut fail) = result {
         export.counters.errors.fetch_add(1, Ordering::Relaxed);
+        // The spec allows ENOTSUP only as the answer to a fast zero request.
+        if fail.errno == ENOTSUP && !(req.cmd == CMD_WRITE_ZEROES && req.flags & CMD_FLAG_FAST_ZERO != 0) {
+            fail.errno = EINVAL;
+        }
         if fail.errno == EIO || fail.errno == ENOSPC {
             warn!(export = %export.export.name, cmd = req.cmd, offset = req.offset, len = req.len, error = %fail.msg, "request failed");
         } else {
@@ -483,17 +487,14 @@ fn execute(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -
     match req.cmd {
         CMD_READ => {
             check_bounds(export, req, EINVAL)?;
-            if req.len > HARD_MAX_PAYLOAD {
-                let errno = if req.flags & CMD_FLAG_DF != 0 { EOVERFLOW } else { EINVAL };
-                return Err(Fail::new(errno, format!("read of {} bytes exceeds {HARD_MAX_PAYLOAD}", req.len)));
-            }
+            check_read_len(conn, req)?;
             read(dev, conn, req, msg)?;
             c.reads.fetch_add(1, Ordering::Relaxed);
             c.bytes_read.fetch_add(req.len as u64, Ordering::Relaxed);
             return Ok(());
         }
         CMD_WRITE => {
-            check_writable(export, req)?;
+            check_writable(export, req, ENOSPC)?;
             dev.write_at(&msg.buf[..req.len as usize], req.offset, fua)?;
             c.writes.fetch_add(1, Ordering::Relaxed);
             c.bytes_written.fetch_add(req.len as u64, Ordering::Relaxed);
@@ -503,19 +504,20 @@ fn execute(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -
             c.flushes.fetch_add(1, Ordering::Relaxed);
         }
         CMD_TRIM => {
-            check_writable(export, req)?;
+            check_writable(export, req, EINVAL)?;
             dev.discard(req.offset, req.len as u64)?;
             flush_if(dev, fua)?;
             c.trims.fetch_add(1, Ordering::Relaxed);
         }
         CMD_WRITE_ZEROES => {
-            check_writable(export, req)?;
+            check_writable(export, req, ENOSPC)?;
             let mode = ZeroMode {
                 may_trim: req.flags & CMD_FLAG_NO_HOLE == 0,
                 fast_only: req.flags & CMD_FLAG_FAST_ZERO != 0,
             };
             if mode.fast_only && !export.caps.fast_zero {
-                return Err(Fail::new(ENOTSUP, "this export cannot zero fast"));
+                // The flag was not advertised (NBD_FLAG_SEND_FAST_ZERO): a bad flag.
+                return Err(Fail::new(EINVAL, "NBD_CMD_FLAG_FAST_ZERO on an export that does not advertise it"));
             }
             dev.write_zeroes(req.offset, req.len as u64, mode)?;
             flush_if(dev, fua)?;
@@ -556,12 +558,29 @@ fn check_bounds(export: &ExportState, req: &Request, errno: u32) -> Result<(), F
     }
 }
 
-/// Writes, trims and zeroes: EPERM on read-only exports, ENOSPC past the end.
-fn check_writable(export: &ExportState, req: &Request) -> Result<(), Fail> {
+/// Writes, trims and zeroes: EPERM on read-only exports, `past_end` beyond
+/// the end (the spec: ENOSPC for writes and write-zeroes, EINVAL for trims).
+fn check_writable(export: &ExportState, req: &Request, past_end: u32) -> Result<(), Fail> {
     if export.read_only {
         return Err(Fail::new(EPERM, "export is read-only"));
     }
-    check_bounds(export, req, ENOSPC)
+    check_bounds(export, req, past_end)
+}
+
+/// Read lengths: a structured read longer than the advertised maximum is split
+/// into chunks (unless the client asked for one chunk, NBD_CMD_FLAG_DF); past the
+/// hard limit it is refused with EOVERFLOW so the client retries smaller. Simple
+/// replies cannot be split; a client must not ask for more than the maximum.
+fn check_read_len(conn: &Conn, req: &Request) -> Result<(), Fail> {
+    let df = req.flags & CMD_FLAG_DF != 0;
+    if conn.structured && (req.len > HARD_MAX_PAYLOAD || (df && req.len > MAX_BLOCK)) {
+        let limit = if df { MAX_BLOCK } else { HARD_MAX_PAYLOAD };
+        return Err(Fail::new(EOVERFLOW, format!("read of {} bytes in one reply exceeds {limit}", req.len)));
+    }
+    if req.len > HARD_MAX_PAYLOAD {
+        return Err(Fail::new(EINVAL, format!("read of {} bytes exceeds {HARD_MAX_PAYLOAD}", req.len)));
+    }
+    Ok(())
 }
 
 /// Replaces whatever `msg` held with an error reply (simple, or an ERROR chunk).
@@ -593,11 +612,12 @@ fn read(dev: &dyn BlockDev, conn: &Conn, req: &Request, msg: &mut OutMsg) -> Res
         msg.set_head(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, req.cookie, 0));
         return Ok(());
     }
-    if req.len >= HOLE_SCAN_MIN && req.flags & CMD_FLAG_DF == 0 {
-        if let Some(pieces) = zero_pieces(req.offset, &msg.buf[..len]) {
-            sparse_reply(req, &pieces, msg);
-            return Ok(());
-        }
+    let fragment = req.flags & CMD_FLAG_DF == 0;
+    let pieces = if fragment && req.len >= HOLE_SCAN_MIN { zero_pieces(req.offset, &msg.buf[..len]) } else { None };
+    if pieces.is_some() || req.len > MAX_BLOCK {
+        let pieces = pieces.unwrap_or_else(|| vec![Piece { rel: 0, len: req.len, hole: false }]);
+        sparse_reply(req, &split_data(pieces, MAX_BLOCK), msg);
+        return Ok(());
     }
     let mut head = [0u8; HEAD_MAX];
     head[..CHUNK_HEADER_LEN].copy_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req.cookie, 8 + req.len));
@@ -640,6 +660,25 @@ fn zero_pieces(offset: u64, data: &[u8]) -> Option<Vec<Piece>> {
         rel = end;
     }
     pieces.iter().any(|p| p.hole).then_some(pieces)
+}
+
+/// Splits data pieces longer than `max` (the advertised maximum payload): no
+/// chunk may carry more data than that.
+fn split_data(pieces: Vec<Piece>, max: u32) -> Vec<Piece> {
+    let mut out = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        if p.hole || p.len <= max {
+            out.push(p);
+            continue;
+        }
+        let mut rel = p.rel;
+        while rel < p.rel + p.len {
+            let len = max.min(p.rel + p.len - rel);
+            out.push(Piece { rel, len, hole: false });
+            rel += len;
+        }
+    }
+    out
 }
 
 /// OFFSET_DATA chunks for data pieces, OFFSET_HOLE chunks for zero pieces; the
@@ -731,6 +770,14 @@ mod tests {
                 Piece { rel: 131072, len: 131072, hole: true },
             ]
         );
+    }
+
+    #[test]
+    fn long_data_pieces_are_split_at_the_maximum_and_holes_kept() {
+        let pieces = vec![Piece { rel: 0, len: 10, hole: false }, Piece { rel: 10, len: 100, hole: true }, Piece { rel: 110, len: 9, hole: false }];
+        let got = split_data(pieces, 4);
+        let lens: Vec<(u32, u32, bool)> = got.iter().map(|p| (p.rel, p.len, p.hole)).collect();
+        assert_eq!(lens, vec![(0, 4, false), (4, 4, false), (8, 2, false), (10, 100, true), (110, 4, false), (114, 4, false), (118, 1, false)]);
     }
 
     #[test]
