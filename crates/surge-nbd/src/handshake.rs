@@ -27,6 +27,8 @@ pub(crate) struct Negotiated {
 
 pub(crate) struct State {
     no_zeroes: bool,
+    /// The client set NBD_FLAG_C_FIXED_NEWSTYLE: only then may TLS be negotiated.
+    fixed: bool,
     structured: bool,
     /// Export for which `base:allocation` was selected, if any.
     meta_export: Option<usize>,
@@ -112,7 +114,14 @@ pub(crate) fn greet(r: &mut impl Read, w: &mut impl Write, peer: Peer) -> io::Re
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return Err(protocol_error(format!("unknown client flags {client_flags:#x}")));
     }
-    Ok(Some(State { no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0, structured: false, meta_export: None, tls_active: false, peer }))
+    Ok(Some(State {
+        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+        fixed: client_flags & FLAG_C_FIXED_NEWSTYLE != 0,
+        structured: false,
+        meta_export: None,
+        tls_active: false,
+        peer,
+    }))
 }
 
 /// Option haggling until transmission, the client leaving, or STARTTLS.
@@ -177,11 +186,21 @@ fn handle_option(shared: &Shared, st: &mut State, w: &mut impl Write, option: u3
         return Ok(None);
     }
     if option == OPT_STARTTLS {
+        if !st.fixed {
+            // The spec: NOTLS mode unless the client speaks fixed newstyle.
+            let msg = "NBD_OPT_STARTTLS needs fixed newstyle (NBD_FLAG_C_FIXED_NEWSTYLE)";
+            return reply_error(w, option, REP_ERR_INVALID, msg).map(|_| None);
+        }
         return start_tls(shared, st, w, data);
     }
     if shared.tls_mode == TlsMode::Require && !st.tls_active && option != OPT_ABORT {
         if option == OPT_EXPORT_NAME {
             return Err(protocol_error("NBD_OPT_EXPORT_NAME without TLS on a TLS-only server"));
+        }
+        if !st.fixed {
+            // TLS_REQD would invite a STARTTLS this client may not send.
+            reply_error(w, option, REP_ERR_POLICY, "this server requires TLS, which needs fixed newstyle")?;
+            return Ok(None);
         }
         reply_error(w, option, REP_ERR_TLS_REQD, "this server requires TLS: send NBD_OPT_STARTTLS first")?;
         return Ok(None);

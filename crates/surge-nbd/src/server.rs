@@ -493,9 +493,14 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     let Some(mut st) = handshake::greet(&mut reader, &mut writer, peer_of(&socket))? else {
         return Ok("during handshake".into());
     };
-    let mut session = None;
+    let mut session: Option<Arc<tls::TlsSession>> = None;
     let neg = loop {
-        match handshake::options(shared, &mut st, &mut reader, &mut writer)? {
+        let outcome = handshake::options(shared, &mut st, &mut reader, &mut writer);
+        if let (Some(s), Ok(Outcome::Closed) | Err(_)) = (&session, &outcome) {
+            // The spec: shut TLS down (close_notify) before closing.
+            s.close(&socket);
+        }
+        match outcome? {
             Outcome::Closed => return Ok("during handshake".into()),
             Outcome::Transmission(neg) => break neg,
             Outcome::StartTls => {

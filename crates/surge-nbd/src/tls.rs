@@ -1,4 +1,5 @@
-//! TLS for NBD (NBD_OPT_STARTTLS) with rustls: X.509 server certificates.
+//! TLS for NBD (NBD_OPT_STARTTLS) with rustls: X.509 server certificates and,
+//! optionally, client certificates checked against a CA (mutual TLS).
 //! rustls has no external-PSK support on the server side, so TLS-PSK (which
 //! qemu and nbdkit offer through GnuTLS) is not available.
 //!
@@ -40,31 +41,69 @@ pub enum TlsError {
     NoCertificate(PathBuf),
     #[error("TLS configuration rejected: {0}")]
     Config(#[from] rustls::Error),
+    #[error("{0} holds no CA certificate: verifying clients (--tls-verify-peer) needs the CA that signs their certificates in ca-cert.pem")]
+    NoClientCa(PathBuf),
+    #[error("cannot verify clients with {path}: {msg}")]
+    ClientCa { path: PathBuf, msg: String },
 }
 
-/// A rustls server configuration from a PEM certificate chain and private key.
-pub fn server_config_from_pem(cert_chain: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let pem_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: rustls::pki_types::pem::Error| TlsError::Pem { path, msg: e.to_string() }
-    };
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_file_iter(cert_chain).map_err(pem_err(cert_chain))?.collect::<Result<_, _>>().map_err(pem_err(cert_chain))?;
+fn pem_err(path: &Path) -> impl FnOnce(rustls::pki_types::pem::Error) -> TlsError {
+    let path = path.to_path_buf();
+    move |e| TlsError::Pem { path, msg: e.to_string() }
+}
+
+fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    CertificateDer::pem_file_iter(path).map_err(pem_err(path))?.collect::<Result<_, _>>().map_err(pem_err(path))
+}
+
+/// A rustls server configuration from a PEM certificate chain and private key;
+/// with `client_ca`, clients must present a certificate signed by a CA in that
+/// PEM file (mutual TLS), otherwise the handshake fails.
+pub fn server_config_from_pem(cert_chain: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let certs = load_certs(cert_chain)?;
     if certs.is_empty() {
         return Err(TlsError::NoCertificate(cert_chain.to_path_buf()));
     }
     let key = PrivateKeyDer::from_pem_file(key).map_err(pem_err(key))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+    let cfg = match client_ca {
+        None => builder.with_no_client_auth().with_single_cert(certs, key)?,
+        Some(ca) => builder.with_client_cert_verifier(client_verifier(ca, provider)?).with_single_cert(certs, key)?,
+    };
     Ok(Arc::new(cfg))
 }
 
-/// The qemu/nbdkit directory layout: `server-cert.pem` and `server-key.pem` in `dir`.
+/// Accepts client certificates that chain to a CA in `ca` (PEM), nothing else.
+fn client_verifier(
+    ca: &Path,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let err = |msg: String| TlsError::ClientCa { path: ca.to_path_buf(), msg };
+    if !ca.exists() {
+        return Err(TlsError::NoClientCa(ca.to_path_buf()));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in load_certs(ca)? {
+        roots.add(cert).map_err(|e| err(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoClientCa(ca.to_path_buf()));
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build().map_err(|e| err(e.to_string()))
+}
+
+/// The qemu/nbdkit directory layout: `server-cert.pem` and `server-key.pem` in
+/// `dir`; with `verify_peer` (nbdkit's `--tls-verify-peer`) also `ca-cert.pem`,
+/// the CA whose signature a client certificate must carry.
+pub fn server_config(dir: &Path, verify_peer: bool) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let ca = dir.join("ca-cert.pem");
+    server_config_from_pem(&dir.join("server-cert.pem"), &dir.join("server-key.pem"), verify_peer.then_some(ca.as_path()))
+}
+
+/// [`server_config`] without client certificates.
 pub fn server_config_from_dir(dir: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    server_config_from_pem(&dir.join("server-cert.pem"), &dir.join("server-key.pem"))
+    server_config(dir, false)
 }
 
 /// The TLS state of one connection, shared by its reader and writers.

@@ -134,3 +134,203 @@ fn allow_mode_serves_plain_and_tls_clients() {
     assert!(plain_json.contains("\"TLS\": false"), "{plain_json}");
     server.shutdown().unwrap();
 }
+
+/// A client certificate signed by the CA in `dir` (client-cert.pem, client-key.pem
+/// in `out`, the layout libnbd and qemu read), or self-signed with `ca: None`.
+fn make_client_cert(dir: &Path, out: &Path, ca: Option<&Path>) {
+    std::fs::create_dir_all(out).unwrap();
+    let ossl = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(out));
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    std::fs::write(out.join("ext.cnf"), "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n").unwrap();
+    match ca {
+        None => {
+            ossl(&[&["req", "-x509"], &ec[..], &["-keyout", "client-key.pem", "-out", "client-cert.pem", "-days", "2", "-subj", "/CN=self-signed-client"]].concat());
+        }
+        Some(ca) => {
+            ossl(&[&["req"], &ec[..], &["-keyout", "client-key.pem", "-out", "client.csr", "-subj", "/CN=surge-test-client"]].concat());
+            let (cert, key) = (ca.join("ca-cert.pem"), ca.join("ca-key.pem"));
+            ossl(&[
+                "x509", "-req", "-in", "client.csr", "-CA", cert.to_str().unwrap(), "-CAkey", key.to_str().unwrap(), "-CAcreateserial",
+                "-out", "client-cert.pem", "-days", "2", "-extfile", "ext.cnf",
+            ]);
+        }
+    }
+    std::fs::copy(dir.join("ca-cert.pem"), out.join("ca-cert.pem")).unwrap();
+}
+
+/// A rustls client trusting the CA in `ca_dir`, presenting `client` (dir with
+/// client-cert.pem and client-key.pem) if given.
+fn rustls_client(ca_dir: &Path, client: Option<&Path>) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(ca_dir.join("ca-cert.pem")).unwrap()).unwrap();
+    let b = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    Arc::new(match client {
+        None => b.with_no_client_auth(),
+        Some(d) => {
+            let certs = CertificateDer::pem_file_iter(d.join("client-cert.pem")).unwrap().collect::<Result<Vec<_>, _>>().unwrap();
+            b.with_client_auth_cert(certs, PrivateKeyDer::from_pem_file(d.join("client-key.pem")).unwrap()).unwrap()
+        }
+    })
+}
+
+/// Greeting, fixed-newstyle flags, NBD_OPT_STARTTLS acknowledged: the plain socket, ready for TLS.
+fn raw_starttls(sock: &Path) -> std::os::unix::net::UnixStream {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let mut g = [0u8; 18];
+    s.read_exact(&mut g).unwrap();
+    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
+    s.write_all(&encode_option_header(OPT_STARTTLS, 0)).unwrap();
+    let mut r = [0u8; 20];
+    s.read_exact(&mut r).unwrap();
+    assert_eq!(parse_option_reply_header(&r).unwrap().reply, REP_ACK);
+    s
+}
+
+/// Runs NBD_OPT_LIST over TLS; `Ok(names)` or the error that ended the session.
+fn tls_list(sock: &Path, cfg: Arc<rustls::ClientConfig>) -> std::io::Result<usize> {
+    use std::io::{Read, Write};
+    let s = raw_starttls(sock);
+    let conn = rustls::ClientConnection::new(cfg, "localhost".try_into().unwrap()).unwrap();
+    let mut t = rustls::StreamOwned::new(conn, s);
+    t.write_all(&encode_option_header(OPT_LIST, 0))?;
+    let mut n = 0;
+    loop {
+        let mut r = [0u8; 20];
+        t.read_exact(&mut r)?;
+        let h = parse_option_reply_header(&r).unwrap();
+        let mut d = vec![0u8; h.len as usize];
+        t.read_exact(&mut d)?;
+        if h.reply != REP_SERVER {
+            return Ok(n);
+        }
+        n += 1;
+    }
+}
+
+// Issue 10 item 8: "The server MUST operate in NOTLS mode unless ... the client
+// replied with NBD_FLAG_C_FIXED_NEWSTYLE".
+#[test]
+fn starttls_is_refused_to_a_client_without_fixed_newstyle() {
+    use std::io::{Read, Write};
+    if !have("openssl") {
+        eprintln!("SKIP: openssl not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    for mode in [TlsMode::Allow, TlsMode::Require] {
+        let sock = dir.path().join(format!("s-{mode:?}"));
+        let server = start(mode, Some(dir.path()), &sock);
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        let mut g = [0u8; 18];
+        s.read_exact(&mut g).unwrap();
+        s.write_all(&FLAG_C_NO_ZEROES.to_be_bytes()).unwrap();
+        s.write_all(&encode_option_header(OPT_STARTTLS, 0)).unwrap();
+        let mut r = [0u8; 20];
+        s.read_exact(&mut r).unwrap();
+        let h = parse_option_reply_header(&r).unwrap();
+        assert!(h.reply != REP_ACK && h.reply & (1 << 31) != 0, "{mode:?}: STARTTLS answered {:#x}", h.reply);
+        let mut msg = vec![0u8; h.len as usize];
+        s.read_exact(&mut msg).unwrap();
+        if mode == TlsMode::Require {
+            // Not TLS_REQD either: such a client can never start TLS.
+            s.write_all(&encode_option_header(OPT_LIST, 0)).unwrap();
+            s.read_exact(&mut r).unwrap();
+            let h = parse_option_reply_header(&r).unwrap();
+            assert!(h.reply != REP_ERR_TLS_REQD && h.reply & (1 << 31) != 0, "LIST answered {:#x}", h.reply);
+        }
+        drop(s);
+        server.shutdown().unwrap();
+    }
+}
+
+// Issue 10 item 8: a TLS session that ends during option haggling (ABORT) is
+// shut down with close_notify before the socket closes.
+#[test]
+fn a_tls_session_ending_during_negotiation_gets_close_notify() {
+    use std::io::{Read, Write};
+    if !have("openssl") {
+        eprintln!("SKIP: openssl not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let sock = dir.path().join("s");
+    let server = start(TlsMode::Require, Some(dir.path()), &sock);
+    let s = raw_starttls(&sock);
+    let conn = rustls::ClientConnection::new(rustls_client(dir.path(), None), "localhost".try_into().unwrap()).unwrap();
+    let mut t = rustls::StreamOwned::new(conn, s);
+    t.write_all(&encode_option_header(OPT_ABORT, 0)).unwrap();
+    let mut r = [0u8; 20];
+    t.read_exact(&mut r).unwrap();
+    assert_eq!(parse_option_reply_header(&r).unwrap().reply, REP_ACK);
+    let mut rest = Vec::new();
+    // rustls reports a close without close_notify as UnexpectedEof.
+    t.read_to_end(&mut rest).expect("the server must send close_notify before closing");
+    assert!(rest.is_empty());
+    server.shutdown().unwrap();
+}
+
+// Issue 10 item 11: with peer verification the server wants a client
+// certificate signed by its CA (ca-cert.pem beside the server's certificate).
+#[test]
+fn verify_peer_admits_only_clients_with_a_certificate_from_the_ca() {
+    if !have("openssl") {
+        eprintln!("SKIP: openssl not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let good = dir.path().join("good");
+    make_client_cert(dir.path(), &good, Some(dir.path()));
+    let selfsigned = dir.path().join("self");
+    make_client_cert(dir.path(), &selfsigned, None);
+    let other_ca = dir.path().join("other-ca");
+    std::fs::create_dir_all(&other_ca).unwrap();
+    make_certs(&other_ca);
+    let wrong = dir.path().join("wrong");
+    make_client_cert(dir.path(), &wrong, Some(&other_ca));
+
+    let mut cfg = ServerConfig::new(vec![Export::new("disk", Arc::new(MemoryDev::new(1 << 20)))]);
+    cfg.tls_mode = TlsMode::Require;
+    cfg.tls = Some(tls::server_config(dir.path(), true).unwrap());
+    let server = Server::start(cfg).unwrap();
+    let sock = dir.path().join("s");
+    server.listen(&Listen::Unix(sock.clone())).unwrap();
+
+    assert_eq!(tls_list(&sock, rustls_client(dir.path(), Some(&good))).unwrap(), 1, "a client certificate from the CA");
+    for (what, client) in [("no certificate", None), ("self-signed", Some(&selfsigned)), ("another CA", Some(&wrong))] {
+        let r = tls_list(&sock, rustls_client(dir.path(), client.map(|p| p.as_path())));
+        assert!(r.is_err(), "{what}: admitted");
+    }
+    // Without verification the same certificate-less client is served.
+    let mut cfg = ServerConfig::new(vec![Export::new("disk", Arc::new(MemoryDev::new(1 << 20)))]);
+    cfg.tls_mode = TlsMode::Require;
+    cfg.tls = Some(tls::server_config(dir.path(), false).unwrap());
+    let open = Server::start(cfg).unwrap();
+    let sock2 = dir.path().join("s2");
+    open.listen(&Listen::Unix(sock2.clone())).unwrap();
+    assert_eq!(tls_list(&sock2, rustls_client(dir.path(), None)).unwrap(), 1);
+    open.shutdown().unwrap();
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn verify_peer_without_a_ca_certificate_is_a_clear_error() {
+    if !have("openssl") {
+        eprintln!("SKIP: openssl not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    std::fs::remove_file(dir.path().join("ca-cert.pem")).unwrap();
+    let err = tls::server_config(dir.path(), true).err().expect("must fail").to_string();
+    assert!(err.contains("ca-cert.pem"), "{err}");
+}
