@@ -8,6 +8,7 @@
 //! listen = ["unix:/run/surge/nbd.sock", "tcp:127.0.0.1:10809"]
 //! tls = "require"                      # optional: off (default), allow, require
 //! tls_certs = "/etc/surge/tls"         # server-cert.pem, server-key.pem
+//! tls_verify_peer = false              # optional: clients need a certificate from tls_certs/ca-cert.pem
 //!
 //! [[pool]]                             # shared devices (for share: exports)
 //! name = "shared"
@@ -170,6 +171,9 @@ pub struct FileConfig {
     pub insecure: bool,
     pub tls: Option<TlsSetting>,
     pub tls_certs: Option<PathBuf>,
+    /// Mutual TLS: clients need a certificate signed by tls_certs/ca-cert.pem.
+    #[serde(default)]
+    pub tls_verify_peer: bool,
     #[serde(default)]
     pub listen: Vec<String>,
     #[serde(default, rename = "pool")]

@@ -321,3 +321,77 @@ fn non_loopback_listeners_need_tls_require_or_insecure() {
     assert_eq!(text(&out.stdout).trim(), "1048576", "{}", text(&out.stderr));
     fails(&nbdinfo(&["--size", &format!("nbd://127.0.0.1:{port}/m")]));
 }
+
+/// A client certificate (client-cert.pem, client-key.pem) in `root/NAME`, beside
+/// the ca-cert.pem a client uses to check the server: signed by the CA in
+/// `signer` (ca-cert.pem, ca-key.pem), or self-signed with `None`.
+fn client_cert_dir(root: &Path, name: &str, trusted_ca: &Path, signer: Option<&Path>) -> PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(trusted_ca, dir.join("ca-cert.pem")).unwrap();
+    std::fs::write(dir.join("ext.cnf"), "extendedKeyUsage=clientAuth\n").unwrap();
+    let subj = format!("/CN=surge-client-{name}");
+    match signer {
+        None => ossl(&dir, &[&["req", "-x509", "-nodes"], &EC[..], &["-keyout", "client-key.pem", "-out", "client-cert.pem", "-days", "2", "-subj", &subj]].concat()),
+        Some(ca) => {
+            ossl(&dir, &[&["req", "-nodes"], &EC[..], &["-keyout", "client-key.pem", "-out", "client.csr", "-subj", &subj]].concat());
+            let (cert, key) = (ca.join("ca-cert.pem"), ca.join("ca-key.pem"));
+            ossl(
+                &dir,
+                &[
+                    "x509", "-req", "-in", "client.csr", "-CA", cert.to_str().unwrap(), "-CAkey", key.to_str().unwrap(),
+                    "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", "client-cert.pem",
+                ],
+            );
+        }
+    }
+    dir
+}
+
+/// Issue 10 item 11: `--tls-verify-peer` (nbdkit's name) admits only clients
+/// whose certificate the CA in `--tls-certs DIR/ca-cert.pem` signed: libnbd's
+/// nbdinfo and qemu-img (GnuTLS) with a right-CA certificate get in; a
+/// self-signed one, one from another CA, or none is refused.
+#[test]
+fn tls_verify_peer_admits_only_client_certificates_signed_by_the_ca() {
+    let pki_dir = tempfile::tempdir().unwrap();
+    let root = pki_dir.path();
+    let pki = openssl_pki(root);
+    let ca = root.join("ca");
+    std::fs::copy(ca.join("ca-cert.pem"), pki.server.join("ca-cert.pem")).unwrap();
+    let trusted = pki.client.join("ca-cert.pem");
+    let good = client_cert_dir(root, "good", &trusted, Some(&ca));
+    let selfsigned = client_cert_dir(root, "self-signed", &trusted, None);
+    let wrong = client_cert_dir(root, "wrong-ca", &trusted, Some(&root.join("other-ca")));
+
+    let port = free_port();
+    let certs = pki.server.to_str().unwrap();
+    let s = serve_tcp(port, &["--tls", "require", "--tls-certs", certs, "--tls-verify-peer", "--export", "disk=memory:1MiB"]);
+    assert!(s.stdout().contains("client certificate"), "the TLS note names the client certificate:\n{}", s.stdout());
+
+    let out = nbdinfo(&["--size", &tls_uri(port, "disk", &good)]);
+    assert_eq!(text(&out.stdout).trim(), "1048576", "right-CA client certificate: {}", text(&out.stderr));
+    let qemu_img = require("qemu-img", "qemu-utils");
+    let qemu = |dir: &Path| {
+        let obj = format!("tls-creds-x509,id=tls0,dir={},endpoint=client", dir.display());
+        let img = format!("driver=nbd,host=127.0.0.1,port={port},export=disk,tls-creds=tls0");
+        run(Command::new(&qemu_img).args(["info", "--output=json", "--object", &obj, "--image-opts", &img]))
+    };
+    let out = qemu(&good);
+    assert!(out.status.success() && text(&out.stdout).contains("\"virtual-size\": 1048576"), "qemu-img: {}", text(&out.stderr));
+
+    for (what, dir) in [("self-signed", &selfsigned), ("another CA's", &wrong), ("no", &pki.client)] {
+        fails(&nbdinfo(&["--size", &tls_uri(port, "disk", dir)]));
+        assert!(!qemu(dir).status.success(), "qemu-img with {what} client certificate got in");
+    }
+    assert!(s.logs().to_lowercase().contains("certificate"), "refusals are logged:\n{}", s.logs());
+    // The right certificate still works after the refusals.
+    assert!(nbdinfo(&["--size", &tls_uri(port, "disk", &good)]).status.success());
+
+    // Without ca-cert.pem beside the server certificate, or without TLS, the flag is refused at startup.
+    std::fs::remove_file(pki.server.join("ca-cert.pem")).unwrap();
+    let err = serve_must_fail(&["--tls", "require", "--tls-certs", certs, "--tls-verify-peer", "--export", "m=memory:1MiB"]);
+    assert!(err.contains("ca-cert.pem"), "{err}");
+    let err = serve_must_fail(&["--tls-verify-peer", "--export", "m=memory:1MiB"]);
+    assert!(err.contains("--tls-verify-peer") && err.contains("--tls"), "{err}");
+}

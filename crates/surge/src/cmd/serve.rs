@@ -51,7 +51,11 @@ To make a test CA and server certificate with openssl:
   printf 'subjectAltName=DNS:HOSTNAME,IP:ADDRESS\\nextendedKeyUsage=serverAuth\\n' > ext.cnf
   openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem \\
     -CAcreateserial -days 365 -extfile ext.cnf -out server-cert.pem
-(or with GnuTLS certtool: see docs/security.md). rustls has no server-side PSK, \
+(or with GnuTLS certtool: see docs/security.md). --tls-verify-peer (mutual TLS, \
+as nbdkit names it) also makes every client present a certificate signed by the \
+CA in DIR/ca-cert.pem: others are refused during the TLS handshake. Clients keep \
+client-cert.pem and client-key.pem beside their ca-cert.pem (libnbd's \
+tls-certificates=DIR, qemu's tls-creds-x509 dir). rustls has no server-side PSK, \
 so TLS-PSK is not offered. A TCP listener on a non-loopback address is refused \
 unless --tls require is set or --insecure is passed (--tls allow is not enough).
 
@@ -130,6 +134,10 @@ pub struct Args {
     /// Directory with server-cert.pem and server-key.pem (needed by --tls allow|require).
     #[arg(long, value_name = "DIR")]
     pub tls_certs: Option<PathBuf>,
+    /// Mutual TLS: TLS clients must present a certificate signed by the CA in
+    /// <tls-certs>/ca-cert.pem; others are refused.
+    #[arg(long)]
+    pub tls_verify_peer: bool,
     /// Only clients at these addresses may use export NAME: NAME=RULE[,RULE...]
     /// with RULE an address (127.0.0.1, ::1), a network (10.0.0.0/8) or `unix`
     /// (repeatable; without it an export is open to every client).
@@ -151,6 +159,8 @@ pub struct Plan {
     pub tls: TlsSetting,
     /// Where server-cert.pem and server-key.pem are (set whenever `tls` is not off).
     pub tls_certs: Option<PathBuf>,
+    /// Clients must present a certificate signed by `tls_certs`/ca-cert.pem.
+    pub tls_verify_peer: bool,
     /// Allow-lists by export name (config entries and flags for one name are merged).
     pub allow: Vec<(String, AllowList)>,
 }
@@ -173,6 +183,10 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
             "--tls {tls} needs --tls-certs DIR (a directory holding server-cert.pem and server-key.pem; \
              see `surge serve --help` for how to make them)"
         );
+    }
+    let tls_verify_peer = args.tls_verify_peer || file.tls_verify_peer;
+    if tls_verify_peer && tls == TlsSetting::Off {
+        anyhow::bail!("--tls-verify-peer checks TLS client certificates: it needs --tls allow or --tls require");
     }
     // Plaintext off the machine needs an explicit --insecure; TLS for every client is enough.
     let insecure = args.insecure || file.insecure || tls == TlsSetting::Require;
@@ -212,6 +226,7 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
         exports,
         tls,
         tls_certs: tls_certs.filter(|_| tls != TlsSetting::Off),
+        tls_verify_peer,
         allow,
     })
 }
@@ -396,10 +411,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     cfg.tls_mode = plan.tls.mode();
     if let Some(dir) = &plan.tls_certs {
-        let tls = surge_nbd::tls::server_config_from_dir(dir)
-            .with_context(|| format!("--tls-certs {}: loading server-cert.pem and server-key.pem", dir.display()))?;
+        let tls = surge_nbd::tls::server_config(dir, plan.tls_verify_peer).with_context(|| {
+            let ca = if plan.tls_verify_peer { ", and ca-cert.pem for --tls-verify-peer" } else { "" };
+            format!("--tls-certs {}: loading server-cert.pem and server-key.pem{ca}", dir.display())
+        })?;
         cfg.tls = Some(tls);
-        tracing::info!(mode = %plan.tls, certs = %dir.display(), "TLS enabled");
+        tracing::info!(mode = %plan.tls, certs = %dir.display(), verify_peer = plan.tls_verify_peer, "TLS enabled");
     }
     let server = Server::start(cfg).context("starting the NBD server")?;
     let bound = start_listeners(&server, &plan);
@@ -422,7 +439,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     print_instructions(&summary, &bound, control.path());
     if plan.tls != TlsSetting::Off {
         let mut out = std::io::stdout().lock();
-        let _ = out.write_all(tls_note(plan.tls, &bound, &summary[0].name).as_bytes()).and_then(|_| out.flush());
+        let note = tls_note(plan.tls, plan.tls_verify_peer, &bound, &summary[0].name);
+        let _ = out.write_all(note.as_bytes()).and_then(|_| out.flush());
     }
 
     let sig = signals.forever().next();
@@ -469,7 +487,7 @@ pub fn nbd_uri(listen: &ListenAddr, export: &str) -> String {
 }
 
 /// How TLS clients connect (the plain URIs above fail when TLS is required).
-fn tls_note(tls: TlsSetting, bound: &[ListenAddr], first: &str) -> String {
+fn tls_note(tls: TlsSetting, verify_peer: bool, bound: &[ListenAddr], first: &str) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let _ = match tls {
@@ -480,6 +498,9 @@ fn tls_note(tls: TlsSetting, bound: &[ListenAddr], first: &str) -> String {
         let uri = nbd_uri(l, first).replacen("nbd", "nbds", 1);
         let sep = if uri.contains('?') { '&' } else { '?' };
         let _ = writeln!(s, "  nbdinfo '{uri}{sep}tls-certificates=DIR'   # DIR holds ca-cert.pem, the CA that signed the server certificate");
+    }
+    if verify_peer {
+        let _ = writeln!(s, "  and DIR also holds client-cert.pem + client-key.pem: a client certificate signed by the CA in the server's ca-cert.pem");
     }
     s
 }
@@ -611,7 +632,9 @@ mod tests {
     #[test]
     fn tls_note_gives_nbds_uris() {
         let bound = ["unix:/d/s.sock".parse().unwrap(), "tcp:127.0.0.1:10809".parse().unwrap()];
-        let t = tls_note(TlsSetting::Require, &bound, "disk");
+        let t = tls_note(TlsSetting::Require, false, &bound, "disk");
+        assert!(!t.contains("client-cert.pem"), "{t}");
+        assert!(tls_note(TlsSetting::Require, true, &bound, "disk").contains("client-cert.pem"));
         assert!(t.contains("nbds+unix:///disk?socket=/d/s.sock&tls-certificates=DIR"), "{t}");
         assert!(t.contains("nbds://127.0.0.1:10809/disk?tls-certificates=DIR") && t.contains("required"), "{t}");
     }
