@@ -67,6 +67,11 @@ pub struct ServerConfig {
     /// Certificate and key for TLS (see [`crate::tls::server_config_from_pem`]);
     /// required unless `tls_mode` is `Off`.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// At shutdown, how long clients get to leave on their own: meanwhile
+    /// options are answered NBD_REP_ERR_SHUTDOWN and new requests NBD_ESHUTDOWN
+    /// (both tell the client to disconnect). Then the server stops reading,
+    /// answers what it has read and closes.
+    pub shutdown_grace: Duration,
 }
 
 impl ServerConfig {
@@ -78,6 +83,7 @@ impl ServerConfig {
             inline_fast_requests: true,
             tls_mode: TlsMode::Off,
             tls: None,
+            shutdown_grace: SHUTDOWN_GRACE,
         }
     }
 }
@@ -188,6 +194,7 @@ pub(crate) struct Shared {
     pub tls_mode: TlsMode,
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub shutting_down: AtomicBool,
+    shutdown_grace: Duration,
     connections_accepted: AtomicU64,
     next_conn_id: AtomicU64,
     live: Mutex<HashMap<u64, LiveConnection>>,
@@ -218,6 +225,7 @@ impl Shared {
             tls_mode: cfg.tls_mode,
             tls: cfg.tls,
             shutting_down: AtomicBool::new(false),
+            shutdown_grace: cfg.shutdown_grace,
             connections_accepted: AtomicU64::new(0),
             next_conn_id: AtomicU64::new(1),
             live: Mutex::new(HashMap::new()),
@@ -258,6 +266,10 @@ const SOCKET_BUFFER: usize = 4 << 20;
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often acceptors look at the shutdown flag.
 const ACCEPT_POLL_MS: i32 = 100;
+/// Default [`ServerConfig::shutdown_grace`].
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// At shutdown, how long in-flight requests get to be answered once reading stopped.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 impl Server {
     /// Validates the configuration; call [`Server::listen`] to accept connections.
@@ -327,9 +339,14 @@ impl Server {
         }
     }
 
-    /// Stops accepting, lets every connection finish the requests it has already
-    /// read (their replies are sent), closes the connections, then flushes every
-    /// writable export. Returns the first flush error, after trying them all.
+    /// Stops accepting; for [`ServerConfig::shutdown_grace`] answers options
+    /// with NBD_REP_ERR_SHUTDOWN and newly read requests with NBD_ESHUTDOWN (the
+    /// spec's way to ask clients to disconnect) while requests read before are
+    /// served; then stops reading from the connections left, answers what they
+    /// sent, closes them (cutting, after a bounded drain, clients that do not
+    /// read their replies) and flushes every writable export. Returns the first
+    /// flush error, after trying them all. Files on disk (socket files) play no
+    /// part: it ends even if they were removed.
     pub fn shutdown(self) -> Result<()> {
         self.shared.shutting_down.store(true, Ordering::SeqCst);
         for a in self.acceptors.lock().drain(..) {
@@ -338,16 +355,14 @@ impl Server {
                 let _ = std::fs::remove_file(path);
             }
         }
-        // Half-close each connection: readers see EOF, finish in-flight work, exit.
-        let threads: Vec<JoinHandle<()>> = {
-            let mut live = self.shared.live.lock();
-            live.values_mut()
-                .filter_map(|c| {
-                    let _ = c.socket.shutdown(Shutdown::Read);
-                    c.thread.take()
-                })
-                .collect()
-        };
+        let start = std::time::Instant::now();
+        self.wait_for_connections(start + self.shared.shutdown_grace);
+        // Half-close: readers see EOF, answer what they read, and exit.
+        self.shutdown_sockets(Shutdown::Read);
+        self.wait_for_connections(std::time::Instant::now() + SHUTDOWN_DRAIN);
+        // Whoever is still here does not read its replies.
+        self.shutdown_sockets(Shutdown::Both);
+        let threads: Vec<JoinHandle<()>> = self.shared.live.lock().values_mut().filter_map(|c| c.thread.take()).collect();
         for t in threads {
             let _ = t.join();
         }
@@ -360,6 +375,21 @@ impl Server {
         }
         info!("server stopped");
         first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl Server {
+    /// Waits until every connection has ended or `deadline` passes.
+    fn wait_for_connections(&self, deadline: std::time::Instant) {
+        while !self.shared.live.lock().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn shutdown_sockets(&self, how: Shutdown) {
+        for c in self.shared.live.lock().values() {
+            let _ = c.socket.shutdown(how);
+        }
     }
 }
 

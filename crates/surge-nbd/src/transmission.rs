@@ -88,6 +88,8 @@ struct Job {
     req: Request,
     buf: Vec<u8>,
     big: bool,
+    /// Read after shutdown began: answered NBD_ESHUTDOWN, not run.
+    refused: bool,
 }
 
 /// A reply waiting to be sent. It owns the request's buffer, which goes back to
@@ -259,7 +261,7 @@ pub(crate) fn serve<R: Read + Send>(
         control,
     };
     let intake = Mutex::new(Intake { reader, done: None });
-    let pools = Pools { big_tokens: &big_rx };
+    let pools = Pools { big_tokens: &big_rx, shutting_down: &shared.shutting_down };
     let inline_ok = shared.inline_fast_requests;
     std::thread::scope(|s| {
         for i in 1..threads.max(1) {
@@ -283,6 +285,8 @@ pub(crate) fn serve<R: Read + Send>(
 #[derive(Clone, Copy)]
 struct Pools<'a> {
     big_tokens: &'a Receiver<()>,
+    /// The server's shutdown flag: requests read once it is set are refused.
+    shutting_down: &'a AtomicBool,
 }
 
 /// One serving thread: take the intake, read a request, run it (inline while
@@ -296,7 +300,7 @@ fn lead_and_follow<R: Read>(export: &ExportState, conn: &Conn, intake: &Mutex<In
             }
             match next_request(conn, &mut g.reader, pools) {
                 Ok(job) => {
-                    if inline_ok && is_small_io(&job.req) && export.service.fast() {
+                    if job.refused || (inline_ok && is_small_io(&job.req) && export.service.fast()) {
                         run_job(export, conn, job, false);
                         continue;
                     }
@@ -361,7 +365,7 @@ fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -
             return Err(Err(io::Error::new(e.kind(), format!("client left in the middle of a write payload: {e}"))));
         }
     }
-    Ok(Job { req, buf, big })
+    Ok(Job { req, buf, big, refused: pools.shutting_down.load(Ordering::Relaxed) })
 }
 
 /// Fills `dst` from the buffered bytes, then reads a large remainder straight
@@ -452,10 +456,15 @@ impl From<BlockError> for Fail {
 
 /// Runs one request and queues its reply (sending it at once with `flush`).
 fn run_job(export: &ExportState, conn: &Conn, job: Job, flush: bool) {
-    let Job { req, buf, big } = job;
+    let Job { req, buf, big, refused } = job;
     let mut msg = OutMsg::new(buf, big);
     let started = is_small_io(&req).then(Instant::now);
-    let result = execute(export, conn, &req, &mut msg);
+    let result = if refused {
+        // The spec: requests received during shutdown get ESHUTDOWN; the client then disconnects.
+        Err(Fail::new(ESHUTDOWN, "the server is shutting down"))
+    } else {
+        execute(export, conn, &req, &mut msg)
+    };
     if let Some(t) = started {
         export.service.record(t.elapsed());
     }

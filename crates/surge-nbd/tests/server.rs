@@ -555,3 +555,78 @@ fn flush_on_one_connection_covers_writes_completed_on_another() {
     b.disconnect().unwrap();
     srv.stop();
 }
+
+// Issue 10 item 1: a client still negotiating when the server shuts down gets
+// NBD_REP_ERR_SHUTDOWN for its next option (not a cut socket).
+#[test]
+fn shutdown_answers_a_negotiating_client_with_err_shutdown() {
+    let mut srv = Running::one(Arc::new(MemoryDev::new(1 << 20)));
+    let mut h = srv.handshake();
+    assert_eq!(h.list().unwrap().len(), 1);
+    let server = srv.server.take().unwrap();
+    let stopping = std::thread::spawn(move || server.shutdown());
+    std::thread::sleep(Duration::from_millis(200));
+    let r = h.option_raw(OPT_GO, &encode_info_request("", &[])).unwrap();
+    assert_eq!(r.last().unwrap().reply, REP_ERR_SHUTDOWN, "{r:?}");
+    let t0 = std::time::Instant::now();
+    h.abort().unwrap();
+    stopping.join().unwrap().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(1), "the client's ABORT lets shutdown finish at once");
+}
+
+// Issue 10 item 1: at shutdown, requests already read are answered; requests
+// that arrive afterwards get NBD_ESHUTDOWN (writes change nothing), and the
+// client's soft disconnect ends the connection.
+#[test]
+fn shutdown_answers_in_flight_requests_and_later_ones_with_eshutdown() {
+    let dev = TestDev::gated(1 << 20, 0, Duration::ZERO);
+    let mut srv = Running::pooled(dev.clone());
+    for structured in [true, false] {
+        let mut c = srv.client_with(ClientOptions { structured_replies: structured, block_status: structured, ..Default::default() });
+        c.write(8192, &[5u8; 4096], false).unwrap();
+        c.disconnect().unwrap();
+    }
+    let mut c = srv.client();
+    let mut simple = srv.client_with(ClientOptions { structured_replies: false, block_status: false, ..Default::default() });
+    let slow = c.submit(CMD_READ, 0, 0, 4096, &[]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let server = srv.server.take().unwrap();
+    let stopping = std::thread::spawn(move || server.shutdown());
+    std::thread::sleep(Duration::from_millis(200));
+    for c in [&mut c, &mut simple] {
+        let late = c.submit(CMD_READ, 0, 8192, 4096, &[]).unwrap();
+        assert_eq!(errno_of(c.wait(late).unwrap().into_result()), ESHUTDOWN);
+        let late_write = c.submit(CMD_WRITE, 0, 8192, 4096, &[9u8; 4096]).unwrap();
+        assert_eq!(errno_of(c.wait(late_write).unwrap().into_result()), ESHUTDOWN);
+        let late_flush = c.submit(CMD_FLUSH, 0, 0, 0, &[]).unwrap();
+        assert_eq!(errno_of(c.wait(late_flush).unwrap().into_result()), ESHUTDOWN);
+    }
+    dev.open_gate();
+    let r = c.wait(slow).unwrap().into_result().unwrap();
+    assert_eq!(r.data, vec![0u8; 4096], "the request read before shutdown is answered");
+    let t0 = std::time::Instant::now();
+    c.disconnect().unwrap();
+    simple.disconnect().unwrap();
+    stopping.join().unwrap().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(1), "soft disconnects let shutdown finish at once");
+    let mut b = vec![0u8; 4096];
+    dev.read_at(&mut b, 8192).unwrap();
+    assert_eq!(b, vec![5u8; 4096], "a write refused with ESHUTDOWN changed nothing");
+}
+
+// Issue 10 items 1 and 12: clients that neither negotiate nor send requests do
+// not hold shutdown up beyond the grace period.
+#[test]
+fn shutdown_with_idle_clients_ends_after_the_grace_period() {
+    let mut cfg = ServerConfig::new(vec![Export::new("disk", Arc::new(MemoryDev::new(1 << 20)))]);
+    cfg.shutdown_grace = Duration::from_millis(300);
+    let srv = Running::start(cfg);
+    let idle = srv.client();
+    let negotiating = srv.handshake();
+    let silent = UnixStream::connect(&srv.sock).unwrap();
+    let t0 = std::time::Instant::now();
+    srv.stop();
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(3), "shutdown took {took:?}");
+    drop((idle, negotiating, silent));
+}

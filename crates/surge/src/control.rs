@@ -130,6 +130,9 @@ pub fn remove_stale_socket(path: &Path) -> anyhow::Result<()> {
 /// The listening side; dropping it stops accepting and removes the socket file.
 pub struct ControlServer {
     path: PathBuf,
+    /// (device, inode) of the socket file we bound, so drop never removes a
+    /// file that another server put at the same path after ours was deleted.
+    file_id: Option<(u64, u64)>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -144,7 +147,7 @@ impl ControlServer {
             .name("control".into())
             .spawn(move || accept_loop(listener, registry, stop2))
             .context("spawning control thread")?;
-        Ok(ControlServer { path: path.to_path_buf(), stop, thread: Some(thread) })
+        Ok(ControlServer { path: path.to_path_buf(), file_id: file_id(path), stop, thread: Some(thread) })
     }
 
     pub fn path(&self) -> &Path {
@@ -154,22 +157,40 @@ impl ControlServer {
 
 impl Drop for ControlServer {
     fn drop(&mut self) {
+        // The accept loop polls this flag, so stopping needs nothing on disk
+        // (the socket file may be gone, with the whole data directory).
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the blocking accept so the thread sees the flag.
-        let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        if self.file_id.is_some() && file_id(&self.path) == self.file_id {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// How often the accept loop looks at the stop flag.
+const ACCEPT_POLL_MS: i32 = 100;
+
+/// Waits up to `ms` for a pending connection on `listener`.
+fn readable(listener: &UnixListener, ms: i32) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let mut p = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
 fn accept_loop(listener: UnixListener, registry: Arc<Registry>, stop: Arc<AtomicBool>) {
-    for conn in listener.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            return;
+    while !stop.load(Ordering::SeqCst) {
+        if !readable(&listener, ACCEPT_POLL_MS) {
+            continue;
         }
-        match conn {
+        match listener.accept().map(|(s, _)| s) {
             Ok(stream) => {
                 let registry = registry.clone();
                 let _ = std::thread::Builder::new().name("control-conn".into()).spawn(move || {

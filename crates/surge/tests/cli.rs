@@ -189,3 +189,16 @@ fn help_explains_specs_and_gives_examples() {
         assert!(h.contains(want), "serve --help lacks {want:?}");
     }
 }
+
+/// Issue 10 item 12: SIGTERM ends `surge serve` in bounded time even after its
+/// data directory (with the control and NBD sockets in it) was removed.
+#[test]
+fn sigterm_ends_serve_even_after_its_data_dir_was_removed() {
+    let mut s = Surge::start(&["--export", "m=memory:1MiB"]);
+    let client = std::os::unix::net::UnixStream::connect(&s.sock).unwrap();
+    std::fs::remove_dir_all(s.dir.path()).unwrap();
+    s.signal(libc::SIGTERM);
+    let st = s.wait(Duration::from_secs(15));
+    assert!(st.success(), "exit status {st}");
+    drop(client);
+}

@@ -222,3 +222,54 @@ impl Drop for Mounted {
         let _ = self.child.wait();
     }
 }
+
+/// Issue 10 item 1, with libnbd: after SIGTERM a connected client's next request
+/// fails with ESHUTDOWN (not a dropped connection); its soft disconnect then lets
+/// `surge serve` exit 0 without waiting out the grace period.
+#[test]
+fn libnbd_gets_eshutdown_after_sigterm_and_serve_exits_on_its_disconnect() {
+    use std::io::{BufRead, Read, Write};
+    use std::time::Duration;
+    let mut s = Surge::start(&["--export", "d=memory:1MiB"]);
+    let script = format!(
+        r#"
+import sys
+h.connect_uri("{uri}")
+h.pread(4096, 0)
+print("ready", flush=True)
+sys.stdin.readline()
+try:
+    h.pread(4096, 0)
+    print("read ok", flush=True)
+except nbd.Error as e:
+    print("errno", e.errno, e.string, flush=True)
+h.shutdown()
+print("disconnected", flush=True)
+"#,
+        uri = s.uri("d")
+    );
+    let mut py = nbdsh()
+        .arg("-c")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(py.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "nbdsh: {line}");
+    s.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = std::time::Instant::now();
+    py.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut all = String::new();
+    out.read_to_string(&mut all).unwrap();
+    let py = py.wait_with_output().unwrap();
+    assert!(all.contains("errno ESHUTDOWN"), "libnbd saw: {all}\nstderr: {}", text(&py.stderr));
+    assert!(all.contains("disconnected"), "{all}");
+    let st = s.wait(Duration::from_secs(10));
+    assert!(st.success(), "exit status {st}:\n{}", s.logs());
+    assert!(t0.elapsed() < Duration::from_millis(1500), "serve waited {:?} after the client left", t0.elapsed());
+}

@@ -10,6 +10,7 @@ use serde_json::json;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use surge_block::{BlockDev, Counted, SystemClock};
 use surge_nbd::{AllowList, Export, Listen, Server, ServerConfig};
 
@@ -66,7 +67,9 @@ unix-socket clients); others do not see it in the export list and are refused \
 reaches a listener. Repeat --allow for more exports or more rules.
 
 SIGINT or SIGTERM stops accepting connections, finishes the requests already \
-received, flushes every export and exits 0. `surge status` shows exports, I/O \
+received (for 2 s newer requests get ESHUTDOWN, which tells clients to \
+disconnect), flushes every export and exits 0; a second signal, or 30 s \
+passing, exits 1 at once. `surge status` shows exports, I/O \
 counters and connections through the control socket.";
 
 const EXAMPLES: &str = "\
@@ -445,9 +448,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let sig = signals.forever().next();
     tracing::info!(signal = ?sig, "shutting down: finishing in-flight requests and flushing");
+    exit_if_shutdown_hangs(signals, SHUTDOWN_LIMIT);
     drop(control);
     shutdown(&cell).context("shutting down")?;
     Ok(())
+}
+
+/// Longest a graceful shutdown may take (the server's own phases take a few
+/// seconds; this bounds a device that hangs on the final flush).
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(30);
+
+/// Shutdown always ends: a second SIGINT/SIGTERM, or `limit` passing, exits at
+/// once with status 1 and says what was skipped.
+fn exit_if_shutdown_hangs(mut signals: signal_hook::iterator::Signals, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let watchdog = move || loop {
+        if let Some(sig) = signals.pending().next() {
+            eprintln!("surge: signal {sig} during shutdown: exiting now, without waiting for requests or the final flush");
+            std::process::exit(1);
+        }
+        if std::time::Instant::now() >= deadline {
+            eprintln!("surge: shutdown did not finish within {limit:?}: exiting without it");
+            std::process::exit(1);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if let Err(e) = std::thread::Builder::new().name("shutdown-watchdog".into()).spawn(watchdog) {
+        tracing::warn!("no shutdown watchdog: {e}");
+    }
 }
 
 fn shutdown(cell: &ServerCell) -> anyhow::Result<()> {
