@@ -35,14 +35,16 @@ pub fn fuzz_handshake(data: &[u8]) {
 
 /// Runs the transmission phase on `data[1..]`; bits of `data[0]` choose the
 /// negotiated state (bit 0: structured replies, bit 1: base:allocation,
-/// bit 2: the read-only export).
+/// bit 2: the read-only export, bit 3: extended headers).
 pub fn fuzz_requests(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else { return };
     let shared = fuzz_server();
-    let structured = mode & 1 != 0;
+    let extended = mode & 8 != 0;
+    let structured = mode & 1 != 0 || extended;
     let neg = Negotiated {
         export: usize::from(mode & 4 != 0),
         structured,
+        extended,
         meta_context: (structured && mode & 2 != 0).then_some(BASE_ALLOCATION_ID),
     };
     let reader = BufReader::new(Cursor::new(rest));

@@ -20,13 +20,18 @@ pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
 #[derive(Debug, Clone)]
 pub(crate) struct Negotiated {
     pub export: usize,
+    /// Replies in chunks: structured replies or extended headers.
     pub structured: bool,
+    /// Extended headers: 32-byte requests with 64-bit lengths, every reply an extended chunk.
+    pub extended: bool,
     /// Context id of `base:allocation` if the client selected it for this export.
     pub meta_context: Option<u32>,
 }
 
 pub(crate) struct State {
     no_zeroes: bool,
+    /// NBD_OPT_EXTENDED_HEADERS was acknowledged (implies `structured`).
+    extended: bool,
     /// The client set NBD_FLAG_C_FIXED_NEWSTYLE: only then may TLS be negotiated.
     fixed: bool,
     structured: bool,
@@ -41,6 +46,7 @@ impl State {
     /// After STARTTLS: options negotiated in plain text no longer count.
     pub(crate) fn tls_started(&mut self) {
         self.structured = false;
+        self.extended = false;
         self.meta_export = None;
         self.tls_active = true;
     }
@@ -118,6 +124,7 @@ pub(crate) fn greet(r: &mut impl Read, w: &mut impl Write, peer: Peer) -> io::Re
         no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
         fixed: client_flags & FLAG_C_FIXED_NEWSTYLE != 0,
         structured: false,
+        extended: false,
         meta_export: None,
         tls_active: false,
         peer,
@@ -218,6 +225,18 @@ fn handle_option(shared: &Shared, st: &mut State, w: &mut impl Write, option: u3
             if !data.is_empty() {
                 return reply_error(w, option, REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data").map(|_| None);
             }
+            if st.extended {
+                let msg = "extended headers are already negotiated and take precedence";
+                return reply_error(w, option, REP_ERR_EXT_HEADER_REQD, msg).map(|_| None);
+            }
+            st.structured = true;
+            reply(w, option, REP_ACK, &[]).map(|_| None)
+        }
+        OPT_EXTENDED_HEADERS => {
+            if !data.is_empty() {
+                return reply_error(w, option, REP_ERR_INVALID, "NBD_OPT_EXTENDED_HEADERS takes no data").map(|_| None);
+            }
+            st.extended = true;
             st.structured = true;
             reply(w, option, REP_ACK, &[]).map(|_| None)
         }
@@ -227,6 +246,9 @@ fn handle_option(shared: &Shared, st: &mut State, w: &mut impl Write, option: u3
 }
 
 fn export_name(shared: &Shared, st: &State, w: &mut impl Write, data: &[u8]) -> io::Result<Negotiated> {
+    if st.extended {
+        return Err(protocol_error("NBD_OPT_EXPORT_NAME after NBD_OPT_EXTENDED_HEADERS (the spec forbids it)"));
+    }
     let name = std::str::from_utf8(data).map_err(|_| protocol_error("export name is not UTF-8"))?;
     let idx = shared.find_export(name).ok_or_else(|| protocol_error(format!("no export named {name:?}")))?;
     let e = &shared.exports[idx];
@@ -245,7 +267,7 @@ fn export_name(shared: &Shared, st: &State, w: &mut impl Write, data: &[u8]) -> 
 
 fn negotiated(st: &State, export: usize) -> Negotiated {
     let meta_context = (st.structured && st.meta_export == Some(export)).then_some(BASE_ALLOCATION_ID);
-    Negotiated { export, structured: st.structured, meta_context }
+    Negotiated { export, structured: st.structured, extended: st.extended, meta_context }
 }
 
 /// The refusal sent to (and logged for) a client outside an export's allow-list.

@@ -3,7 +3,9 @@
 //!
 //! * [`Server`] serves [`Export`]s (any `Arc<dyn BlockDev>`) over unix sockets and
 //!   TCP: fixed newstyle handshake (GO, INFO, LIST, ABORT, EXPORT_NAME,
-//!   STRUCTURED_REPLY, LIST/SET_META_CONTEXT with `base:allocation`), commands
+//!   STRUCTURED_REPLY, EXTENDED_HEADERS (64-bit lengths, BLOCK_STATUS_EXT; clients
+//!   that do not ask keep compact headers), LIST/SET_META_CONTEXT with
+//!   `base:allocation`), commands
 //!   READ, WRITE(+FUA), FLUSH, TRIM, WRITE_ZEROES(+NO_HOLE, FAST_ZERO), CACHE,
 //!   BLOCK_STATUS and DISC, many requests in flight per connection with replies
 //!   out of order, transmission flags advertised from the device's [`Caps`],

@@ -10,6 +10,9 @@ pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Extended headers (`extension-ext-header` branch of doc/proto.md).
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 // Handshake flags (server) and client flags.
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -30,6 +33,7 @@ pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 pub const FLAG_SEND_RESIZE: u16 = 1 << 9;
 pub const FLAG_SEND_CACHE: u16 = 1 << 10;
 pub const FLAG_SEND_FAST_ZERO: u16 = 1 << 11;
+pub const FLAG_BLOCK_STATUS_PAYLOAD: u16 = 1 << 12;
 
 // Options.
 pub const OPT_EXPORT_NAME: u32 = 1;
@@ -57,6 +61,7 @@ pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
 pub const REP_ERR_SHUTDOWN: u32 = (1 << 31) + 7;
 pub const REP_ERR_BLOCK_SIZE_REQD: u32 = (1 << 31) + 8;
 pub const REP_ERR_TOO_BIG: u32 = (1 << 31) + 9;
+pub const REP_ERR_EXT_HEADER_REQD: u32 = (1 << 31) + 10;
 
 // NBD_REP_INFO types.
 pub const INFO_EXPORT: u16 = 0;
@@ -80,6 +85,8 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+/// Extended headers only: `len` is the length of a payload that follows.
+pub const CMD_FLAG_PAYLOAD_LEN: u16 = 1 << 5;
 
 // Structured reply flags and chunk types.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
@@ -87,6 +94,7 @@ pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+pub const REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) + 2;
 
@@ -108,6 +116,8 @@ pub const ENOTSUP: u32 = 95;
 pub const ESHUTDOWN: u32 = 108;
 
 pub const REQUEST_HEADER_LEN: usize = 28;
+pub const EXTENDED_REQUEST_HEADER_LEN: usize = 32;
+pub const EXTENDED_REPLY_HEADER_LEN: usize = 32;
 pub const OPTION_HEADER_LEN: usize = 16;
 pub const SIMPLE_REPLY_LEN: usize = 16;
 pub const CHUNK_HEADER_LEN: usize = 20;
@@ -337,6 +347,55 @@ pub fn encode_request(r: &Request) -> [u8; REQUEST_HEADER_LEN] {
     b
 }
 
+/// A request with a 64-bit length: what an extended request header carries
+/// (payload length with [`CMD_FLAG_PAYLOAD_LEN`], else effect length), and what
+/// a compact one converts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtendedRequest {
+    pub flags: u16,
+    pub cmd: u16,
+    pub cookie: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl From<Request> for ExtendedRequest {
+    fn from(r: Request) -> Self {
+        ExtendedRequest { flags: r.flags, cmd: r.cmd, cookie: r.cookie, offset: r.offset, len: r.len as u64 }
+    }
+}
+
+pub fn parse_extended_request(b: &[u8; EXTENDED_REQUEST_HEADER_LEN]) -> Result<ExtendedRequest, ParseError> {
+    let magic = be32(&b[0..4]);
+    if magic != EXTENDED_REQUEST_MAGIC {
+        return Err(ParseError::BadMagic(magic as u64));
+    }
+    Ok(ExtendedRequest { flags: be16(&b[4..6]), cmd: be16(&b[6..8]), cookie: be64(&b[8..16]), offset: be64(&b[16..24]), len: be64(&b[24..32]) })
+}
+
+pub fn encode_extended_request(r: &ExtendedRequest) -> [u8; EXTENDED_REQUEST_HEADER_LEN] {
+    let mut b = [0u8; EXTENDED_REQUEST_HEADER_LEN];
+    b[0..4].copy_from_slice(&EXTENDED_REQUEST_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&r.flags.to_be_bytes());
+    b[6..8].copy_from_slice(&r.cmd.to_be_bytes());
+    b[8..16].copy_from_slice(&r.cookie.to_be_bytes());
+    b[16..24].copy_from_slice(&r.offset.to_be_bytes());
+    b[24..32].copy_from_slice(&r.len.to_be_bytes());
+    b
+}
+
+/// An extended reply chunk header; `offset` echoes the request's.
+pub fn encode_extended_reply_header(flags: u16, kind: u16, cookie: u64, offset: u64, len: u64) -> [u8; EXTENDED_REPLY_HEADER_LEN] {
+    let mut b = [0u8; EXTENDED_REPLY_HEADER_LEN];
+    b[0..4].copy_from_slice(&EXTENDED_REPLY_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&flags.to_be_bytes());
+    b[6..8].copy_from_slice(&kind.to_be_bytes());
+    b[8..16].copy_from_slice(&cookie.to_be_bytes());
+    b[16..24].copy_from_slice(&offset.to_be_bytes());
+    b[24..32].copy_from_slice(&len.to_be_bytes());
+    b
+}
+
 /// Command flags that are valid for `cmd` (FUA is accepted on every command, as
 /// the spec requires once SEND_FUA is advertised).
 pub fn allowed_flags(cmd: u16, structured: bool) -> u16 {
@@ -411,6 +470,19 @@ mod tests {
     }
 
     #[test]
+    fn extended_request_roundtrips_with_a_64_bit_length() {
+        let r = ExtendedRequest { flags: CMD_FLAG_PAYLOAD_LEN, cmd: CMD_WRITE, cookie: 9, offset: 1 << 50, len: (1 << 40) + 3 };
+        assert_eq!(parse_extended_request(&encode_extended_request(&r)), Ok(r));
+        let compact = encode_request(&Request { flags: 0, cmd: CMD_READ, cookie: 1, offset: 0, len: 1 });
+        let mut b = [0u8; 32];
+        b[..28].copy_from_slice(&compact);
+        assert!(matches!(parse_extended_request(&b), Err(ParseError::BadMagic(_))));
+        let h = encode_extended_reply_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, 7, 1 << 33, 0);
+        assert_eq!(&h[0..4], &EXTENDED_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(u64::from_be_bytes(h[16..24].try_into().unwrap()), 1 << 33);
+    }
+
+    #[test]
     fn request_with_bad_magic_is_rejected() {
         let mut b = encode_request(&Request { flags: 0, cmd: 0, cookie: 1, offset: 0, len: 1 });
         b[0] ^= 1;
@@ -455,6 +527,9 @@ mod tests {
             let _ = parse_info_request(&data);
             let _ = parse_meta_context_request(&data);
             let _ = parse_reply_header(&data);
+            if data.len() >= EXTENDED_REQUEST_HEADER_LEN {
+                let _ = parse_extended_request(data[..EXTENDED_REQUEST_HEADER_LEN].try_into().unwrap());
+            }
         }
     }
 }

@@ -83,9 +83,12 @@ impl BufferPool {
     }
 }
 
+/// A request with a 64-bit length (compact headers convert to it).
+type Req = ExtendedRequest;
+
 /// One request read off the wire, with its payload (writes) in `buf`.
 struct Job {
-    req: Request,
+    req: Req,
     buf: Vec<u8>,
     big: bool,
     /// Read after shutdown began: answered NBD_ESHUTDOWN, not run.
@@ -107,7 +110,7 @@ pub(crate) struct OutMsg {
     big: bool,
 }
 
-const HEAD_MAX: usize = CHUNK_HEADER_LEN + 8;
+const HEAD_MAX: usize = EXTENDED_REPLY_HEADER_LEN + 8;
 
 #[derive(Debug, Clone)]
 enum Part {
@@ -155,7 +158,10 @@ struct Outbox {
 pub(crate) struct Conn {
     out: Mutex<Outbox>,
     writer: Mutex<Box<dyn Write + Send>>,
+    /// Replies in chunks (structured replies or extended headers).
     structured: bool,
+    /// Extended headers: 32-byte requests, every reply an extended chunk.
+    extended: bool,
     meta_context: Option<u32>,
     buffers: BufferPool,
     big_tokens: Sender<()>,
@@ -254,6 +260,7 @@ pub(crate) fn serve<R: Read + Send>(
         out: Mutex::new(Outbox::default()),
         writer: Mutex::new(writer),
         structured: neg.structured,
+        extended: neg.extended,
         meta_context: neg.meta_context,
         buffers: BufferPool::new(max),
         big_tokens: big_tx,
@@ -321,12 +328,13 @@ fn lead_and_follow<R: Read>(export: &ExportState, conn: &Conn, intake: &Mutex<In
 /// Reads the next request and its payload. `Err` ends the connection: `Ok(summary)`
 /// for a clean end, `Err(e)` for bad input or a broken stream.
 fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -> Result<Job, io::Result<String>> {
-    if reader.buffer().len() < REQUEST_HEADER_LEN {
+    let hdr_len = if conn.extended { EXTENDED_REQUEST_HEADER_LEN } else { REQUEST_HEADER_LEN };
+    if reader.buffer().len() < hdr_len {
         // About to block on the socket: send what inline execution queued.
         conn.flush();
     }
-    let mut hdr = [0u8; REQUEST_HEADER_LEN];
-    match read_exact_or_eof(reader, &mut hdr) {
+    let mut hdr = [0u8; EXTENDED_REQUEST_HEADER_LEN];
+    match read_exact_or_eof(reader, &mut hdr[..hdr_len]) {
         Ok(true) => {}
         Ok(false) => return Err(Ok("client closed the connection".into())),
         Err(e) => return Err(Err(e)),
@@ -334,15 +342,21 @@ fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -
     if conn.broken.load(Ordering::Relaxed) {
         return Err(Ok("reply could not be sent".into()));
     }
-    let req = parse_request(&hdr).map_err(|e| Err(bad_input(format!("request header: {e}"))))?;
+    let parsed = if conn.extended {
+        parse_extended_request(&hdr)
+    } else {
+        parse_request(hdr[..REQUEST_HEADER_LEN].try_into().expect("28 bytes")).map(Req::from)
+    };
+    let req = parsed.map_err(|e| Err(bad_input(format!("request header: {e}"))))?;
     if req.cmd == CMD_DISC {
         return Err(Ok("client disconnected".into()));
     }
-    let payload = if req.cmd == CMD_WRITE { req.len } else { 0 };
-    if payload > HARD_MAX_PAYLOAD {
-        return Err(Err(bad_input(format!("write payload of {payload} bytes exceeds {HARD_MAX_PAYLOAD}"))));
+    let payload = payload_len(conn, &req);
+    if payload > HARD_MAX_PAYLOAD as u64 {
+        return Err(Err(bad_input(format!("request payload of {payload} bytes exceeds {HARD_MAX_PAYLOAD}"))));
     }
-    let big = req.len as usize > KEEP_BUFFER && req.len <= HARD_MAX_PAYLOAD;
+    let carries_data = req.cmd == CMD_READ || payload > 0;
+    let big = carries_data && req.len > KEEP_BUFFER as u64 && req.len <= HARD_MAX_PAYLOAD as u64;
     if big {
         conn.flush();
         let _ = pools.big_tokens.recv();
@@ -366,6 +380,18 @@ fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -
         }
     }
     Ok(Job { req, buf, big, refused: pools.shutting_down.load(Ordering::Relaxed) })
+}
+
+/// Bytes of payload that follow the request header: compact headers carry one
+/// only for WRITE; extended headers whenever NBD_CMD_FLAG_PAYLOAD_LEN is set
+/// (the server reads it even for commands that take none, then refuses them).
+fn payload_len(conn: &Conn, req: &Req) -> u64 {
+    match conn.extended {
+        true if req.flags & CMD_FLAG_PAYLOAD_LEN != 0 => req.len,
+        true => 0,
+        false if req.cmd == CMD_WRITE => req.len,
+        false => 0,
+    }
 }
 
 /// Fills `dst` from the buffered bytes, then reads a large remainder straight
@@ -406,8 +432,8 @@ fn release(conn: &Conn, mut buf: Vec<u8>, big: bool) {
 }
 
 /// Reads and writes small enough to be worth running on the reader thread.
-fn is_small_io(req: &Request) -> bool {
-    (req.cmd == CMD_READ || req.cmd == CMD_WRITE) && req.len <= INLINE_MAX_LEN
+fn is_small_io(req: &Req) -> bool {
+    (req.cmd == CMD_READ || req.cmd == CMD_WRITE) && req.len <= INLINE_MAX_LEN as u64
 }
 
 const INLINE_MAX_LEN: u32 = 64 * 1024;
@@ -479,16 +505,21 @@ fn run_job(export: &ExportState, conn: &Conn, job: Job, flush: bool) {
         } else {
             debug!(cmd = req.cmd, offset = req.offset, len = req.len, errno = fail.errno, error = %fail.msg, "request refused");
         }
-        error_reply(conn, req.cookie, &fail, &mut msg);
+        error_reply(conn, &req, &fail, &mut msg);
     }
     conn.enqueue(msg, flush);
 }
 
 /// Does the request's work and fills `msg` with its successful reply.
-fn execute(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -> Result<(), Fail> {
-    let bad_flags = req.flags & !allowed_flags(req.cmd, conn.structured);
+fn execute(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Result<(), Fail> {
+    // With extended headers WRITE must flag its payload; no other command takes one here.
+    let payload_flag = if conn.extended && req.cmd == CMD_WRITE { CMD_FLAG_PAYLOAD_LEN } else { 0 };
+    let bad_flags = req.flags & !(allowed_flags(req.cmd, conn.structured) | payload_flag);
     if bad_flags != 0 && is_known_command(req.cmd) {
         return Err(Fail::new(EINVAL, format!("flags {bad_flags:#x} are not valid for command {}", req.cmd)));
+    }
+    if payload_flag != 0 && req.flags & CMD_FLAG_PAYLOAD_LEN == 0 {
+        return Err(Fail::new(EINVAL, "a WRITE with extended headers needs NBD_CMD_FLAG_PAYLOAD_LEN"));
     }
     let c = &export.counters;
     let dev = &*export.export.dev;
@@ -499,14 +530,14 @@ fn execute(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -
             check_read_len(conn, req)?;
             read(dev, conn, req, msg)?;
             c.reads.fetch_add(1, Ordering::Relaxed);
-            c.bytes_read.fetch_add(req.len as u64, Ordering::Relaxed);
+            c.bytes_read.fetch_add(req.len, Ordering::Relaxed);
             return Ok(());
         }
         CMD_WRITE => {
             check_writable(export, req, ENOSPC)?;
             dev.write_at(&msg.buf[..req.len as usize], req.offset, fua)?;
             c.writes.fetch_add(1, Ordering::Relaxed);
-            c.bytes_written.fetch_add(req.len as u64, Ordering::Relaxed);
+            c.bytes_written.fetch_add(req.len, Ordering::Relaxed);
         }
         CMD_FLUSH => {
             dev.flush()?;
@@ -514,7 +545,7 @@ fn execute(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -
         }
         CMD_TRIM => {
             check_writable(export, req, EINVAL)?;
-            dev.discard(req.offset, req.len as u64)?;
+            dev.discard(req.offset, req.len)?;
             flush_if(dev, fua)?;
             c.trims.fetch_add(1, Ordering::Relaxed);
         }
@@ -528,13 +559,13 @@ fn execute(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -
                 // The flag was not advertised (NBD_FLAG_SEND_FAST_ZERO): a bad flag.
                 return Err(Fail::new(EINVAL, "NBD_CMD_FLAG_FAST_ZERO on an export that does not advertise it"));
             }
-            dev.write_zeroes(req.offset, req.len as u64, mode)?;
+            dev.write_zeroes(req.offset, req.len, mode)?;
             flush_if(dev, fua)?;
             c.zeroes.fetch_add(1, Ordering::Relaxed);
         }
         CMD_CACHE => {
             check_bounds(export, req, EINVAL)?;
-            dev.prefetch(req.offset, req.len as u64)?;
+            dev.prefetch(req.offset, req.len)?;
             c.caches.fetch_add(1, Ordering::Relaxed);
         }
         CMD_BLOCK_STATUS => {
@@ -544,8 +575,36 @@ fn execute(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -
         }
         other => return Err(Fail::new(EINVAL, format!("unknown command {other}"))),
     }
-    msg.set_head(&encode_simple_reply(0, req.cookie));
+    done_reply(conn, req, msg);
     Ok(())
+}
+
+/// A reply chunk header for this connection: structured (20 bytes) or extended
+/// (32, echoing the request's offset, 64-bit length).
+fn chunk_header(conn: &Conn, flags: u16, kind: u16, req: &Req, len: u64) -> ([u8; EXTENDED_REPLY_HEADER_LEN], usize) {
+    if conn.extended {
+        return (encode_extended_reply_header(flags, kind, req.cookie, req.offset, len), EXTENDED_REPLY_HEADER_LEN);
+    }
+    let mut b = [0u8; EXTENDED_REPLY_HEADER_LEN];
+    b[..CHUNK_HEADER_LEN].copy_from_slice(&encode_chunk_header(flags, kind, req.cookie, len as u32));
+    (b, CHUNK_HEADER_LEN)
+}
+
+/// Appends a chunk header to `out`.
+fn push_chunk_header(conn: &Conn, out: &mut Vec<u8>, flags: u16, kind: u16, req: &Req, len: u64) {
+    let (h, n) = chunk_header(conn, flags, kind, req, len);
+    out.extend_from_slice(&h[..n]);
+}
+
+/// Success without data: a simple reply, or with extended headers (which allow
+/// no simple replies) a NONE chunk.
+fn done_reply(conn: &Conn, req: &Req, msg: &mut OutMsg) {
+    if conn.extended {
+        let (h, n) = chunk_header(conn, REPLY_FLAG_DONE, REPLY_TYPE_NONE, req, 0);
+        msg.set_head(&h[..n]);
+    } else {
+        msg.set_head(&encode_simple_reply(0, req.cookie));
+    }
 }
 
 fn is_known_command(cmd: u16) -> bool {
@@ -559,9 +618,9 @@ fn flush_if(dev: &dyn BlockDev, fua: bool) -> Result<(), Fail> {
     Ok(())
 }
 
-fn check_bounds(export: &ExportState, req: &Request, errno: u32) -> Result<(), Fail> {
+fn check_bounds(export: &ExportState, req: &Req, errno: u32) -> Result<(), Fail> {
     let size = export.size();
-    match req.offset.checked_add(req.len as u64) {
+    match req.offset.checked_add(req.len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(Fail::new(errno, format!("{} bytes at offset {} is beyond the export size {size}", req.len, req.offset))),
     }
@@ -569,7 +628,7 @@ fn check_bounds(export: &ExportState, req: &Request, errno: u32) -> Result<(), F
 
 /// Writes, trims and zeroes: EPERM on read-only exports, `past_end` beyond
 /// the end (the spec: ENOSPC for writes and write-zeroes, EINVAL for trims).
-fn check_writable(export: &ExportState, req: &Request, past_end: u32) -> Result<(), Fail> {
+fn check_writable(export: &ExportState, req: &Req, past_end: u32) -> Result<(), Fail> {
     if export.read_only {
         return Err(Fail::new(EPERM, "export is read-only"));
     }
@@ -580,36 +639,37 @@ fn check_writable(export: &ExportState, req: &Request, past_end: u32) -> Result<
 /// into chunks (unless the client asked for one chunk, NBD_CMD_FLAG_DF); past the
 /// hard limit it is refused with EOVERFLOW so the client retries smaller. Simple
 /// replies cannot be split; a client must not ask for more than the maximum.
-fn check_read_len(conn: &Conn, req: &Request) -> Result<(), Fail> {
+fn check_read_len(conn: &Conn, req: &Req) -> Result<(), Fail> {
     let df = req.flags & CMD_FLAG_DF != 0;
-    if conn.structured && (req.len > HARD_MAX_PAYLOAD || (df && req.len > MAX_BLOCK)) {
+    if conn.structured && (req.len > HARD_MAX_PAYLOAD as u64 || (df && req.len > MAX_BLOCK as u64)) {
         let limit = if df { MAX_BLOCK } else { HARD_MAX_PAYLOAD };
         return Err(Fail::new(EOVERFLOW, format!("read of {} bytes in one reply exceeds {limit}", req.len)));
     }
-    if req.len > HARD_MAX_PAYLOAD {
+    if req.len > HARD_MAX_PAYLOAD as u64 {
         return Err(Fail::new(EINVAL, format!("read of {} bytes exceeds {HARD_MAX_PAYLOAD}", req.len)));
     }
     Ok(())
 }
 
 /// Replaces whatever `msg` held with an error reply (simple, or an ERROR chunk).
-fn error_reply(conn: &Conn, cookie: u64, fail: &Fail, msg: &mut OutMsg) {
+fn error_reply(conn: &Conn, req: &Req, fail: &Fail, msg: &mut OutMsg) {
     msg.data = 0..0;
     msg.parts.clear();
     if !conn.structured {
-        msg.set_head(&encode_simple_reply(fail.errno, cookie));
+        msg.set_head(&encode_simple_reply(fail.errno, req.cookie));
         return;
     }
     let text = truncate_utf8(&fail.msg, MAX_ERROR_MESSAGE).as_bytes();
     msg.meta.clear();
-    msg.meta.extend_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_ERROR, cookie, 6 + text.len() as u32));
+    push_chunk_header(conn, &mut msg.meta, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, req, 6 + text.len() as u64);
     msg.meta.extend_from_slice(&fail.errno.to_be_bytes());
     msg.meta.extend_from_slice(&(text.len() as u16).to_be_bytes());
     msg.meta.extend_from_slice(text);
     msg.parts.push(Part::Meta(0..msg.meta.len()));
 }
 
-fn read(dev: &dyn BlockDev, conn: &Conn, req: &Request, msg: &mut OutMsg) -> Result<(), Fail> {
+/// Reads into the request's buffer (`check_read_len` bounds `req.len`).
+fn read(dev: &dyn BlockDev, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Result<(), Fail> {
     let len = req.len as usize;
     dev.read_at(sized(&mut msg.buf, len), req.offset)?;
     if !conn.structured {
@@ -618,20 +678,23 @@ fn read(dev: &dyn BlockDev, conn: &Conn, req: &Request, msg: &mut OutMsg) -> Res
         return Ok(());
     }
     if len == 0 {
-        msg.set_head(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, req.cookie, 0));
+        let (h, n) = chunk_header(conn, REPLY_FLAG_DONE, REPLY_TYPE_NONE, req, 0);
+        msg.set_head(&h[..n]);
         return Ok(());
     }
+    let len32 = len as u32;
     let fragment = req.flags & CMD_FLAG_DF == 0;
-    let pieces = if fragment && req.len >= HOLE_SCAN_MIN { zero_pieces(req.offset, &msg.buf[..len]) } else { None };
-    if pieces.is_some() || req.len > MAX_BLOCK {
-        let pieces = pieces.unwrap_or_else(|| vec![Piece { rel: 0, len: req.len, hole: false }]);
-        sparse_reply(req, &split_data(pieces, MAX_BLOCK), msg);
+    let pieces = if fragment && len32 >= HOLE_SCAN_MIN { zero_pieces(req.offset, &msg.buf[..len]) } else { None };
+    if pieces.is_some() || len32 > MAX_BLOCK {
+        let pieces = pieces.unwrap_or_else(|| vec![Piece { rel: 0, len: len32, hole: false }]);
+        sparse_reply(conn, req, &split_data(pieces, MAX_BLOCK), msg);
         return Ok(());
     }
+    let (h, n) = chunk_header(conn, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req, 8 + req.len);
     let mut head = [0u8; HEAD_MAX];
-    head[..CHUNK_HEADER_LEN].copy_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req.cookie, 8 + req.len));
-    head[CHUNK_HEADER_LEN..].copy_from_slice(&req.offset.to_be_bytes());
-    msg.set_head(&head);
+    head[..n].copy_from_slice(&h[..n]);
+    head[n..n + 8].copy_from_slice(&req.offset.to_be_bytes());
+    msg.set_head(&head[..n + 8]);
     msg.data = 0..len;
     Ok(())
 }
@@ -692,14 +755,14 @@ fn split_data(pieces: Vec<Piece>, max: u32) -> Vec<Piece> {
 
 /// OFFSET_DATA chunks for data pieces, OFFSET_HOLE chunks for zero pieces; the
 /// last is flagged DONE (the data is already read, so no error can follow).
-fn sparse_reply(req: &Request, pieces: &[Piece], msg: &mut OutMsg) {
+fn sparse_reply(conn: &Conn, req: &Req, pieces: &[Piece], msg: &mut OutMsg) {
     msg.meta.clear();
     msg.parts.clear();
     for (i, p) in pieces.iter().enumerate() {
         let flags = if i + 1 == pieces.len() { REPLY_FLAG_DONE } else { 0 };
-        let (kind, len) = if p.hole { (REPLY_TYPE_OFFSET_HOLE, 12) } else { (REPLY_TYPE_OFFSET_DATA, 8 + p.len) };
+        let (kind, len) = if p.hole { (REPLY_TYPE_OFFSET_HOLE, 12) } else { (REPLY_TYPE_OFFSET_DATA, 8 + p.len as u64) };
         let at = msg.meta.len();
-        msg.meta.extend_from_slice(&encode_chunk_header(flags, kind, req.cookie, len));
+        push_chunk_header(conn, &mut msg.meta, flags, kind, req, len);
         msg.meta.extend_from_slice(&(req.offset + p.rel as u64).to_be_bytes());
         if p.hole {
             msg.meta.extend_from_slice(&p.len.to_be_bytes());
@@ -719,7 +782,10 @@ fn status_flags(kind: ExtentKind) -> u32 {
     }
 }
 
-fn block_status(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutMsg) -> Result<(), Fail> {
+/// The spec's bound on descriptors in one block status chunk.
+const MAX_DESCRIPTORS: usize = 1 << 20;
+
+fn block_status(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Result<(), Fail> {
     let Some(ctx) = conn.meta_context.filter(|_| conn.structured) else {
         return Err(Fail::new(EINVAL, "no metadata context was negotiated"));
     };
@@ -727,20 +793,22 @@ fn block_status(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutM
         return Err(Fail::new(EINVAL, "block status of zero bytes"));
     }
     check_bounds(export, req, EINVAL)?;
-    let extents = export.export.dev.block_status(req.offset, req.len as u64)?;
+    let extents = export.export.dev.block_status(req.offset, req.len)?;
     let one = req.flags & CMD_FLAG_REQ_ONE != 0;
-    // Merged (len, flags) descriptors, clipped to the request.
-    let mut descs: Vec<(u32, u32)> = Vec::new();
-    let mut total = 0u32;
+    // Merged (len, flags) descriptors, clipped to the request (so they fit 32
+    // bits whenever the request did).
+    let mut descs: Vec<(u64, u32)> = Vec::new();
+    let mut total = 0u64;
     for e in extents {
-        let len = e.len.min((req.len - total) as u64) as u32;
+        let len = e.len.min(req.len - total);
         if len == 0 {
             break;
         }
         let flags = status_flags(e.kind);
+        let full = descs.len() == MAX_DESCRIPTORS;
         match descs.last_mut() {
             Some(last) if last.1 == flags => last.0 += len,
-            Some(_) if one => break,
+            Some(_) if one || full => break,
             _ => descs.push((len, flags)),
         }
         total += len;
@@ -749,16 +817,28 @@ fn block_status(export: &ExportState, conn: &Conn, req: &Request, msg: &mut OutM
         // The device reported nothing usable; status 0 ("data") is always safe.
         descs.push((req.len, 0));
     }
-    let m = &mut msg.meta;
+    let mut m = std::mem::take(&mut msg.meta);
     m.clear();
-    m.extend_from_slice(&encode_chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, req.cookie, 4 + 8 * descs.len() as u32));
-    m.extend_from_slice(&ctx.to_be_bytes());
-    for (len, flags) in descs {
-        m.extend_from_slice(&len.to_be_bytes());
-        m.extend_from_slice(&flags.to_be_bytes());
+    let n = descs.len() as u64;
+    if conn.extended {
+        push_chunk_header(conn, &mut m, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS_EXT, req, 8 + 16 * n);
+        m.extend_from_slice(&ctx.to_be_bytes());
+        m.extend_from_slice(&(n as u32).to_be_bytes());
+        for (len, flags) in descs {
+            m.extend_from_slice(&len.to_be_bytes());
+            m.extend_from_slice(&(flags as u64).to_be_bytes());
+        }
+    } else {
+        push_chunk_header(conn, &mut m, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, req, 4 + 8 * n);
+        m.extend_from_slice(&ctx.to_be_bytes());
+        for (len, flags) in descs {
+            m.extend_from_slice(&(len as u32).to_be_bytes());
+            m.extend_from_slice(&flags.to_be_bytes());
+        }
     }
     msg.parts.clear();
     msg.parts.push(Part::Meta(0..m.len()));
+    msg.meta = m;
     Ok(())
 }
 

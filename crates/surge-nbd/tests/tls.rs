@@ -331,6 +331,6 @@ fn verify_peer_without_a_ca_certificate_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     make_certs(dir.path());
     std::fs::remove_file(dir.path().join("ca-cert.pem")).unwrap();
-    let err = tls::server_config(dir.path(), true).err().expect("must fail").to_string();
+    let err = tls::server_config(dir.path(), true).expect_err("must fail").to_string();
     assert!(err.contains("ca-cert.pem"), "{err}");
 }
