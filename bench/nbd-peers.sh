@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Serve the same tmpfs image with surge and with nbdkit's file plugin, run fio's
-# nbd engine against each (2 connections = 2 fio jobs), and print IOPS / MB/s and
-# the ratio surge/nbdkit for: 4 KiB random read and write at QD 32, 1 MiB
-# sequential read and write at QD 8. Runs alternate surge/nbdkit and each figure
-# is the median over rounds, so load drifting on a shared machine hits both alike.
+# Serve the same tmpfs image with surge and with nbdkit's file plugin, and run
+# nbdkit's null plugin (a server doing no I/O at all: the ceiling of what the
+# protocol path alone allows) beside them; run fio's nbd engine against each
+# (2 connections = 2 fio jobs), and print IOPS / MB/s, the ratio surge/nbdkit
+# and surge/null for: 4 KiB random read and write at QD 32, 1 MiB sequential
+# read and write at QD 8. Runs alternate surge/nbdkit/null and each figure is
+# the median over rounds, so load drifting on a shared machine hits all alike.
 #
 #   bench/nbd-peers.sh            # 3 rounds x 10 s per pattern and server, 1 GiB image
 #   bench/nbd-peers.sh --quick    # 1 round x 5 s, 256 MiB image (CI smoke run)
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     --min-ratio) min_ratio="$2"; shift ;;
     --json) json_out="$2"; shift ;;
     --surge-args) surge_args="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -64,8 +66,11 @@ wait_socket() {
 pids+=($!); surge_pid=$!
 nbdkit -f -U "$work/nbdkit.sock" -e d file "$img" 2>"$work/nbdkit.log" &
 pids+=($!); nbdkit_pid=$!
+nbdkit -f -U "$work/null.sock" -e d null size="$bytes" 2>"$work/null.log" &
+pids+=($!); null_pid=$!
 wait_socket "$work/surge.sock"
 wait_socket "$work/nbdkit.sock"
+wait_socket "$work/null.sock"
 
 # pattern name, fio rw, block size, queue depth
 patterns=(
@@ -80,7 +85,7 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 run_fio() { # server pattern rw bs qd round -> json file + server CPU ticks file
   local server=$1 name=$2 rw=$3 bs=$4 qd=$5 round=$6
-  local pid=$surge_pid; [ "$server" = nbdkit ] && pid=$nbdkit_pid
+  local pid=$surge_pid; [ "$server" = nbdkit ] && pid=$nbdkit_pid; [ "$server" = null ] && pid=$null_pid
   local before; before=$(cpu_ticks "$pid")
   fio --name="$name" --ioengine=nbd --uri="nbd+unix:///d?socket=$work/$server.sock" \
       --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=2 --size="$half" --offset_increment="$half" \
@@ -93,7 +98,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for round in $(seq "$rounds"); do
   for p in "${patterns[@]}"; do
     read -r name rw bs qd <<<"$p"
-    for server in surge nbdkit; do
+    for server in surge nbdkit null; do
       run_fio "$server" "$name" "$rw" "$bs" "$qd" "$round"
     done
   done
@@ -117,17 +122,24 @@ def measure(server, name):
 rows, worst = [], None
 print(f"fio nbd engine, 2 connections, median of {rounds} x {runtime} s runs, image {int(size) >> 20} MiB on tmpfs")
 print(f"load average before / after: {load} (on {os.cpu_count()} CPUs)")
-print(f"{'pattern':<20}{'surge':>34}{'nbdkit':>34}{'surge/nbdkit':>14}")
+print(f"{'pattern':<20}{'surge':>34}{'nbdkit file':>34}{'nbdkit null (ceiling)':>34}{'surge/file':>12}{'surge/null':>12}")
+worst_null = None
 for name in patterns:
     s_iops, s_mb, s_cpu = measure("surge", name)
     k_iops, k_mb, k_cpu = measure("nbdkit", name)
+    n_iops, n_mb, n_cpu = measure("null", name)
     ratio = s_iops / k_iops if k_iops else float("inf")
+    ratio_null = s_iops / n_iops if n_iops else float("inf")
     worst = ratio if worst is None else min(worst, ratio)
+    worst_null = ratio_null if worst_null is None else min(worst_null, ratio_null)
     fmt = lambda iops, mb, cpu: f"{iops:>9.0f} IOPS {mb:>6.0f} MB/s {cpu:>5.1f} us/op"
-    print(f"{name:<20}{fmt(s_iops, s_mb, s_cpu):>34}{fmt(k_iops, k_mb, k_cpu):>34}{ratio:>13.2f}x")
+    print(f"{name:<20}{fmt(s_iops, s_mb, s_cpu):>34}{fmt(k_iops, k_mb, k_cpu):>34}{fmt(n_iops, n_mb, n_cpu):>34}{ratio:>11.2f}x{ratio_null:>11.2f}x")
     rows.append({"pattern": name, "surge_iops": s_iops, "surge_mbs": s_mb, "surge_cpu_us_per_op": s_cpu,
-                 "nbdkit_iops": k_iops, "nbdkit_mbs": k_mb, "nbdkit_cpu_us_per_op": k_cpu, "ratio": ratio})
-print(f"lowest ratio: {worst:.2f}x (target >= 1.5x; below 1.0x is a defect); us/op = server CPU time per request")
+                 "nbdkit_iops": k_iops, "nbdkit_mbs": k_mb, "nbdkit_cpu_us_per_op": k_cpu,
+                 "null_iops": n_iops, "null_mbs": n_mb, "null_cpu_us_per_op": n_cpu,
+                 "ratio": ratio, "ratio_null": ratio_null})
+print(f"lowest surge/file: {worst:.2f}x (target >= 1.5x; below 1.0x is a defect); us/op = server CPU time per request")
+print(f"lowest surge/null: {worst_null:.2f}x (floor >= 1.0x: at or above a server that does no I/O)")
 if json_out:
     json.dump({"runtime_s": int(runtime), "rounds": int(rounds), "image_bytes": int(size), "load": load, "results": rows}, open(json_out, "w"), indent=2)
 if worst < float(min_ratio):

@@ -1,6 +1,6 @@
 //! A layer that counts operations, bytes and errors of the device below.
 
-use crate::dev::{BlockDev, Caps, Extent, ZeroMode};
+use crate::dev::{BlockDev, Caps, Extent, FileSpan, SpanObserver, ZeroMode};
 use crate::error::Result;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -104,5 +104,52 @@ impl BlockDev for Counted {
     }
     fn prefetch(&self, offset: u64, len: u64) -> Result<()> {
         self.inner.prefetch(offset, len)
+    }
+    /// The file below, with this layer counting what goes through it (a span
+    /// that already reports to someone else is not passed on).
+    fn file_span(&self) -> Option<FileSpan<'_>> {
+        let span = self.inner.file_span().filter(|s| s.observer.is_none())?;
+        Some(FileSpan { observer: Some(self), ..span })
+    }
+}
+
+impl SpanObserver for Counted {
+    fn transferred(&self, write: bool, bytes: u64, ok: bool) {
+        let c = &self.c;
+        let (ops, b) = if write { (&c.writes, &c.write_bytes) } else { (&c.reads, &c.read_bytes) };
+        if ok {
+            ops.fetch_add(1, Relaxed);
+            b.fetch_add(bytes, Relaxed);
+        } else {
+            c.errors.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FileDev, MemoryDev};
+
+    #[test]
+    fn the_file_span_passes_through_with_counting_and_layers_that_see_io_have_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let file: Arc<dyn BlockDev> = Arc::new(FileDev::create(dir.path().join("f"), 1 << 20).unwrap());
+        assert!(file.file_span().is_some(), "a plain file offers its descriptor");
+        let direct = FileDev::open(dir.path().join("f"), &crate::FileOptions { direct: true, ..Default::default() }).unwrap();
+        assert!(direct.file_span().is_none(), "O_DIRECT devices keep the aligned path");
+        assert!(MemoryDev::new(4096).file_span().is_none());
+        let counted = Counted::new(file.clone());
+        let span = counted.file_span().expect("counting passes the file on");
+        span.notify(true, 4096, true);
+        span.notify(false, 512, true);
+        span.notify(false, 512, false);
+        let st = counted.stats();
+        assert_eq!((st.writes, st.write_bytes, st.reads, st.read_bytes, st.errors), (1, 4096, 1, 512, 1));
+        // A second counting layer does not steal the first one's observer.
+        assert!(Counted::new(Arc::new(counted)).file_span().is_none());
+        let clock: Arc<dyn crate::Clock> = Arc::new(crate::SystemClock::new());
+        let fault = crate::fault::FaultDev::new(file.clone(), crate::fault::FaultRules::default(), clock);
+        assert!(fault.file_span().is_none(), "fault injection must see every I/O");
     }
 }

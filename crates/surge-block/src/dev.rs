@@ -9,6 +9,7 @@
 //! advertise only those.
 
 use crate::error::{BlockError, Result};
+use std::os::fd::BorrowedFd;
 
 /// How a write-zeroes request may be carried out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,6 +70,35 @@ pub struct Extent {
     pub kind: ExtentKind,
 }
 
+/// A plain file that holds a device's bytes one to one: device offset `o` is
+/// file offset `base + o`, and reading or writing the file there does exactly
+/// what `read_at` / `write_at(.., fua = false)` would. A front end may then move
+/// data between the file and a socket without copying it through user memory
+/// (sendfile, splice); see [`BlockDev::file_span`].
+#[derive(Clone, Copy)]
+pub struct FileSpan<'a> {
+    pub fd: BorrowedFd<'a>,
+    pub base: u64,
+    /// Told of every transfer made through the span, so a counting layer above
+    /// the file still counts it.
+    pub observer: Option<&'a dyn SpanObserver>,
+}
+
+/// Sees the transfers a front end makes through a [`FileSpan`].
+pub trait SpanObserver: Sync {
+    /// `bytes` were read (`write == false`) or written through the span; `ok`
+    /// is false if the transfer failed.
+    fn transferred(&self, write: bool, bytes: u64, ok: bool);
+}
+
+impl FileSpan<'_> {
+    pub fn notify(&self, write: bool, bytes: u64, ok: bool) {
+        if let Some(o) = self.observer {
+            o.transferred(write, bytes, ok);
+        }
+    }
+}
+
 /// A block device. All offsets and lengths are in bytes and need not be aligned.
 pub trait BlockDev: Send + Sync {
     /// Size in bytes; fixed for the life of the handle.
@@ -112,6 +142,16 @@ pub trait BlockDev: Send + Sync {
     /// Hint that a range will be read soon (NBD_CMD_CACHE). A no-op by default.
     fn prefetch(&self, offset: u64, len: u64) -> Result<()> {
         check_range(self.size(), offset, len)
+    }
+
+    /// Zero-copy access for front ends: `Some` only when this device's bytes are
+    /// a plain file with nothing in between (see [`FileSpan`]). Everything that
+    /// caches, models, delays, injects faults into, shares or otherwise sees
+    /// I/O keeps the default `None`, so its callers use `read_at`/`write_at`; a
+    /// layer that only counts may pass its child's span on with itself as the
+    /// observer.
+    fn file_span(&self) -> Option<FileSpan<'_>> {
+        None
     }
 }
 
@@ -163,5 +203,8 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn prefetch(&self, offset: u64, len: u64) -> Result<()> {
         (**self).prefetch(offset, len)
+    }
+    fn file_span(&self) -> Option<FileSpan<'_>> {
+        (**self).file_span()
     }
 }

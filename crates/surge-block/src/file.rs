@@ -213,6 +213,13 @@ impl BlockDev for FileDev {
         r.map_err(|e| BlockError::io("write", offset, len, e))
     }
 
+    /// The file itself, unless O_DIRECT requests must go through the aligned
+    /// path (a bypass would mix cached and direct I/O).
+    fn file_span(&self) -> Option<crate::dev::FileSpan<'_>> {
+        use std::os::fd::AsFd;
+        self.direct.is_none().then(|| crate::dev::FileSpan { fd: self.file.as_fd(), base: 0, observer: None })
+    }
+
     fn flush(&self) -> Result<()> {
         if self.read_only {
             return Ok(());

@@ -26,7 +26,7 @@ pub mod conformance;
 
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use counted::{Counted, IoStats};
-pub use dev::{check_range, BlockDev, Caps, Extent, ExtentKind, ZeroMode};
+pub use dev::{check_range, BlockDev, Caps, Extent, ExtentKind, FileSpan, SpanObserver, ZeroMode};
 pub use error::{BlockError, Result};
 pub use file::{FileDev, FileOptions};
 pub use memory::MemoryDev;

@@ -45,10 +45,7 @@ impl Socket {
     /// Asks for socket buffers of `bytes` each way (the kernel caps this at
     /// net.core.wmem_max / rmem_max); large replies then need fewer wake-ups.
     pub fn set_buffer_sizes(&self, bytes: usize) {
-        let fd = match self {
-            Socket::Unix(s) => s.as_raw_fd(),
-            Socket::Tcp(s) => s.as_raw_fd(),
-        };
+        let fd = self.as_raw_fd();
         let v = bytes.min(i32::MAX as usize) as libc::c_int;
         for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
             // SAFETY: setsockopt with a valid fd and a c_int option value. Best effort.
@@ -63,6 +60,15 @@ impl Socket {
         match self {
             Socket::Unix(_) => "unix".to_string(),
             Socket::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "tcp".into()),
+        }
+    }
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> std::os::unix::io::RawFd {
+        match self {
+            Socket::Unix(s) => s.as_raw_fd(),
+            Socket::Tcp(s) => s.as_raw_fd(),
         }
     }
 }

@@ -66,6 +66,7 @@ pub mod proto;
 mod server;
 pub mod tls;
 mod transmission;
+mod zerocopy;
 
 pub use access::{AllowList, AllowRule, Peer};
 pub use fuzz::{fuzz_handshake, fuzz_requests};

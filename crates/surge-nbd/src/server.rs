@@ -72,6 +72,10 @@ pub struct ServerConfig {
     /// (both tell the client to disconnect). Then the server stops reading,
     /// answers what it has read and closes.
     pub shutdown_grace: Duration,
+    /// Move large reads and writes between plain sockets and exports that are
+    /// plain files without copying them through this process (sendfile,
+    /// splice); off: always copy (for comparison and debugging).
+    pub zero_copy: bool,
 }
 
 impl ServerConfig {
@@ -84,6 +88,7 @@ impl ServerConfig {
             tls_mode: TlsMode::Off,
             tls: None,
             shutdown_grace: SHUTDOWN_GRACE,
+            zero_copy: true,
         }
     }
 }
@@ -139,6 +144,8 @@ pub(crate) struct ExportCounters {
     pub block_status: AtomicU64,
     pub caches: AtomicU64,
     pub errors: AtomicU64,
+    pub zero_copy_reads: AtomicU64,
+    pub zero_copy_writes: AtomicU64,
     pub connections: AtomicU64,
     pub active_connections: AtomicU64,
 }
@@ -158,6 +165,10 @@ pub struct ExportStats {
     pub caches: u64,
     /// Requests answered with an error.
     pub errors: u64,
+    /// Reads sent from the export's file with sendfile, and writes spliced into
+    /// it (plain connections to file exports, at least 64 KiB).
+    pub zero_copy_reads: u64,
+    pub zero_copy_writes: u64,
     /// Connections that entered transmission on this export.
     pub connections: u64,
     pub active_connections: u64,
@@ -195,6 +206,7 @@ pub(crate) struct Shared {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub shutting_down: AtomicBool,
     shutdown_grace: Duration,
+    pub zero_copy: bool,
     connections_accepted: AtomicU64,
     next_conn_id: AtomicU64,
     live: Mutex<HashMap<u64, LiveConnection>>,
@@ -226,6 +238,7 @@ impl Shared {
             tls: cfg.tls,
             shutting_down: AtomicBool::new(false),
             shutdown_grace: cfg.shutdown_grace,
+            zero_copy: cfg.zero_copy,
             connections_accepted: AtomicU64::new(0),
             next_conn_id: AtomicU64::new(1),
             live: Mutex::new(HashMap::new()),
@@ -331,6 +344,8 @@ impl Server {
                         block_status: c(&k.block_status),
                         caches: c(&k.caches),
                         errors: c(&k.errors),
+                        zero_copy_reads: c(&k.zero_copy_reads),
+                        zero_copy_writes: c(&k.zero_copy_writes),
                         connections: c(&k.connections),
                         active_connections: c(&k.active_connections),
                     }
@@ -552,7 +567,7 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     export.counters.connections.fetch_add(1, Ordering::Relaxed);
     export.counters.active_connections.fetch_add(1, Ordering::Relaxed);
     let threads = shared.threads_per_connection;
-    let out = transmission::serve(shared, &neg, reader, writer, Some(control.try_clone()?), threads);
+    let out = transmission::serve(shared, &neg, reader, writer, Some(control.try_clone()?), threads, shared.zero_copy && session.is_none());
     export.counters.active_connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(s) = session {
         s.close(&socket);

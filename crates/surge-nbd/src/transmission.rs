@@ -16,6 +16,7 @@ use crate::handshake::{read_exact_or_eof, truncate_utf8, Negotiated};
 use crate::io::{write_all_parts, Socket};
 use crate::proto::*;
 use crate::server::{ExportState, Shared};
+use crate::zerocopy::{self, Pipe, SendError, ZeroCopy};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -40,6 +41,10 @@ const BIG_IN_FLIGHT: usize = 4;
 const HOLE_SCAN_MIN: u32 = 64 * 1024;
 /// Longest error message sent in an error chunk.
 const MAX_ERROR_MESSAGE: usize = 1024;
+/// Reads and writes at least this long move between a file export and a plain
+/// socket without passing through this process (sendfile, splice); smaller
+/// ones are cheaper copied, batched with other replies in one writev.
+const ZERO_COPY_MIN: usize = 64 * 1024;
 
 /// The request buffers of one connection: a fixed number (the in-flight
 /// bound), reused last-in first-out so the few buffers a steady load needs stay
@@ -93,6 +98,15 @@ struct Job {
     big: bool,
     /// Read after shutdown began: answered NBD_ESHUTDOWN, not run.
     refused: bool,
+    /// A write payload held in a pipe (zero-copy): `buf` has only its first
+    /// `prefix` bytes (what was already buffered), the pipe the rest.
+    spliced: Option<Spliced>,
+}
+
+struct Spliced {
+    pipe: Pipe,
+    prefix: usize,
+    rest: usize,
 }
 
 /// A reply waiting to be sent. It owns the request's buffer, which goes back to
@@ -108,6 +122,8 @@ pub(crate) struct OutMsg {
     parts: Vec<Part>,
     buf: Vec<u8>,
     big: bool,
+    /// `parts` include file data to send with sendfile.
+    zero_copy: bool,
 }
 
 const HEAD_MAX: usize = EXTENDED_REPLY_HEADER_LEN + 8;
@@ -116,11 +132,16 @@ const HEAD_MAX: usize = EXTENDED_REPLY_HEADER_LEN + 8;
 enum Part {
     Meta(Range<usize>),
     Data(Range<usize>),
+    /// `len` bytes of the export's file from device offset `offset` (zero-copy reads).
+    File { offset: u64, len: usize },
+    /// The last chunk of a zero-copy read: `ok` (NONE) or, if reading the file
+    /// failed while sending, `err` (an ERROR chunk); both in `meta`.
+    Trailer { ok: Range<usize>, err: Range<usize> },
 }
 
 impl OutMsg {
     fn new(buf: Vec<u8>, big: bool) -> OutMsg {
-        OutMsg { head: [0; HEAD_MAX], head_len: 0, data: 0..0, meta: Vec::new(), parts: Vec::new(), buf, big }
+        OutMsg { head: [0; HEAD_MAX], head_len: 0, data: 0..0, meta: Vec::new(), parts: Vec::new(), buf, big, zero_copy: false }
     }
 
     fn set_head(&mut self, bytes: &[u8]) {
@@ -139,10 +160,16 @@ impl OutMsg {
         }
         for p in &self.parts {
             out.push(match p {
-                Part::Meta(r) => &self.meta[r.clone()],
+                Part::Meta(r) | Part::Trailer { ok: r, .. } => &self.meta[r.clone()],
                 Part::Data(r) => &self.buf[r.clone()],
+                Part::File { .. } => unreachable!("zero-copy replies are sent by Conn::write_zero_copy"),
             });
         }
+    }
+
+    /// Bytes of file data this reply sends with sendfile.
+    fn file_bytes(&self) -> u64 {
+        self.parts.iter().map(|p| if let Part::File { len, .. } = p { *len as u64 } else { 0 }).sum()
     }
 }
 
@@ -155,7 +182,7 @@ struct Outbox {
 }
 
 /// What the reader and the workers share about one connection.
-pub(crate) struct Conn {
+pub(crate) struct Conn<'a> {
     out: Mutex<Outbox>,
     writer: Mutex<Box<dyn Write + Send>>,
     /// Replies in chunks (structured replies or extended headers).
@@ -167,9 +194,11 @@ pub(crate) struct Conn {
     big_tokens: Sender<()>,
     broken: AtomicBool,
     control: Option<Socket>,
+    /// Set for plain sockets to exports that are plain files.
+    zero_copy: Option<ZeroCopy<'a>>,
 }
 
-impl Conn {
+impl Conn<'_> {
     /// Queues a reply. With `flush`, the caller sends everything queued unless
     /// another thread is already doing so (that one picks this reply up too), so
     /// replies that complete together leave in one `writev`.
@@ -213,13 +242,9 @@ impl Conn {
         if self.broken.load(Ordering::Relaxed) {
             return;
         }
-        let mut slices = Vec::with_capacity(batch.len() * 2);
-        for m in batch {
-            m.slices(&mut slices);
-        }
         let res = {
             let mut w = self.writer.lock();
-            write_all_parts(&mut **w, &slices).and_then(|_| w.flush())
+            self.write_locked(&mut **w, batch)
         };
         if let Err(e) = res {
             if !self.broken.swap(true, Ordering::Relaxed) {
@@ -229,6 +254,58 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+impl Conn<'_> {
+    /// Sends a batch of replies (the caller holds the writer): one writev, or
+    /// for zero-copy reads writev/sendmsg pieces around each sendfile.
+    fn write_locked(&self, w: &mut (dyn Write + Send), batch: &[OutMsg]) -> io::Result<()> {
+        let mut slices = Vec::with_capacity(batch.len() * 2);
+        for m in batch {
+            if m.zero_copy {
+                self.write_zero_copy(m, &mut slices)?;
+            } else {
+                m.slices(&mut slices);
+            }
+        }
+        write_all_parts(w, &slices)?;
+        w.flush()
+    }
+
+    /// Sends `slices` queued so far and this reply's parts up to its trailer
+    /// (left in `slices` to go out with what follows). A file read that fails
+    /// mid-chunk is padded with zeroes (the chunk's length is already on the
+    /// wire) and answered with an error chunk; with simple replies, which cannot
+    /// report it, the connection is closed.
+    fn write_zero_copy<'m>(&self, m: &'m OutMsg, slices: &mut Vec<&'m [u8]>) -> io::Result<()> {
+        let zc = self.zero_copy.as_ref().expect("zero-copy replies exist only where it is set up");
+        let mut failed = false;
+        for p in &m.parts {
+            match p {
+                Part::Meta(r) => slices.push(&m.meta[r.clone()]),
+                Part::Data(r) => slices.push(&m.buf[r.clone()]),
+                Part::Trailer { ok, err } => slices.push(&m.meta[if failed { err.clone() } else { ok.clone() }]),
+                Part::File { offset, len } => {
+                    zerocopy::send_more(zc.sock, slices)?;
+                    slices.clear();
+                    match zerocopy::send_file(zc.sock, zc.span.fd, zc.span.base + offset, *len) {
+                        Ok(()) => {}
+                        Err(SendError::Socket(e)) => return Err(e),
+                        Err(SendError::File { sent, error }) => {
+                            warn!(offset, len, %error, "reading the export's file failed while sending it");
+                            if !self.structured {
+                                return Err(io::Error::other(format!("read failed mid-reply: {error}")));
+                            }
+                            zerocopy::send_zeroes(zc.sock, len - sent)?;
+                            failed = true;
+                        }
+                    }
+                }
+            }
+        }
+        zc.span.notify(false, m.file_bytes(), !failed);
+        Ok(())
     }
 }
 
@@ -249,8 +326,14 @@ pub(crate) fn serve<R: Read + Send>(
     writer: Box<dyn Write + Send>,
     control: Option<Socket>,
     threads: usize,
+    plain: bool,
 ) -> io::Result<String> {
     let export = &shared.exports[neg.export];
+    // Zero copy needs the bare socket (not TLS) and a device that is a plain file.
+    let zero_copy = match (&control, plain) {
+        (Some(sock), true) => export.export.dev.file_span().map(|span| ZeroCopy::new(std::os::unix::io::AsRawFd::as_raw_fd(sock), span)),
+        _ => None,
+    };
     let max = shared.max_in_flight;
     let (big_tx, big_rx) = crossbeam_channel::bounded(BIG_IN_FLIGHT);
     for _ in 0..BIG_IN_FLIGHT {
@@ -266,6 +349,7 @@ pub(crate) fn serve<R: Read + Send>(
         big_tokens: big_tx,
         broken: AtomicBool::new(false),
         control,
+        zero_copy,
     };
     let intake = Mutex::new(Intake { reader, done: None });
     let pools = Pools { big_tokens: &big_rx, shutting_down: &shared.shutting_down };
@@ -369,17 +453,46 @@ fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -
             conn.buffers.take()
         }
     };
+    let refused = pools.shutting_down.load(Ordering::Relaxed);
+    let mut spliced = None;
     if payload > 0 {
-        if reader.buffer().len() < payload as usize {
+        let payload = payload as usize;
+        if reader.buffer().len() < payload {
             conn.flush();
         }
-        if let Err(e) = read_payload(reader, sized(&mut buf, payload as usize)) {
+        let rest = payload - reader.buffer().len().min(payload);
+        let pipe = match &conn.zero_copy {
+            Some(zc) if req.cmd == CMD_WRITE && !refused && payload >= ZERO_COPY_MIN && rest > 0 => zc.take_pipe(rest).map(|p| (zc, p)),
+            _ => None,
+        };
+        let read = match pipe {
+            Some((zc, pipe)) => read_payload_into_pipe(reader, &mut buf, zc, pipe, payload).map(|s| spliced = Some(s)),
+            None => read_payload(reader, sized(&mut buf, payload)),
+        };
+        if let Err(e) = read {
             // Nothing of this write is applied: it never runs.
             release(conn, buf, big);
             return Err(Err(io::Error::new(e.kind(), format!("client left in the middle of a write payload: {e}"))));
         }
     }
-    Ok(Job { req, buf, big, refused: pools.shutting_down.load(Ordering::Relaxed) })
+    Ok(Job { req, buf, big, refused, spliced })
+}
+
+/// Zero-copy payload: what is already buffered goes to `buf`, the rest is
+/// spliced from the socket into `pipe` (which must hold it). On failure the
+/// pipe is discarded with whatever it got.
+fn read_payload_into_pipe<R: Read>(reader: &mut BufReader<R>, buf: &mut Vec<u8>, zc: &ZeroCopy, pipe: Pipe, payload: usize) -> io::Result<Spliced> {
+    let prefix = reader.buffer().len().min(payload);
+    sized(buf, prefix).copy_from_slice(&reader.buffer()[..prefix]);
+    reader.consume(prefix);
+    let rest = payload - prefix;
+    match pipe.fill_from(zc.sock, rest) {
+        Ok(()) => Ok(Spliced { pipe, prefix, rest }),
+        Err(e) => {
+            zc.discard_pipe(pipe);
+            Err(e)
+        }
+    }
 }
 
 /// Bytes of payload that follow the request header: compact headers carry one
@@ -482,14 +595,15 @@ impl From<BlockError> for Fail {
 
 /// Runs one request and queues its reply (sending it at once with `flush`).
 fn run_job(export: &ExportState, conn: &Conn, job: Job, flush: bool) {
-    let Job { req, buf, big, refused } = job;
+    let Job { req, buf, big, refused, spliced } = job;
     let mut msg = OutMsg::new(buf, big);
     let started = is_small_io(&req).then(Instant::now);
-    let result = if refused {
+    let result = match spliced {
+        // Payloads are spliced only when no shutdown was under way.
+        Some(sp) => spliced_write(export, conn, &req, &mut msg, sp),
         // The spec: requests received during shutdown get ESHUTDOWN; the client then disconnects.
-        Err(Fail::new(ESHUTDOWN, "the server is shutting down"))
-    } else {
-        execute(export, conn, &req, &mut msg)
+        None if refused => Err(Fail::new(ESHUTDOWN, "the server is shutting down")),
+        None => execute(export, conn, &req, &mut msg),
     };
     if let Some(t) = started {
         export.service.record(t.elapsed());
@@ -511,7 +625,8 @@ fn run_job(export: &ExportState, conn: &Conn, job: Job, flush: bool) {
 }
 
 /// Does the request's work and fills `msg` with its successful reply.
-fn execute(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Result<(), Fail> {
+/// Command flags valid for this request on this connection.
+fn check_flags(conn: &Conn, req: &Req) -> Result<(), Fail> {
     // With extended headers WRITE must flag its payload; no other command takes one here.
     let payload_flag = if conn.extended && req.cmd == CMD_WRITE { CMD_FLAG_PAYLOAD_LEN } else { 0 };
     let bad_flags = req.flags & !(allowed_flags(req.cmd, conn.structured) | payload_flag);
@@ -521,6 +636,11 @@ fn execute(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Re
     if payload_flag != 0 && req.flags & CMD_FLAG_PAYLOAD_LEN == 0 {
         return Err(Fail::new(EINVAL, "a WRITE with extended headers needs NBD_CMD_FLAG_PAYLOAD_LEN"));
     }
+    Ok(())
+}
+
+fn execute(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Result<(), Fail> {
+    check_flags(conn, req)?;
     let c = &export.counters;
     let dev = &*export.export.dev;
     let fua = req.flags & CMD_FLAG_FUA != 0;
@@ -528,7 +648,13 @@ fn execute(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Re
         CMD_READ => {
             check_bounds(export, req, EINVAL)?;
             check_read_len(conn, req)?;
-            read(dev, conn, req, msg)?;
+            match &conn.zero_copy {
+                Some(_) if req.len >= ZERO_COPY_MIN as u64 => {
+                    zero_copy_read(conn, req, msg);
+                    c.zero_copy_reads.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => read(dev, conn, req, msg)?,
+            }
             c.reads.fetch_add(1, Ordering::Relaxed);
             c.bytes_read.fetch_add(req.len, Ordering::Relaxed);
             return Ok(());
@@ -577,6 +703,71 @@ fn execute(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Re
     }
     done_reply(conn, req, msg);
     Ok(())
+}
+
+/// A write whose payload waits in a pipe: checks as for any write, then the
+/// buffered prefix is written and the rest spliced from the pipe into the file.
+/// The pipe goes back for reuse only if it was emptied.
+fn spliced_write(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg, sp: Spliced) -> Result<(), Fail> {
+    let zc = conn.zero_copy.as_ref().expect("spliced payloads exist only with zero copy");
+    let checked = check_flags(conn, req).and_then(|_| check_writable(export, req, ENOSPC));
+    if let Err(f) = checked {
+        zc.discard_pipe(sp.pipe);
+        return Err(f);
+    }
+    let (span, len) = (zc.span, req.len);
+    let at = span.base + req.offset;
+    let written = zerocopy::pwrite_all(span.fd, &msg.buf[..sp.prefix], at).and_then(|_| sp.pipe.drain_to(span.fd, at + sp.prefix as u64, sp.rest));
+    span.notify(true, len, written.is_ok());
+    match written {
+        Ok(()) => zc.put_pipe(sp.pipe),
+        Err(e) => {
+            zc.discard_pipe(sp.pipe);
+            return Err(BlockError::io("write", req.offset, len, e).into());
+        }
+    }
+    // FUA: the file device's flush is what its own FUA write would do (fdatasync).
+    flush_if(&*export.export.dev, req.flags & CMD_FLAG_FUA != 0)?;
+    let c = &export.counters;
+    c.writes.fetch_add(1, Ordering::Relaxed);
+    c.zero_copy_writes.fetch_add(1, Ordering::Relaxed);
+    c.bytes_written.fetch_add(len, Ordering::Relaxed);
+    done_reply(conn, req, msg);
+    Ok(())
+}
+
+/// A read answered from the export's file with sendfile when the reply is sent:
+/// headers in `meta`, the data as `File` parts (split at the maximum payload).
+/// Structured data chunks are not flagged DONE, as an error may still show up
+/// while sending them; a NONE chunk (or an error chunk) ends the reply.
+fn zero_copy_read(conn: &Conn, req: &Req, msg: &mut OutMsg) {
+    msg.meta.clear();
+    msg.parts.clear();
+    msg.zero_copy = true;
+    let len = req.len as usize;
+    if !conn.structured {
+        msg.meta.extend_from_slice(&encode_simple_reply(0, req.cookie));
+        msg.parts.push(Part::Meta(0..msg.meta.len()));
+        msg.parts.push(Part::File { offset: req.offset, len });
+        return;
+    }
+    for p in split_data(vec![Piece { rel: 0, len: len as u32, hole: false }], MAX_BLOCK) {
+        let at = msg.meta.len();
+        push_chunk_header(conn, &mut msg.meta, 0, REPLY_TYPE_OFFSET_DATA, req, 8 + p.len as u64);
+        msg.meta.extend_from_slice(&(req.offset + p.rel as u64).to_be_bytes());
+        msg.parts.push(Part::Meta(at..msg.meta.len()));
+        msg.parts.push(Part::File { offset: req.offset + p.rel as u64, len: p.len as usize });
+    }
+    let at = msg.meta.len();
+    push_chunk_header(conn, &mut msg.meta, REPLY_FLAG_DONE, REPLY_TYPE_NONE, req, 0);
+    let ok = at..msg.meta.len();
+    let text = b"reading the export's file failed";
+    push_chunk_header(conn, &mut msg.meta, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, req, 6 + text.len() as u64);
+    msg.meta.extend_from_slice(&EIO.to_be_bytes());
+    msg.meta.extend_from_slice(&(text.len() as u16).to_be_bytes());
+    msg.meta.extend_from_slice(text);
+    let err = ok.end..msg.meta.len();
+    msg.parts.push(Part::Trailer { ok, err });
 }
 
 /// A reply chunk header for this connection: structured (20 bytes) or extended
@@ -655,6 +846,7 @@ fn check_read_len(conn: &Conn, req: &Req) -> Result<(), Fail> {
 fn error_reply(conn: &Conn, req: &Req, fail: &Fail, msg: &mut OutMsg) {
     msg.data = 0..0;
     msg.parts.clear();
+    msg.zero_copy = false;
     if !conn.structured {
         msg.set_head(&encode_simple_reply(fail.errno, req.cookie));
         return;

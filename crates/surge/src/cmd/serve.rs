@@ -146,6 +146,10 @@ pub struct Args {
     /// (repeatable; without it an export is open to every client).
     #[arg(long = "allow", value_name = "NAME=RULES")]
     pub allow: Vec<ExportAllow>,
+    /// Always copy data through surge, even for large reads and writes of plain
+    /// file exports over plain sockets (which otherwise use sendfile/splice).
+    #[arg(long)]
+    pub no_zero_copy: bool,
 }
 
 /// Everything `serve` will do, resolved from flags, the config file and defaults.
@@ -164,6 +168,7 @@ pub struct Plan {
     pub tls_certs: Option<PathBuf>,
     /// Clients must present a certificate signed by `tls_certs`/ca-cert.pem.
     pub tls_verify_peer: bool,
+    pub zero_copy: bool,
     /// Allow-lists by export name (config entries and flags for one name are merged).
     pub allow: Vec<(String, AllowList)>,
 }
@@ -230,6 +235,7 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
         tls,
         tls_certs: tls_certs.filter(|_| tls != TlsSetting::Off),
         tls_verify_peer,
+        zero_copy: !args.no_zero_copy,
         allow,
     })
 }
@@ -413,6 +419,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cfg.threads_per_connection = w;
     }
     cfg.tls_mode = plan.tls.mode();
+    cfg.zero_copy = plan.zero_copy;
     if let Some(dir) = &plan.tls_certs {
         let tls = surge_nbd::tls::server_config(dir, plan.tls_verify_peer).with_context(|| {
             let ca = if plan.tls_verify_peer { ", and ca-cert.pem for --tls-verify-peer" } else { "" };

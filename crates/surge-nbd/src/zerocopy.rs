@@ -1,0 +1,305 @@
+//! Zero-copy data paths between a plain (non-TLS) socket and an export whose
+//! device is a plain file ([`surge_block::BlockDev::file_span`]).
+//!
+//! * Reads: the reply header goes out with `MSG_MORE`, then `sendfile` moves the
+//!   data from the file's page cache to the socket: no copy through this
+//!   process (the kernel references the pages for unix sockets).
+//! * Writes: the payload is `splice`d from the socket into a pipe (page
+//!   references, no copy into this process), and only once all of it has
+//!   arrived is it spliced on into the file: a client that leaves mid-payload
+//!   still changes nothing.
+//!
+//! TLS connections and layered devices (cache, model, fault, share) never get
+//! here: they keep the copying path.
+
+use parking_lot::Mutex;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use surge_block::FileSpan;
+
+/// Capacity asked for each pipe (the default maximum, /proc/sys/fs/pipe-max-size).
+pub(crate) const PIPE_SIZE: usize = 1 << 20;
+
+fn cvt(r: isize) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// A pipe used to hold one write payload between the socket and the file.
+pub(crate) struct Pipe {
+    r: OwnedFd,
+    w: OwnedFd,
+    capacity: usize,
+}
+
+impl Pipe {
+    /// A pipe of (at most) `want` bytes; its real capacity may be smaller.
+    pub(crate) fn new(want: usize) -> io::Result<Pipe> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors were just created and are owned by nobody else.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: fcntl on a valid descriptor. Failing to grow (limits) is not an error.
+        let capacity = unsafe {
+            libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, want as libc::c_int);
+            libc::fcntl(w.as_raw_fd(), libc::F_GETPIPE_SZ)
+        };
+        Ok(Pipe { r, w, capacity: capacity.max(0) as usize })
+    }
+
+    /// Moves exactly `len` bytes (at most the capacity) from `sock` into the pipe.
+    pub(crate) fn fill_from(&self, sock: RawFd, len: usize) -> io::Result<()> {
+        let mut left = len;
+        while left > 0 {
+            // SAFETY: splice between two valid descriptors, no offsets (socket, pipe).
+            let r = unsafe { libc::splice(sock, std::ptr::null_mut(), self.w.as_raw_fd(), std::ptr::null_mut(), left, libc::SPLICE_F_MOVE) };
+            match cvt(r) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => left -= n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves exactly `len` bytes from the pipe into `file` at `offset`.
+    pub(crate) fn drain_to(&self, file: BorrowedFd, offset: u64, len: usize) -> io::Result<()> {
+        let mut off = offset as libc::loff_t;
+        let mut left = len;
+        while left > 0 {
+            // SAFETY: splice from the pipe into the file at `off`, which the kernel advances.
+            let r = unsafe { libc::splice(self.r.as_raw_fd(), std::ptr::null_mut(), file.as_raw_fd(), &mut off, left, libc::SPLICE_F_MOVE) };
+            match cvt(r) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the file took no more data")),
+                Ok(n) => left -= n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Pipes a connection keeps at most (each holds one write payload in flight).
+const MAX_PIPES: usize = 16;
+
+/// What a connection needs for zero-copy I/O: its plain socket, the export's
+/// file, and a few pipes for write payloads.
+pub(crate) struct ZeroCopy<'a> {
+    pub(crate) sock: RawFd,
+    pub(crate) span: FileSpan<'a>,
+    free: Mutex<Vec<Pipe>>,
+    made: AtomicUsize,
+}
+
+impl<'a> ZeroCopy<'a> {
+    pub(crate) fn new(sock: RawFd, span: FileSpan<'a>) -> Self {
+        ZeroCopy { sock, span, free: Mutex::new(Vec::new()), made: AtomicUsize::new(0) }
+    }
+
+    /// An empty pipe that holds `need` bytes, or `None` (use the copying path).
+    pub(crate) fn take_pipe(&self, need: usize) -> Option<Pipe> {
+        let free = self.free.lock().pop();
+        if let Some(p) = free {
+            if p.capacity >= need {
+                return Some(p);
+            }
+            self.put_pipe(p);
+            return None;
+        }
+        if self.made.fetch_add(1, Ordering::Relaxed) >= MAX_PIPES {
+            self.made.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        match Pipe::new(PIPE_SIZE) {
+            Ok(p) if p.capacity >= need => Some(p),
+            Ok(p) => {
+                self.put_pipe(p);
+                None
+            }
+            Err(_) => {
+                self.made.fetch_sub(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Returns an empty pipe for reuse.
+    pub(crate) fn put_pipe(&self, p: Pipe) {
+        self.free.lock().push(p);
+    }
+
+    /// Drops a pipe that may still hold data (closing it discards the data).
+    pub(crate) fn discard_pipe(&self, p: Pipe) {
+        drop(p);
+        self.made.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Writes all of `buf` to `file` at `offset`.
+pub(crate) fn pwrite_all(file: BorrowedFd, buf: &[u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &buf[done..];
+        // SAFETY: pwrite from a valid slice to a valid descriptor.
+        let r = unsafe { libc::pwrite(file.as_raw_fd(), rest.as_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t) };
+        match cvt(r) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the file took no more data")),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Why sending file data stopped.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The connection failed: nothing more can be sent.
+    Socket(io::Error),
+    /// Reading the file failed after `sent` bytes; the connection is fine.
+    File { sent: usize, error: io::Error },
+}
+
+fn is_socket_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN | libc::EAGAIN | libc::ETIMEDOUT | libc::ESHUTDOWN | libc::ECONNABORTED)
+    )
+}
+
+/// Sends `len` bytes of `file` from `offset` to `sock` with sendfile.
+pub(crate) fn send_file(sock: RawFd, file: BorrowedFd, offset: u64, len: usize) -> Result<(), SendError> {
+    let mut off = offset as libc::off_t;
+    let mut sent = 0;
+    while sent < len {
+        // SAFETY: sendfile between valid descriptors; the kernel advances `off`.
+        let r = unsafe { libc::sendfile(sock, file.as_raw_fd(), &mut off, len - sent) };
+        match cvt(r) {
+            Ok(0) => return Err(SendError::File { sent, error: io::Error::new(io::ErrorKind::UnexpectedEof, "the file ended early") }),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if is_socket_error(&e) => return Err(SendError::Socket(e)),
+            Err(error) => return Err(SendError::File { sent, error }),
+        }
+    }
+    Ok(())
+}
+
+/// Sends every part with `sendmsg(MSG_MORE)`: more follows at once, so TCP
+/// need not push a small segment for a reply header alone.
+pub(crate) fn send_more(sock: RawFd, parts: &[&[u8]]) -> io::Result<()> {
+    let mut iov: Vec<libc::iovec> = parts.iter().filter(|p| !p.is_empty()).map(|p| libc::iovec { iov_base: p.as_ptr() as *mut _, iov_len: p.len() }).collect();
+    let mut first = 0;
+    while first < iov.len() {
+        // SAFETY: a zeroed msghdr is valid; iov points at live slices for the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov[first..].as_mut_ptr();
+        msg.msg_iovlen = (iov.len() - first) as _;
+        // SAFETY: sendmsg on a valid socket with a valid msghdr.
+        let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+        let mut n = match cvt(r) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while first < iov.len() && n >= iov[first].iov_len {
+            n -= iov[first].iov_len;
+            first += 1;
+        }
+        if n > 0 {
+            let v = &mut iov[first];
+            // SAFETY: advancing within the same slice by less than its length.
+            v.iov_base = unsafe { (v.iov_base as *mut u8).add(n) }.cast();
+            v.iov_len -= n;
+        }
+    }
+    Ok(())
+}
+
+/// Sends `len` zero bytes (to finish a data chunk whose file read failed).
+pub(crate) fn send_zeroes(sock: RawFd, mut len: usize) -> io::Result<()> {
+    let zeroes = [0u8; 4096];
+    while len > 0 {
+        let n = len.min(zeroes.len());
+        send_more(sock, &[&zeroes[..n]])?;
+        len -= n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_payload_goes_from_socket_through_a_pipe_into_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(dir.path().join("f")).unwrap();
+        file.set_len(1 << 20).unwrap();
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let writer = {
+            let data = data.clone();
+            std::thread::spawn(move || a.write_all(&data).unwrap())
+        };
+        let pipe = Pipe::new(PIPE_SIZE).unwrap();
+        assert!(pipe.capacity >= data.len(), "capacity {}", pipe.capacity);
+        pipe.fill_from(b.as_raw_fd(), data.len()).unwrap();
+        writer.join().unwrap();
+        pipe.drain_to(file.as_fd(), 4096, data.len()).unwrap();
+        let mut back = vec![0u8; data.len()];
+        file.read_exact_at(&mut back, 4096).unwrap();
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn a_client_leaving_mid_payload_is_an_error_not_a_short_write() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(&[1u8; 1000]).unwrap();
+        drop(a);
+        let pipe = Pipe::new(PIPE_SIZE).unwrap();
+        assert_eq!(pipe.fill_from(b.as_raw_fd(), 5000).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn file_data_and_headers_arrive_in_order_and_a_short_file_is_a_file_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 253) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            b.read_to_end(&mut got).unwrap();
+            got
+        });
+        send_more(a.as_raw_fd(), &[b"head", b"", b"er"]).unwrap();
+        send_file(a.as_raw_fd(), file.as_fd(), 1000, 150_000).unwrap();
+        match send_file(a.as_raw_fd(), file.as_fd(), 199_000, 5000) {
+            Err(SendError::File { sent: 1000, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        send_zeroes(a.as_raw_fd(), 4000).unwrap();
+        drop(a);
+        let got = reader.join().unwrap();
+        assert_eq!(&got[..6], b"header");
+        assert_eq!(&got[6..150_006], &data[1000..151_000]);
+        assert_eq!(&got[150_006..151_006], &data[199_000..]);
+        assert!(got[151_006..].iter().all(|&x| x == 0) && got.len() == 155_006);
+    }
+}
