@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Smoke run of the NBD peer benchmark (surge vs nbdkit, fio nbd engine): proves
-# the script and both servers work. CI machines are shared and noisy, so it
+# Smoke run of the NBD peer benchmark (surge vs nbdkit's file plugin, with the
+# null plugin as the ceiling; fio nbd engine): proves the script and the servers
+# work, including surge's zero-copy paths for the file export. CI machines are shared and noisy, so it
 # only fails on an order-of-magnitude regression; docs/performance.md has the
 # real figures from full runs.
 set -euo pipefail
