@@ -193,12 +193,18 @@ fn raw_starttls(sock: &Path) -> std::os::unix::net::UnixStream {
     s
 }
 
+type TlsStream = rustls::StreamOwned<rustls::ClientConnection, std::os::unix::net::UnixStream>;
+
+/// A TLS session to "localhost" after STARTTLS (the handshake runs on first use).
+fn tls_stream(sock: &Path, cfg: Arc<rustls::ClientConfig>) -> TlsStream {
+    let conn = rustls::ClientConnection::new(cfg, "localhost".try_into().unwrap()).unwrap();
+    rustls::StreamOwned::new(conn, raw_starttls(sock))
+}
+
 /// Runs NBD_OPT_LIST over TLS; `Ok(names)` or the error that ended the session.
 fn tls_list(sock: &Path, cfg: Arc<rustls::ClientConfig>) -> std::io::Result<usize> {
     use std::io::{Read, Write};
-    let s = raw_starttls(sock);
-    let conn = rustls::ClientConnection::new(cfg, "localhost".try_into().unwrap()).unwrap();
-    let mut t = rustls::StreamOwned::new(conn, s);
+    let mut t = tls_stream(sock, cfg);
     t.write_all(&encode_option_header(OPT_LIST, 0))?;
     let mut n = 0;
     loop {
@@ -264,9 +270,7 @@ fn a_tls_session_ending_during_negotiation_gets_close_notify() {
     make_certs(dir.path());
     let sock = dir.path().join("s");
     let server = start(TlsMode::Require, Some(dir.path()), &sock);
-    let s = raw_starttls(&sock);
-    let conn = rustls::ClientConnection::new(rustls_client(dir.path(), None), "localhost".try_into().unwrap()).unwrap();
-    let mut t = rustls::StreamOwned::new(conn, s);
+    let mut t = tls_stream(&sock, rustls_client(dir.path(), None));
     t.write_all(&encode_option_header(OPT_ABORT, 0)).unwrap();
     let mut r = [0u8; 20];
     t.read_exact(&mut r).unwrap();
