@@ -168,6 +168,15 @@ pub struct Client {
 
 pub type Result<T> = std::result::Result<T, DataError>;
 
+/// An error a background flush hit, reported to the next call on the file.
+fn stored_error(ino: Ino, errno: i32, why: String) -> DataError {
+    if errno == libc::ENOSPC {
+        DataError::NotReplicated { chunk: format!("of inode {ino}"), got: 0, want: 0, why, full: true }
+    } else {
+        DataError::Unreadable { chunk: format!("of inode {ino}"), why: format!("an earlier background flush failed: {why}") }
+    }
+}
+
 /// Version used in the cache for bytes of an imported object.
 const IMPORTED: u64 = 0;
 
@@ -323,7 +332,7 @@ impl Client {
         {
             let mut st = of.st.lock();
             if let Some((errno, why)) = st.error.take() {
-                return Err(DataError::Unreadable { chunk: format!("{ino}"), why: format!("earlier write-back failed (errno {errno}): {why}") });
+                return Err(stored_error(ino, errno, why));
             }
             let mut pos = 0usize;
             let mut full = Vec::new();
@@ -413,11 +422,7 @@ impl Client {
             return Err(e);
         }
         if let Some((errno, why)) = st.error.take() {
-            return Err(if errno == libc::ENOSPC {
-                DataError::NotReplicated { chunk: format!("{}", of.ino), got: 0, want: 0, why, full: true }
-            } else {
-                DataError::Unreadable { chunk: format!("{}", of.ino), why }
-            });
+            return Err(stored_error(of.ino, errno, why));
         }
         Ok(())
     }

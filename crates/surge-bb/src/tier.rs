@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{0}")]
+    #[error(transparent)]
     Meta(#[from] MetaError),
     #[error("storing chunk {chunk}: only {got} of {want} I/O nodes took it ({why})")]
     NotReplicated { chunk: String, got: usize, want: usize, why: String, full: bool },
     #[error("reading chunk {chunk}: no I/O node has it and {why}")]
     Unreadable { chunk: String, why: String },
-    #[error("{0}")]
+    #[error(transparent)]
     S3(#[from] S3Error),
 }
 
@@ -193,5 +193,41 @@ impl Tier {
                 let _ = self.pool.delete(h, c);
             }
         }
+    }
+}
+
+/// Everything needed to reach a burst buffer, as given on the command line.
+#[derive(Clone, Debug)]
+pub struct TierConfig {
+    /// redis://HOST:PORT/ of the metadata store.
+    pub redis: String,
+    /// File-system name (several can share one Redis and one bucket prefix).
+    pub fs: String,
+    /// `redis` (default), `etcd:http://HOST:PORT` or `static:ADDR,ADDR`.
+    pub membership: String,
+    pub s3: Option<crate::s3::S3Config>,
+    pub replicas: usize,
+    /// Chunk size used if the file system is formatted now.
+    pub chunk_size: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    #[error(transparent)]
+    Membership(#[from] crate::membership::MembershipError),
+    #[error(transparent)]
+    S3(#[from] S3Error),
+}
+
+impl TierConfig {
+    /// Connects to metadata (formatting it if new), membership and S3.
+    pub fn open(&self) -> Result<Arc<Tier>, OpenError> {
+        let meta: Arc<dyn MetaStore> = Arc::new(crate::meta::redis::RedisMeta::connect(&self.redis, &self.fs)?);
+        meta.format(&FsParams { chunk_size: self.chunk_size })?;
+        let members = crate::membership::open(&self.membership, &self.fs, meta.clone())?;
+        let s3 = self.s3.as_ref().map(S3::connect).transpose()?;
+        Ok(Arc::new(Tier::new(meta, members, s3, self.replicas)?))
     }
 }
