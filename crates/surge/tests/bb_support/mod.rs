@@ -40,10 +40,16 @@ pub fn s3_endpoint() -> &'static str {
     EP.get_or_init(|| {
         require("moto_server");
         let port = free_port();
-        let mut cmd = Command::new("moto_server");
-        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null());
-        let child = die_with_parent(&mut cmd).spawn().expect("moto_server");
-        std::mem::forget(child);
+        // PDEATHSIG fires when the spawning *thread* ends, and test threads end
+        // with their test: spawn the shared server from a thread that never ends.
+        std::thread::spawn(move || {
+            let mut cmd = Command::new("moto_server");
+            cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null());
+            let _child = die_with_parent(&mut cmd).spawn().expect("moto_server");
+            loop {
+                std::thread::park();
+            }
+        });
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(start.elapsed() < Duration::from_secs(30), "moto_server did not start");
@@ -166,9 +172,14 @@ impl Bb {
     }
 
     pub fn node(&self, extra: &[&str]) -> Node {
-        let log = std::fs::File::create(self.dir.path().join(format!("node-{}.log", free_port()))).unwrap();
+        let name = format!("node-{}.log", free_port());
+        let log = std::fs::File::create(self.dir.path().join(&name)).unwrap();
         let mut cmd = self.cmd();
-        cmd.args(["bb", "node", "--listen", "127.0.0.1:0", "--memory", "256MiB"])
+        cmd.args(["bb", "node", "--listen", "127.0.0.1:0"]);
+        if !extra.contains(&"--memory") {
+            cmd.args(["--memory", "256MiB"]);
+        }
+        cmd
             .args(self.common())
             .args(&self.node_args)
             .args(extra)
@@ -177,7 +188,7 @@ impl Bb {
         let mut child = die_with_parent(&mut cmd).spawn().unwrap();
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert!(!line.trim().is_empty(), "node did not start (log in {})", self.dir.path().display());
+        assert!(!line.trim().is_empty(), "node did not start: {}", self.log(&name));
         Node { addr: line.trim().to_string(), child }
     }
 
