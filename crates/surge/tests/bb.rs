@@ -364,3 +364,30 @@ fn client_dying_mid_write_keeps_what_was_acknowledged() {
 fn m_pid(m: &Mount) -> i32 {
     m.pid() as i32
 }
+
+/// Membership through etcd leases: nodes register, clients find them, a
+/// killed node drops out when its lease expires.
+#[test]
+fn etcd_membership_tracks_node_leases() {
+    let mut bb = Bb::new("etcd", "1MiB");
+    let etcd = Etcd::start(bb.dir.path());
+    bb.membership = format!("etcd:{}", etcd.url);
+    let mut nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    fs::write(m.dir.join("f"), pattern(8, 2_500_000)).unwrap();
+    let live = |bb: &Bb| {
+        let (ok, out, err) = bb.run(&["status", "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["nodes"].as_array().unwrap().len()
+    };
+    assert_eq!(live(&bb), 3);
+    nodes[0].kill9();
+    let start = std::time::Instant::now();
+    while live(&bb) != 2 {
+        assert!(start.elapsed() < Duration::from_secs(15), "the dead node's lease did not expire");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(fs::read(m.dir.join("f")).unwrap() == pattern(8, 2_500_000));
+    bb.wait_persisted("/", Duration::from_secs(60));
+}

@@ -136,6 +136,7 @@ pub struct Bb {
     pub chunk_size: String,
     pub replicas: usize,
     pub node_args: Vec<String>,
+    pub membership: String,
 }
 
 impl Bb {
@@ -147,7 +148,7 @@ impl Bb {
         let endpoint = s3_endpoint().to_string();
         let bucket = format!("bb-{name}-{}", std::process::id());
         create_bucket(&endpoint, &bucket);
-        Bb { dir, redis, bucket, endpoint, chunk_size: chunk_size.into(), replicas: 2, node_args: vec![] }
+        Bb { dir, redis, bucket, endpoint, chunk_size: chunk_size.into(), replicas: 2, node_args: vec![], membership: "redis".into() }
     }
 
     pub fn common(&self) -> Vec<String> {
@@ -162,6 +163,8 @@ impl Bb {
             self.chunk_size.clone(),
             "--replicas".into(),
             self.replicas.to_string(),
+            "--membership".into(),
+            self.membership.clone(),
         ]
     }
 
@@ -269,4 +272,41 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// A single-member etcd on loopback, killed on drop.
+pub struct Etcd {
+    pub url: String,
+    child: Child,
+}
+
+impl Etcd {
+    pub fn start(dir: &Path) -> Etcd {
+        require("etcd");
+        let (client, peer) = (free_port(), free_port());
+        let c = format!("http://127.0.0.1:{client}");
+        let p = format!("http://127.0.0.1:{peer}");
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--data-dir")
+            .arg(dir.join("etcd"))
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+            .args(["--initial-cluster", &format!("default={p}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = die_with_parent(&mut cmd).spawn().expect("etcd");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(20), "etcd did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Etcd { url: c, child }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
