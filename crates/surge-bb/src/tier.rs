@@ -93,19 +93,26 @@ impl Tier {
         let mut holders = Vec::with_capacity(want);
         let mut why = Vec::new();
         let mut full = false;
-        for node in placement::rank(&live, &chunk) {
-            if holders.len() == want {
+        // Candidates in rendezvous order; each round sends to as many as are
+        // still missing, in parallel, so a healthy store costs one round trip.
+        let mut candidates = placement::rank(&live, &chunk).into_iter().filter(|n| !exclude.iter().any(|e| e == n));
+        while holders.len() < want {
+            let round: Vec<&str> = candidates.by_ref().take(want - holders.len()).collect();
+            if round.is_empty() {
                 break;
             }
-            if exclude.iter().any(|e| e == node) {
-                continue;
-            }
-            match self.pool.put(node, chunk, data.to_vec(), true) {
-                Ok(()) => holders.push(node.to_string()),
-                Err(e) => {
-                    full |= matches!(e, NodeError::Full { .. });
-                    tracing::warn!("chunk {}: {e}; trying the next node", chunk.member());
-                    why.push(e.to_string());
+            let results: Vec<Result<(), NodeError>> = std::thread::scope(|s| {
+                let handles: Vec<_> = round.iter().map(|node| s.spawn(move || self.pool.put(node, chunk, data.to_vec(), true))).collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(NodeError::Rejected { node: "?".into(), why: "panicked".into() }))).collect()
+            });
+            for (node, r) in round.iter().zip(results) {
+                match r {
+                    Ok(()) => holders.push(node.to_string()),
+                    Err(e) => {
+                        full |= matches!(e, NodeError::Full { .. });
+                        tracing::warn!("chunk {}: {e}; trying the next node", chunk.member());
+                        why.push(e.to_string());
+                    }
                 }
             }
         }
