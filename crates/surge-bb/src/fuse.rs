@@ -41,13 +41,15 @@ impl Default for MountConfig {
 }
 
 type Job = Box<dyn FnOnce() + Send>;
+/// Directory listings taken at opendir, by file handle: (inode, kind, name).
+type DirListings = Arc<Mutex<HashMap<u64, Vec<(u64, FileType, String)>>>>;
 
 pub struct BbFs {
     client: Arc<Client>,
     cfg: MountConfig,
     jobs: Sender<Job>,
     next_fh: AtomicU64,
-    dirs: Arc<Mutex<HashMap<u64, Vec<(u64, FileType, String)>>>>,
+    dirs: DirListings,
 }
 
 fn time(ns: i64) -> SystemTime {

@@ -224,12 +224,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     if json {
                         println!("{}", serde_json::to_string_pretty(&files)?);
                     } else {
+                        println!("{:<14} {:>14} {:>6}  path", "state", "bytes", "dirty");
                         for f in &files {
-                            let state = if f.persisted { "persisted".to_string() } else { format!("NOT persisted ({} dirty chunks)", f.dirty_chunks) };
-                            println!("{:<12} {:>14} {}", state.split(' ').next().unwrap_or(""), f.size, f.path);
-                            if !f.persisted {
-                                println!("{:<12} {:>14}   {state}", "", "");
-                            }
+                            let state = if f.persisted { "persisted" } else { "NOT persisted" };
+                            println!("{state:<14} {:>14} {:>6}  {}", f.size, f.dirty_chunks, f.path);
                         }
                         let n = files.iter().filter(|f| !f.persisted).count();
                         println!("{} files, {} persisted, {} not yet", files.len(), files.len() - n, n);

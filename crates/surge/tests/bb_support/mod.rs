@@ -45,10 +45,8 @@ pub fn s3_endpoint() -> &'static str {
         std::thread::spawn(move || {
             let mut cmd = Command::new("moto_server");
             cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null());
-            let _child = die_with_parent(&mut cmd).spawn().expect("moto_server");
-            loop {
-                std::thread::park();
-            }
+            let mut child = die_with_parent(&mut cmd).spawn().expect("moto_server");
+            let _ = child.wait();
         });
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
