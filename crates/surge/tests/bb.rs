@@ -295,9 +295,10 @@ fn faults_give_clear_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("unreachable"), "{err}");
     // Unreachable etcd.
-    let etcd = format!("etcd:http://127.0.0.1:{}", free_port());
-    let (ok, _, err) = bb.run(&["status", "--membership", &etcd]);
+    bb.membership = format!("etcd:http://127.0.0.1:{}", free_port());
+    let (ok, _, err) = bb.run(&["status"]);
     assert!(!ok && err.contains("etcd") && err.contains("unreachable"), "{err}");
+    bb.membership = "redis".into();
     // Full nodes: ENOSPC to the writer.
     bb.replicas = 2;
     let _small: Vec<Node> = (0..2).map(|_| bb.node(&["--memory", "2MiB", "--writeback-delay", "60s"])).collect();
