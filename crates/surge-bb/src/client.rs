@@ -33,6 +33,9 @@ pub struct ClientConfig {
     pub fsync_timeout: Duration,
     /// Background threads for flushes and prefetches.
     pub threads: usize,
+    /// Serve `getattr` of an open file from the attributes read at open
+    /// (close-to-open); off: every getattr asks metadata.
+    pub cache_open_attrs: bool,
 }
 
 impl Default for ClientConfig {
@@ -44,6 +47,7 @@ impl Default for ClientConfig {
             fsync_waits_for_s3: false,
             fsync_timeout: Duration::from_secs(120),
             threads: 8,
+            cache_open_attrs: true,
         }
     }
 }
@@ -230,7 +234,7 @@ impl Client {
 
     /// Attributes, with this client's unflushed writes reflected in the size.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        if let Some(of) = self.open_file(ino) {
+        if let Some(of) = self.open_file(ino).filter(|_| self.cfg.cache_open_attrs) {
             let st = of.st.lock();
             if let Some(a) = &st.attr {
                 let mut a = a.clone();
@@ -411,19 +415,25 @@ impl Client {
             }
             self.release_budget(bytes);
         }
-        let mut st = of.st.lock();
-        while st.inflight > 0 {
-            of.changed.wait(&mut st);
+        {
+            let mut st = of.st.lock();
+            while st.inflight > 0 {
+                of.changed.wait(&mut st);
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            if let Some((errno, why)) = st.error.take() {
+                return Err(stored_error(of.ino, errno, why));
+            }
         }
-        if st.bufs.is_empty() {
+        // Committed: the size now comes from metadata again.
+        let a = self.tier.meta.getattr(of.ino)?;
+        let mut st = of.st.lock();
+        if st.bufs.is_empty() && st.inflight == 0 {
             st.buffered_end = 0;
         }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        if let Some((errno, why)) = st.error.take() {
-            return Err(stored_error(of.ino, errno, why));
-        }
+        st.attr = Some(a);
         Ok(())
     }
 
@@ -483,10 +493,7 @@ impl Client {
     /// clients and on R nodes) when this returns Ok.
     pub fn flush(&self, ino: Ino) -> Result<()> {
         let Some(of) = self.open_file(ino) else { return Ok(()) };
-        self.flush_buffers(&of)?;
-        let a = self.tier.meta.getattr(ino)?;
-        of.st.lock().attr = Some(a);
-        Ok(())
+        self.flush_buffers(&of)
     }
 
     /// fsync: flush, and with `fsync_waits_for_s3`, wait until the file's

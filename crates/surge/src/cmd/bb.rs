@@ -182,7 +182,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let n = surge_bb::status::import(&tier, None)?;
                 tracing::info!("imported {n} objects from the bucket");
             }
-            let ccfg = ClientConfig { write_behind, read_ahead, fsync_waits_for_s3: fsync_s3, ..Default::default() };
+            let ccfg = ClientConfig {
+                write_behind,
+                read_ahead,
+                fsync_waits_for_s3: fsync_s3,
+                cache_open_attrs: !strict,
+                ..Default::default()
+            };
             let client = Client::new(tier, ccfg)?;
             let stop = stop_flag()?;
             surge_bb::fuse::mount(client, &dir, MountConfig { strict, attr_ttl, ..Default::default() }, stop)
