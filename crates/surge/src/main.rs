@@ -37,6 +37,7 @@ enum Command {
     Experiment(cmd::experiment::Args),
     /// Kill/restart an export again and again and check that no acknowledged data is lost.
     Torture(cmd::torture::Args),
+    Bb(cmd::bb::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::Qos(a) => cmd::qos::run(a),
         Command::Experiment(a) => cmd::experiment::run(a),
         Command::Torture(a) => cmd::torture::run(a),
+        Command::Bb(a) => cmd::bb::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! Subcommands, one module each: `Args` (clap) and `run(args) -> anyhow::Result<()>`.
 
+pub mod bb;
 pub mod cloud;
 pub mod experiment;
 pub mod qos;
