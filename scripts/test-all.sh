@@ -26,12 +26,13 @@ if ! command -v moto_server >/dev/null 2>&1; then
 fi
 
 echo "== cargo build"
-cargo build --release --workspace --locked 2>&1 | tail -3
+cargo build --release --workspace --all-features --locked 2>&1 | tail -3
 
 echo "== cargo test"
-# Release profile (with overflow checks, see Cargo.toml): reuses the build above
+# All features (etcd membership for the burst buffer needs protoc, installed
+# above). Release profile (with overflow checks, see Cargo.toml): reuses the build above
 # instead of compiling everything a second time.
-cargo test --release --workspace --locked
+cargo test --release --workspace --all-features --locked
 
 # Further steps (real-client checks, bounded fuzzing, quick experiments) live in
 # scripts/ci.d/, one file each, run in name order.

@@ -12,6 +12,8 @@ use std::time::Duration;
 pub enum MembershipError {
     #[error("etcd at {url} unreachable: {why}")]
     EtcdUnreachable { url: String, why: String },
+    #[error("membership {spec:?}: this surge was built without etcd support; rebuild with `--features etcd` (needs protoc, Debian protobuf-compiler) or use `redis` or `static:ADDR,...`")]
+    EtcdNotBuilt { spec: String },
     #[error("membership through metadata store: {0}")]
     Meta(#[from] crate::meta::MetaError),
 }
@@ -53,6 +55,13 @@ impl Membership for MetaMembership {
         Ok(self.0.deregister_node(addr)?)
     }
 }
+
+#[cfg(feature = "etcd")]
+pub use etcd::Etcd;
+
+#[cfg(feature = "etcd")]
+mod etcd {
+use super::*;
 
 /// etcd: each node holds a lease (TTL = `LEASE`) and puts
 /// `/surge-bb/{fs}/nodes/{addr}` under it; heartbeats renew the lease.
@@ -128,13 +137,21 @@ impl Membership for Etcd {
     }
 }
 
+}
+
 /// `static:ADDR,ADDR` | `redis` (the metadata store) | `etcd:http://HOST:PORT`.
 pub fn open(spec: &str, fs: &str, meta: Arc<dyn MetaStore>) -> Result<Arc<dyn Membership>, MembershipError> {
     if let Some(list) = spec.strip_prefix("static:") {
         let nodes = list.split(',').filter(|s| !s.is_empty()).map(|a| NodeInfo { addr: a.into(), capacity: 0 }).collect();
         Ok(Arc::new(Static(nodes)))
     } else if let Some(url) = spec.strip_prefix("etcd:") {
-        Ok(Arc::new(Etcd::connect(url, fs)?))
+        #[cfg(feature = "etcd")]
+        return Ok(Arc::new(Etcd::connect(url, fs)?));
+        #[cfg(not(feature = "etcd"))]
+        return {
+            let _ = fs; // names the etcd key prefix, unused without etcd
+            Err(MembershipError::EtcdNotBuilt { spec: format!("etcd:{url}") })
+        };
     } else {
         Ok(Arc::new(MetaMembership(meta)))
     }

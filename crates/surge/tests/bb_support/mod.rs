@@ -273,11 +273,13 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// A single-member etcd on loopback, killed on drop.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub struct Etcd {
     pub url: String,
     child: Child,
 }
 
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 impl Etcd {
     pub fn start(dir: &Path) -> Etcd {
         require("etcd");
