@@ -10,6 +10,7 @@
 //!   elastic-cache paper's AGBs.
 
 pub mod cost;
+pub mod gc;
 pub mod local;
 pub mod provider;
 pub mod spec;
