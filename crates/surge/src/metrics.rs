@@ -110,11 +110,14 @@ impl BlockDev for Timed {
     }
 }
 
+/// Latency histograms by export name.
+type Latencies = Arc<Mutex<Vec<(String, Arc<Latency>)>>>;
+
 /// Everything the endpoint shows: the control registry and the exports' latencies.
 #[derive(Clone)]
 pub struct Metrics {
     control: Arc<Control>,
-    latency: Arc<Mutex<Vec<(String, Arc<Latency>)>>>,
+    latency: Latencies,
 }
 
 impl std::fmt::Debug for Metrics {

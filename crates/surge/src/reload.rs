@@ -37,7 +37,10 @@ pub struct Reload {
 /// Tenant settings a running fair queue takes live.
 const LIVE_SHARE_KEYS: &[&str] = &["weight", "limit", "reservation", "depth", "adaptive"];
 
-fn share_opts(args: &str) -> Option<(Option<String>, Vec<(String, String)>)> {
+/// A share spec's pool and its `key=value` options.
+type ShareOpts = (Option<String>, Vec<(String, String)>);
+
+fn share_opts(args: &str) -> Option<ShareOpts> {
     let mut o = Opts::parse("share", args).ok()?;
     let pool = o.positional();
     let mut kv = Vec::new();

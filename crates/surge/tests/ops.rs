@@ -70,7 +70,7 @@ fn metrics_move_while_a_client_writes() {
 
     let after = scrape(port);
     let written = value(&after, "surge_export_bytes_total{export=\"d\",op=\"write\"}");
-    assert_eq!(written, (rounds * 4 << 20) as f64, "every byte counted");
+    assert_eq!(written, ((rounds * 4) << 20) as f64, "every byte counted");
     assert!(value(&after, "surge_export_ops_total{export=\"d\",op=\"write\"}") > 0.0);
     assert!(value(&after, "surge_export_latency_seconds_count{export=\"d\",op=\"write\"}") > 0.0);
     assert!(value(&after, "surge_export_latency_seconds_sum{export=\"d\",op=\"write\"}") > 0.0);
