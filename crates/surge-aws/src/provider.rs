@@ -14,13 +14,12 @@ use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification, Volume, Vo
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use surge_block::model::CreditBalance;
-use surge_block::{BlockDev, BlockError, Caps, Extent, FileDev, FileOptions, ZeroMode};
+use surge_block::{BlockDev, FileDev, FileOptions};
 use surge_cloud::cost::{report, UsageRecord};
-use surge_cloud::{Action, CloudError, CostReport, CreateRequest, PriceTable, Provider, VolumeInfo, VolumeSpec, VolumeState};
+use surge_cloud::{Action, Attachment, CloudError, CostReport, CreateRequest, PriceTable, Provider, VolumeInfo, VolumeSpec, VolumeState};
 
 /// Tag that marks a volume as surge's; its value is [`AwsConfig::owner`].
 pub const OWNER_TAG: &str = "surge:owner";
@@ -86,56 +85,6 @@ struct Instance {
     az: String,
 }
 
-/// The device handed out by `attach`: fails every request once detached.
-struct AttachedDev {
-    id: String,
-    dev: FileDev,
-    gone: AtomicBool,
-}
-
-impl AttachedDev {
-    fn check(&self) -> surge_block::Result<()> {
-        if self.gone.load(Ordering::Acquire) {
-            Err(BlockError::Gone(format!("EBS volume {} was detached", self.id)))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl BlockDev for AttachedDev {
-    fn size(&self) -> u64 {
-        self.dev.size()
-    }
-    fn caps(&self) -> Caps {
-        self.dev.caps()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.write_at(buf, offset, fua)
-    }
-    fn flush(&self) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.write_zeroes(offset, len, mode)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
-        self.check()?;
-        self.dev.block_status(offset, len)
-    }
-}
-
 pub struct AwsProvider {
     rt: tokio::runtime::Runtime,
     ec2: aws_sdk_ec2::Client,
@@ -143,7 +92,8 @@ pub struct AwsProvider {
     cfg: AwsConfig,
     http: aws_smithy_runtime_api::client::http::SharedHttpClient,
     instance: OnceLock<Instance>,
-    attached: Mutex<HashMap<String, Arc<AttachedDev>>>,
+    /// What this process attached: the handed-out device and the file under it.
+    attached: Mutex<HashMap<String, (Arc<Attachment>, Arc<FileDev>)>>,
     /// Billing of volumes this process deleted (live ones bill from their create time).
     deleted: Mutex<Vec<UsageRecord>>,
 }
@@ -507,9 +457,10 @@ impl Provider for AwsProvider {
             }
         };
         tracing::debug!(volume = %id, device = %path.display(), "attached EBS volume");
-        let dev = Arc::new(AttachedDev { id: id.clone(), dev, gone: AtomicBool::new(false) });
-        self.attached.lock().insert(id, dev.clone());
-        Ok(dev)
+        let file = Arc::new(dev);
+        let att = Arc::new(Attachment::new(&id, file.clone()));
+        self.attached.lock().insert(id, (att.clone(), file));
+        Ok(att)
     }
 
     fn detach(&self, key: &str) -> Result<(), CloudError> {
@@ -517,10 +468,10 @@ impl Provider for AwsProvider {
         let v = self.find(a, key)?;
         let id = v.volume_id().unwrap_or_default().to_string();
         let inst = self.instance(a, &id)?;
-        if let Some(d) = self.attached.lock().remove(&id) {
+        if let Some((att, file)) = self.attached.lock().remove(&id) {
             // What was written reaches EBS before the volume goes away.
-            let _ = d.dev.flush();
-            d.gone.store(true, Ordering::Release);
+            let _ = file.flush();
+            att.detach();
         }
         if v.state().map(|s| s.as_str()) == Some("available") {
             return Ok(());
