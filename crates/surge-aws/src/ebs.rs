@@ -9,8 +9,8 @@ use surge_cloud::VolumeSpec;
 
 const MIB: u64 = 1 << 20;
 /// gp3's included performance: a gp3 volume reporting these has no extras.
-const GP3_BASE_IOPS: u64 = 3000;
-const GP3_BASE_MIBPS: u64 = 125;
+pub const GP3_BASE_IOPS: u64 = 3000;
+pub const GP3_BASE_MIBPS: u64 = 125;
 
 /// What CreateVolume / ModifyVolume take.
 #[derive(Debug, Clone, PartialEq, Eq)]

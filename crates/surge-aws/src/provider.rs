@@ -561,7 +561,13 @@ impl Provider for AwsProvider {
         if spec.size < cur.size {
             return Err(CloudError::Busy { action: a, volume: id, why: format!("EBS volumes only grow (now {})", cur.spec) });
         }
-        let p = ebs::params(&spec).map_err(|e| CloudError::Remote { action: a, volume: id.clone(), why: e.to_string() })?;
+        let mut p = ebs::params(&spec).map_err(|e| CloudError::Remote { action: a, volume: id.clone(), why: e.to_string() })?;
+        // ModifyVolume keeps what it is not given: a gp3 spec without extras
+        // means the included performance, so say so.
+        if p.volume_type == "gp3" {
+            p.iops.get_or_insert(ebs::GP3_BASE_IOPS as i32);
+            p.throughput_mibps.get_or_insert(ebs::GP3_BASE_MIBPS as i32);
+        }
         self.rt
             .block_on(
                 self.ec2

@@ -161,7 +161,7 @@ fn volumes_are_created_attached_written_detached_modified_and_deleted() {
 
     // Modified online: the new parameters show in DescribeVolumes.
     let m = p.modify(&v.id, "gp3:2GiB,iops=6000".parse().unwrap()).unwrap();
-    assert_eq!(m.spec, "gp3:2GiB,iops=6000");
+    assert_eq!(m.spec, "gp3:2GiB,iops=6000", "throughput not given: back to the included 125 MiB/s");
     assert!(p.modify(&v.id, "gp3:1GiB".parse().unwrap()).unwrap_err().to_string().contains("only grow"));
 
     p.detach(&v.id).unwrap();
@@ -229,10 +229,11 @@ fn throttled_calls_are_retried_with_backoff_and_fail_clearly_when_it_persists() 
 #[test]
 fn expired_credentials_say_so() {
     let r = rig("creds");
-    r.proxy.add(Rule::Fail { action: "DescribeVolumes".into(), times: 1, status: 400, code: "RequestExpired".into() });
+    r.proxy.add(Rule::Fail { action: "DescribeVolumes".into(), times: 100, status: 400, code: "RequestExpired".into() });
     let e = r.p.list().unwrap_err().to_string();
+    r.proxy.clear();
     assert!(e.contains("credentials") && e.contains("expired") && e.contains("RequestExpired"), "{e}");
-    r.proxy.add(Rule::Fail { action: "AttachVolume".into(), times: 1, status: 403, code: "UnauthorizedOperation".into() });
+    r.proxy.add(Rule::Fail { action: "AttachVolume".into(), times: 100, status: 403, code: "UnauthorizedOperation".into() });
     let v = r.p.create(req("gp2:1GiB", None)).unwrap();
     let e = r.p.attach(&v.id).unwrap_err().to_string();
     assert!(e.contains("ec2:AttachVolume") && e.contains("IAM"), "{e}");
