@@ -163,7 +163,7 @@ mod tests {
                 _ => (p.iops, p.throughput_mibps),
             };
             let back = spec_of(p.volume_type, p.size_gib, iops, tput).unwrap();
-            let canon = |v: &VolumeSpec| match v.model {
+            let canon = |v: &VolumeSpec| match v.model.clone() {
                 VolumeModel::Gp3 { iops, throughput } => VolumeModel::Gp3 {
                     iops: iops.filter(|&i| i != 3000),
                     throughput: throughput.filter(|&t| t != 125 * MIB),

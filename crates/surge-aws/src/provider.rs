@@ -8,7 +8,7 @@
 
 use crate::device;
 use crate::ebs;
-use crate::error::{self, map};
+use crate::error::map;
 use aws_config::BehaviorVersion;
 use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification, Volume, VolumeAttachmentState, VolumeType};
 use parking_lot::Mutex;
@@ -595,6 +595,5 @@ mod tests {
         assert_eq!(c.percent(), Some(50.0));
         let c = credits_from_percent(&"st1:1TiB".parse().unwrap(), 100.0);
         assert!(c.bytes.is_some() && c.bytes == c.bytes_capacity, "{c:?}");
-        let _ = error::Kind::Other;
     }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use common::{Moto, Proxy, Rule};
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
@@ -110,7 +110,7 @@ impl Drop for FakeUdev {
 }
 
 struct Rig {
-    moto: Moto,
+    _moto: Moto,
     proxy: Proxy,
     root: tempfile::TempDir,
     p: AwsProvider,
@@ -130,7 +130,7 @@ fn rig(owner: &str) -> Rig {
     cfg.availability_zone = Some(az);
     let p = AwsProvider::connect(cfg).unwrap();
     let udev = FakeUdev::start(&moto.url(), root.path());
-    Rig { moto, proxy, root, p, _udev: udev }
+    Rig { _moto: moto, proxy, root, p, _udev: udev }
 }
 
 fn req(spec: &str, name: Option<&str>) -> CreateRequest {
@@ -235,7 +235,7 @@ fn expired_credentials_say_so() {
     assert!(e.contains("credentials") && e.contains("expired") && e.contains("RequestExpired"), "{e}");
     r.proxy.add(Rule::Fail { action: "AttachVolume".into(), times: 100, status: 403, code: "UnauthorizedOperation".into() });
     let v = r.p.create(req("gp2:1GiB", None)).unwrap();
-    let e = r.p.attach(&v.id).unwrap_err().to_string();
+    let e = r.p.attach(&v.id).err().expect("attach fails").to_string();
     assert!(e.contains("ec2:AttachVolume") && e.contains("IAM"), "{e}");
 }
 
@@ -245,7 +245,7 @@ fn an_attach_that_never_completes_times_out_and_is_undone() {
     let v = r.p.create(req("gp2:1GiB", None)).unwrap();
     // Every DescribeVolumes reply shows the attachment still attaching.
     r.proxy.add(Rule::Rewrite { action: "DescribeVolumes".into(), times: 1000, from: "<status>attached</status>".into(), to: "<status>attaching</status>".into() });
-    let e = r.p.attach(&v.id).unwrap_err().to_string();
+    let e = r.p.attach(&v.id).err().expect("attach fails").to_string();
     assert!(e.contains("did not happen within 2s") && e.contains("attaching"), "{e}");
     assert!(e.contains("detach"), "says what surge did about it: {e}");
     r.proxy.clear();
@@ -279,7 +279,7 @@ fn a_device_that_never_appears_times_out_and_the_attach_is_undone() {
     cfg.device_timeout = Duration::from_millis(300);
     let p = AwsProvider::connect(cfg).unwrap(); // no fake udev: nothing appears
     let v = p.create(req("gp2:1GiB", None)).unwrap();
-    let e = p.attach(&v.id).unwrap_err().to_string();
+    let e = p.attach(&v.id).err().expect("attach fails").to_string();
     assert!(e.contains("no block device appeared within 300ms") && e.contains(&nvme_link_name(&v.id)), "{e}");
     assert_eq!(p.describe(&v.id).unwrap().state, VolumeState::Available);
 }
@@ -308,11 +308,13 @@ fn gc_removes_unattached_unnamed_surge_volumes_only() {
     let rep = gc::collect(p, &opts, now + 1000).unwrap();
     assert_eq!(rep.orphans.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), [orphan.id.as_str()]);
     assert!(rep.failed.is_empty() && rep.kept.len() == 1, "{rep:?}");
-    let left: Vec<String> = p.list().unwrap().into_iter().map(|v| v.id).collect();
-    assert_eq!(left, [named.id, busy.id]);
+    let mut left: Vec<String> = p.list().unwrap().into_iter().map(|v| v.id).collect();
+    let mut want = vec![named.id, busy.id];
+    left.sort();
+    want.sort();
+    assert_eq!(left, want, "the named and the attached volume stay");
     assert_eq!(other.list().unwrap().len(), 1, "{foreign:?} stays");
     assert!(matches!(p.delete(&untagged), Err(CloudError::Busy { .. })), "surge refuses volumes it does not own");
-    assert_eq!(r.moto.port, r.moto.port);
 }
 
 #[test]
@@ -321,5 +323,4 @@ fn reserved_volumes_are_refused_with_the_aws_alternative() {
     let e = r.p.create(req("reserved:1GiB,bw=33MB/s", None)).unwrap_err().to_string();
     assert!(e.contains("only on the local cloud") && e.contains("gp3"), "{e}");
     assert_eq!(r.proxy.count("CreateVolume"), 0, "refused before calling AWS");
-    let _ = PathBuf::new();
 }
