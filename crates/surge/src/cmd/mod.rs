@@ -7,4 +7,5 @@ pub mod qos;
 pub mod serve;
 pub mod set;
 pub mod status;
+pub mod top;
 pub mod torture;
