@@ -519,7 +519,7 @@ const SHUTDOWN_LIMIT: Duration = Duration::from_secs(30);
 fn exit_if_shutdown_hangs(mut signals: signal_hook::iterator::Signals, limit: Duration) {
     let deadline = std::time::Instant::now() + limit;
     let watchdog = move || loop {
-        if let Some(sig) = signals.pending().find(|&s| s != SIGHUP) {
+        if let Some(sig) = signals.pending().find(|&s| s != signal_hook::consts::SIGHUP) {
             eprintln!("surge: signal {sig} during shutdown: exiting now, without waiting for requests or the final flush");
             std::process::exit(1);
         }
