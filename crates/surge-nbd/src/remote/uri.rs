@@ -251,7 +251,7 @@ mod tests {
             let endpoint = if unix { Endpoint::Unix(PathBuf::from(path)) } else { Endpoint::Tcp { host, port } };
             let u = NbdUri { endpoint, export, tls, tls_certificates: certs.map(PathBuf::from), tls_hostname: None };
             let text = u.to_string();
-            prop_assert_eq!(text.parse::<NbdUri>().map_err(|e| e.to_string())?, u);
+            prop_assert_eq!(text.parse::<NbdUri>().map_err(|e| TestCaseError::fail(e.to_string()))?, u);
         }
     }
 }
