@@ -41,7 +41,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-pub use stream::{StreamConfig, StreamJob, StreamProgress, StreamState};
+pub use stream::{StreamConfig, StreamJob, StreamProgress, StreamState, StreamWatch};
 
 /// How a copy-on-write volume is made and behaves.
 #[derive(Debug, Clone)]

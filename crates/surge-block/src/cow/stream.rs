@@ -131,6 +131,11 @@ impl StreamJob {
         self.shared.progress()
     }
 
+    /// A handle that reads the progress (for a progress bar's thread).
+    pub fn watcher(&self) -> StreamWatch {
+        StreamWatch(self.shared.clone())
+    }
+
     /// Change the rate limit (bytes/s; 0: none) from now on.
     pub fn set_rate(&self, rate: u64) {
         self.shared.rate.store(rate, Relaxed);
@@ -146,6 +151,16 @@ impl StreamJob {
 
     pub fn stop(&self) {
         self.shared.stop.store(true, Relaxed);
+    }
+}
+
+/// Reads a stream job's progress; does not keep the job running.
+#[derive(Clone)]
+pub struct StreamWatch(Arc<Shared>);
+
+impl StreamWatch {
+    pub fn progress(&self) -> StreamProgress {
+        self.0.progress()
     }
 }
 
