@@ -27,6 +27,7 @@
 mod locks;
 mod map;
 pub mod meta;
+pub mod readahead;
 pub mod stream;
 #[cfg(test)]
 mod tests;
@@ -36,6 +37,8 @@ use crate::error::{BlockError, Result};
 use locks::RangeLocks;
 use map::AllocMap;
 pub use meta::{DecodeError, Layout, State};
+pub use readahead::ReadaheadConfig;
+use readahead::Readahead;
 use meta::{Checkpoint, Record, FLAG_INDEPENDENT};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
@@ -56,11 +59,13 @@ pub struct CowConfig {
     /// When the overlay is made, ask the base where it has holes and mark them
     /// zero, so they are never fetched.
     pub learn_base_holes: bool,
+    /// Read-ahead of base reads into a memory cache.
+    pub readahead: ReadaheadConfig,
 }
 
 impl Default for CowConfig {
     fn default() -> Self {
-        CowConfig { granularity: 4096, copy_on_read: false, journal_len: 4 << 20, learn_base_holes: true }
+        CowConfig { granularity: 4096, copy_on_read: false, journal_len: 4 << 20, learn_base_holes: true, readahead: ReadaheadConfig::default() }
     }
 }
 
@@ -108,6 +113,9 @@ struct Counters {
     copied_bytes: AtomicU64,
     commits: AtomicU64,
     checkpoints: AtomicU64,
+    /// Requests from the guest that had to go to the base (the stream job
+    /// yields while this moves).
+    guest_fetches: AtomicU64,
 }
 
 /// Where the journal is (under the commit lock).
@@ -127,6 +135,7 @@ pub struct CowDev {
     locks: RangeLocks,
     journal: Mutex<Journal>,
     copy_on_read: AtomicBool,
+    readahead: Readahead,
     counters: Counters,
 }
 
@@ -228,6 +237,7 @@ impl CowDev {
             locks: RangeLocks::default(),
             journal: Mutex::new(journal),
             copy_on_read: AtomicBool::new(cfg.copy_on_read),
+            readahead: Readahead::new(cfg.readahead),
             counters: Counters::default(),
         }
     }
@@ -317,6 +327,22 @@ impl CowDev {
         Ok(())
     }
 
+    /// A guest read of base data, through the read-ahead cache; `limit` is
+    /// the end of the run of `Base` blocks it belongs to.
+    fn read_base_for_guest(&self, buf: &mut [u8], offset: u64, limit: u64) -> Result<()> {
+        let fetched = self.readahead.read(self.base()?.as_ref(), buf, offset, limit)?;
+        if fetched > 0 {
+            self.counters.base_read_bytes.fetch_add(fetched, Relaxed);
+            self.counters.guest_fetches.fetch_add(1, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// How many guest requests have had to wait for the base so far.
+    pub fn guest_fetches(&self) -> u64 {
+        self.counters.guest_fetches.load(Relaxed)
+    }
+
     /// Put base data for blocks `[b0, b1)` (`data` covers exactly their bytes)
     /// into the overlay, for the blocks still `Base` once the lock is held.
     /// Returns the bytes written.
@@ -345,7 +371,7 @@ impl CowDev {
         let mut v = vec![0u8; (hi - lo) as usize];
         match state {
             State::Base => {
-                self.base()?.read_at(&mut v, lo)?;
+                self.read_base_for_guest(&mut v, lo, hi)?;
                 self.counters.fill_bytes.fetch_add(v.len() as u64, Relaxed);
             }
             State::Data => self.overlay.read_at(&mut v, self.layout.data_start + lo)?,
@@ -399,6 +425,15 @@ impl CowDev {
         // Punching is only for space: `Zero` blocks never read the overlay.
         let _ = self.overlay.discard(self.layout.data_start + lo, hi - lo);
         Ok(())
+    }
+
+    /// Byte offset where the run of `Base` blocks reaching block `b` ends
+    /// (looking at most a few MiB ahead): the read-ahead stops there.
+    fn base_run_end(&self, b: u64) -> u64 {
+        let look = (4 << 20) / self.g();
+        let (state, end) = self.map.run(b.min(self.layout.blocks() - 1), (b + look).min(self.layout.blocks()));
+        let end = if b >= self.layout.blocks() || state != State::Base { b } else { end };
+        (end * self.g()).min(self.layout.size)
     }
 
     /// Whole blocks inside `[offset, end)`: `[fb0, fb1)` (empty if none).
@@ -560,11 +595,11 @@ impl BlockDev for CowDev {
                     let (b0, b1) = (pos / g, run_end);
                     let (lo, hi) = self.byte_range(b0, b1);
                     let mut whole = vec![0u8; (hi - lo) as usize];
-                    self.read_base(&mut whole, lo)?;
+                    self.read_base_for_guest(&mut whole, lo, self.base_run_end(b1))?;
                     dst.copy_from_slice(&whole[(pos - lo) as usize..(stop - lo) as usize]);
                     self.copy_up(b0, b1, &whole)?;
                 }
-                State::Base => self.read_base(dst, pos)?,
+                State::Base => self.read_base_for_guest(dst, pos, self.base_run_end(run_end))?,
             }
             pos = stop;
         }

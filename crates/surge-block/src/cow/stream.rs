@@ -30,11 +30,21 @@ pub struct StreamConfig {
     pub commit_interval: Duration,
     /// When done, drop the base (close its connections).
     pub detach_base: bool,
+    /// Guest reads come first: while they fetch from the base, the job waits
+    /// until this long has passed without one (zero: never wait).
+    pub yield_to_guest: Duration,
 }
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        StreamConfig { rate: None, chunk: 1 << 20, commit_every: 64 << 20, commit_interval: Duration::from_secs(5), detach_base: true }
+        StreamConfig {
+            rate: None,
+            chunk: 1 << 20,
+            commit_every: 64 << 20,
+            commit_interval: Duration::from_secs(5),
+            detach_base: true,
+            yield_to_guest: Duration::from_millis(50),
+        }
     }
 }
 
@@ -180,7 +190,9 @@ impl Shared {
         let mut since_commit = 0u64;
         let mut last_commit = self.clock.now();
         let mut bucket: Option<(u64, Bucket)> = None;
+        let mut guest_seen = self.dev.guest_fetches();
         loop {
+            self.yield_to_guest(&mut guest_seen);
             if self.stop.load(Relaxed) {
                 self.dev.commit()?;
                 return Ok(false);
@@ -210,6 +222,21 @@ impl Shared {
             self.dev.mark_independent()?;
         }
         Ok(true)
+    }
+
+    /// Wait while the guest keeps fetching from the base.
+    fn yield_to_guest(&self, seen: &mut u64) {
+        if self.cfg.yield_to_guest.is_zero() {
+            return;
+        }
+        loop {
+            let now = self.dev.guest_fetches();
+            if now == *seen || self.stop.load(Relaxed) {
+                return;
+            }
+            *seen = now;
+            self.clock.sleep_until(self.clock.now() + self.cfg.yield_to_guest);
+        }
     }
 
     /// Wait for `n` bytes' worth of tokens at the current rate (the bucket

@@ -471,6 +471,29 @@ fn progress_reports_remaining_bytes_and_an_eta() {
 }
 
 #[test]
+fn the_stream_job_waits_while_the_guest_reads_the_base() {
+    let size = 256 * G;
+    // While the job copies its first chunk, the guest reads another part of
+    // the base: the job must then pause until 50 ms (virtual) pass without one.
+    let (base, d, _) = hooked(size, false);
+    let d2 = d.clone();
+    *base.hook.lock() = Some(Box::new(move || {
+        read(d2.as_ref(), 200 * G, G);
+    }));
+    let clock = Arc::new(VirtualClock::new());
+    let sc = StreamConfig { chunk: 16 * G, yield_to_guest: std::time::Duration::from_millis(50), ..StreamConfig::default() };
+    let job = StreamJob::start(d.clone(), sc, clock.clone());
+    assert_eq!(job.wait(), StreamState::Done);
+    assert_eq!(d.guest_fetches(), 1);
+    assert_eq!(clock.now(), std::time::Duration::from_millis(50), "the job paused once for the guest");
+    // Without guest reads, no pause.
+    let (_, d, _) = hooked(size, false);
+    let clock = Arc::new(VirtualClock::new());
+    assert_eq!(StreamJob::start(d, StreamConfig::default(), clock.clone()).wait(), StreamState::Done);
+    assert_eq!(clock.now(), std::time::Duration::ZERO);
+}
+
+#[test]
 fn base_holes_are_learned_at_creation_and_never_fetched() {
     let size = 64 * G;
     let base = Arc::new(MemoryDev::new(size)); // all holes but what we write
