@@ -54,7 +54,10 @@ pub struct Plan {
     pub file_bytes: u64,
     pub boot_bytes: u64,
     pub fio_read_bytes: u64,
-    pub fio_write_bytes: u64,
+    /// The new file random writes go to (fallocated: most writes are the
+    /// first to their area, where copy-on-write layers differ).
+    pub fio_randwrite_bytes: u64,
+    pub fio_seqwrite_bytes: u64,
     pub fio_secs: u64,
     pub pg_scale: u32,
     pub pg_clients: u32,
@@ -70,17 +73,18 @@ impl Plan {
                 quick,
                 reps: 1,
                 link_mbit: 1000,
-                delay_us: 100,
-                image_bytes: 4 * GIB,
-                file_bytes: 1280 * MIB,
+                delay_us: 0,
+                image_bytes: 6 * GIB,
+                file_bytes: 2 * GIB,
                 boot_bytes: 64 * MIB,
-                fio_read_bytes: 128 * MIB,
-                fio_write_bytes: 256 * MIB,
-                fio_secs: 3,
-                pg_scale: 2,
+                fio_read_bytes: 64 * MIB,
+                fio_randwrite_bytes: GIB,
+                fio_seqwrite_bytes: 128 * MIB,
+                fio_secs: 2,
+                pg_scale: 1,
                 pg_clients: 4,
-                pg_secs: 6,
-                sort_bytes: 128 * MIB,
+                pg_secs: 4,
+                sort_bytes: 96 * MIB,
                 sort_buffer: "8M".into(),
             }
         } else {
@@ -88,12 +92,13 @@ impl Plan {
                 quick,
                 reps: 3,
                 link_mbit: 1000,
-                delay_us: 100,
-                image_bytes: 12 * GIB,
-                file_bytes: 3 * GIB,
+                delay_us: 0,
+                image_bytes: 24 * GIB,
+                file_bytes: 4 * GIB,
                 boot_bytes: 64 * MIB,
                 fio_read_bytes: GIB,
-                fio_write_bytes: 2 * GIB,
+                fio_randwrite_bytes: 4 * GIB,
+                fio_seqwrite_bytes: 2 * GIB,
                 fio_secs: 15,
                 pg_scale: 20,
                 pg_clients: 4,
@@ -262,7 +267,11 @@ fn provision(rig: &mut Rig, cfg: Config, dir: &Path) -> anyhow::Result<Volume> {
             (surge_serve(rig, dir, &format!("vm=file:{}", dir.join("local.img").display()))?, unix("vm"), copy_s)
         }
         Config::SurgeCow | Config::SurgeCowCor => {
-            let extra = if cfg == Config::SurgeCowCor { ",cor,stream" } else { "" };
+            let mut extra = if cfg == Config::SurgeCowCor { ",cor,stream".to_string() } else { String::new() };
+            if let Ok(more) = std::env::var("SURGE_STREAMING_COW_OPTS") {
+                extra.push(',');
+                extra.push_str(&more);
+            }
             let spec = format!("vm=cow:base={},overlay={}{extra}", rig.base_uri("base"), dir.join("vm.ovl").display());
             (surge_serve(rig, dir, &spec)?, unix("vm"), 0.0)
         }
@@ -302,6 +311,10 @@ fn run_one(rig: &mut Rig, cfg: Config, rep: usize, bar: &indicatif::ProgressBar)
     std::fs::create_dir_all(&dir)?;
     let tx0 = rig.link_tx_bytes();
     let phase = |p: &str| bar.set_message(format!("{} (round {}): {p}", cfg.name(), rep + 1));
+    // Each phase starts with no dirty data left by the one before (a run
+    // writing gigabytes would otherwise slow the next one's writes).
+    let settle = || proc::shell("sync");
+    settle()?;
     phase("provisioning");
     let t = Instant::now();
     let vol = provision(rig, cfg, &dir)?;
@@ -313,15 +326,25 @@ fn run_one(rig: &mut Rig, cfg: Config, rep: usize, bar: &indicatif::ProgressBar)
     tracing::debug!(config = cfg.name(), t_server, t_attach, provision_s, "provisioned");
     if std::env::var_os("SURGE_STREAMING_TRACE").is_some() {
         report::say(bar, format!("  {}: server ready {t_server:.2} s, mounted {t_attach:.2} s, booted {provision_s:.2} s", cfg.name()));
+        if let Ok(o) = Command::new(&rig.surge).args(["status", "--json", "--control"]).arg(dir.join("control.sock")).output() {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            for t in v.as_array().into_iter().flatten().filter(|t| t["kind"] == "cow" || t["kind"] == "remote") {
+                let st = &t["status"];
+                report::say(bar, format!("    {}: blocks {} remote {}", t["name"], st["blocks"], st["remote"]));
+            }
+        }
     }
     image::verify_boot_set(&rig.image, &guest.mnt).context("verifying the boot set")?;
     let t = Instant::now();
+    settle()?;
     phase("fio");
     let f = work::fio(&guest.mnt, &rig.plan)?;
     let t_fio = t.elapsed().as_secs_f64();
+    settle()?;
     phase("pgbench");
     let tps = work::pgbench(&guest.mnt, &rig.plan)?;
     let t_pg = t.elapsed().as_secs_f64();
+    settle()?;
     phase("sort");
     let sort_s = work::sort(&mut guest, &rig.plan)?;
     let t_sort = t.elapsed().as_secs_f64();
@@ -362,7 +385,10 @@ fn measure_rtt(rig: &Rig) -> anyhow::Result<f64> {
 
 pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     anyhow::ensure!(unsafe { libc::geteuid() } == 0, "the streaming experiment needs root (network namespaces, loop devices, mounts)");
-    let plan = Plan::new(quick);
+    let mut plan = Plan::new(quick);
+    if let Some(d) = std::env::var("SURGE_STREAMING_DELAY_US").ok().and_then(|v| v.parse().ok()) {
+        plan.delay_us = d;
+    }
     let started = Instant::now();
     let work = tempfile::Builder::new().prefix("surge-streaming").tempdir_in("/var/tmp").context("making a work dir in /var/tmp")?;
     std::fs::create_dir_all(work.path().join("storage"))?;
@@ -375,7 +401,8 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     image::write_boot_list(&img, &boot_list)?;
     let id = std::process::id();
     let mut link = link::Link::up(id, plan.link_mbit, Duration::from_micros(plan.delay_us))?;
-    let remote = link.relay_to(STORAGE_PORT)?;
+    // Without an added delay, clients reach the storage node straight over the veth.
+    let remote = if plan.delay_us > 0 { link.relay_to(STORAGE_PORT)? } else { format!("{}:{STORAGE_PORT}", link.storage_ip).parse()? };
     let mut rig = Rig { plan: plan.clone(), work: work.path().to_path_buf(), surge: std::env::current_exe()?, link, storage: None, remote, image: img, boot_list };
     std::fs::File::create(rig.persist_path())?.set_len(rig.image.size)?;
     rig.start_storage()?;
@@ -399,8 +426,10 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         }
     }
     bar.finish_and_clear();
+    let copy_rates: Vec<f64> = samples.get(&Config::LocalRaw).into_iter().flatten().filter(|s| s.copy_s > 0.0).map(|s| s.link_bytes as f64 / s.copy_s / 1e6).collect();
     let setup = report::Setup {
         rtt_us,
+        link_rate: (!copy_rates.is_empty()).then(|| copy_rates.iter().sum::<f64>() / copy_rates.len() as f64),
         image_s,
         image_files: rig.image.files,
         image_file_bytes: rig.image.file_bytes,

@@ -5,7 +5,8 @@
 //!   (`surge_block::cow`), with optional copy-on-read and a background stream
 //!   job that makes the overlay independent of the base.
 //!   `cow:base=nbd://storage:10809/base,overlay=file:/var/lib/surge/vm1.ovl`
-//!   plus `granularity=4KiB`, `cor`, `stream`, `rate=50MB/s`, `cache=on|off`
+//!   plus `granularity=4KiB`, `cor`, `readahead=2MiB` (largest read-ahead window
+//!   for sequential base reads; 0 = none), `stream`, `rate=50MB/s`, `cache=on|off`
 //!   (host page cache for the overlay: off = O_DIRECT), `fresh` (forget an
 //!   existing overlay), and for a remote base `connections=N`, `retry=60s`,
 //!   `timeout=60s`. The base may also be `file:PATH` (opened read-only).
@@ -81,6 +82,9 @@ pub fn build_cow(name: &str, args: &str, ctx: &BuildContext) -> Result<Built, Sp
         cfg.granularity = g;
     }
     cfg.copy_on_read = o.flag("cor")?;
+    if let Some(w) = o.take_size("readahead")? {
+        cfg.readahead.max_window = w;
+    }
     let stream = o.flag("stream")?;
     let rate = o.take_rate("rate")?;
     let direct = match o.take("cache").as_deref() {
@@ -90,7 +94,7 @@ pub fn build_cow(name: &str, args: &str, ctx: &BuildContext) -> Result<Built, Sp
     };
     let fresh = o.flag("fresh")?;
     let ropts = remote_options("cow", &mut o)?;
-    o.finish(&["base", "overlay", "granularity", "cor", "stream", "rate", "cache", "fresh", "connections", "retry", "timeout"])?;
+    o.finish(&["base", "overlay", "granularity", "cor", "readahead", "stream", "rate", "cache", "fresh", "connections", "retry", "timeout"])?;
 
     let overlay_path = ctx.resolve(overlay_spec.strip_prefix("file:").unwrap_or(&overlay_spec));
     if fresh {

@@ -12,7 +12,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct Link {
     pub ns: String,
@@ -123,33 +123,29 @@ impl Drop for Relay {
     }
 }
 
-/// Copy `from` to `to`, each chunk no earlier than `delay` after it arrived.
+/// Copy `from` to `to`, holding each chunk `delay` after it was read. One
+/// thread per direction: NBD traffic is request/response, so a chunk rarely
+/// waits behind another one's delay, and no thread hand-off adds latency.
 fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
-    let (tx, rx) = crossbeam_channel::unbounded::<(Instant, Vec<u8>)>();
     std::thread::spawn(move || {
+        // Sleep as long as asked, not up to the default 50 µs timer slack more.
+        // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's slack.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
         let mut buf = vec![0u8; 256 << 10];
         loop {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                    if !delay.is_zero() {
+                        std::thread::sleep(delay);
+                    }
+                    if to.write_all(&buf[..n]).is_err() {
                         break;
                     }
                 }
             }
         }
         let _ = from.shutdown(Shutdown::Read);
-    });
-    std::thread::spawn(move || {
-        for (due, chunk) in rx {
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            if to.write_all(&chunk).is_err() {
-                break;
-            }
-        }
         let _ = to.shutdown(Shutdown::Write);
     });
 }

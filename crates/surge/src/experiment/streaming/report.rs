@@ -8,6 +8,8 @@ use std::path::Path;
 
 pub struct Setup {
     pub rtt_us: f64,
+    /// MB/s of local-raw's image copy over the link.
+    pub link_rate: Option<f64>,
     pub image_s: f64,
     pub image_files: u64,
     pub image_file_bytes: u64,
@@ -210,10 +212,17 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     }
     let _ = writeln!(s, "\n## Setup and scale\n");
     let _ = writeln!(s, "- Storage node: `surge serve` (default settings) in its own network namespace, base image exported read-only over TCP.");
+    let delay = if plan.delay_us > 0 {
+        format!("{} µs one-way delay added by a userspace delay line", plan.delay_us)
+    } else {
+        "no delay added (this kernel has no `sch_netem`; a userspace delay line, `SURGE_STREAMING_DELAY_US`, distorted results under this machine's CPU load far beyond its nominal delay, so it is off)".to_string()
+    };
     let _ = writeln!(
         s,
-        "- Link: veth pair, `tc tbf rate {}mbit` on both ends, {} µs one-way delay added by a userspace delay line (this kernel has no `sch_netem`); measured 4 KiB read round trip over it: {:.0} µs.",
-        plan.link_mbit, plan.delay_us, setup.rtt_us
+        "- Link: veth pair into the storage node's namespace, `tc tbf rate {}mbit burst 256kb` on both ends (measured: {}), {delay}; measured 4 KiB NBD read round trip: {:.0} µs (a physical Gigabit LAN adds some 50-150 µs more).",
+        plan.link_mbit,
+        setup.link_rate.map_or("n/a".to_string(), |r| format!("{r:.0} MB/s for the image copy")),
+        setup.rtt_us
     );
     let _ = writeln!(
         s,
@@ -229,12 +238,12 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     let _ = writeln!(s, "- Provisioning: from starting the volume's server (local-raw: from starting `nbdcopy` of the image; surge-persistent: from copying the image on the storage node) until the boot set has been read.");
     let _ = writeln!(
         s,
-        "- fio: libaio, direct=1; 4 KiB random at iodepth 16 for {} s (reads over a {} MiB file fio lays out first, writes to a new {} MiB file); 1 MiB sequential at iodepth 4 (reads {} s over the laid-out file, writes a new {} MiB file with a final fsync).",
+        "- fio: libaio, direct=1; 4 KiB random at iodepth 16 for {} s: reads over a {} MiB file fio lays out first, writes to a new (fallocated) {} MiB file, so most writes are the first to their area; 1 MiB sequential at iodepth 4: reads {} s over the laid-out file, writes a new {} MiB file with a final fsync.",
         plan.fio_secs,
         plan.fio_read_bytes >> 20,
-        plan.fio_write_bytes >> 20,
+        plan.fio_randwrite_bytes >> 20,
         plan.fio_secs,
-        plan.fio_write_bytes >> 20
+        plan.fio_seqwrite_bytes >> 20
     );
     let _ = writeln!(s, "- pgbench: PostgreSQL (default configuration, data directory on the volume; `initdb -N` only to make setup faster), scale {}, {} clients, 2 threads, {} s.", plan.pg_scale, plan.pg_clients, plan.pg_secs);
     let _ = writeln!(
@@ -247,14 +256,18 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
         let full = Plan::new(false);
         let _ = writeln!(
             s,
-            "- `--quick` scale vs the full run: image files {} (full {}), fio files {}/{} MiB for {} s (full {}/{} MiB, {} s), pgbench scale {} for {} s (full {} for {} s), sort {} with {} (full {} with {}), one run (full 3).",
+            "- `--quick` scale vs the full run: image {} with {} of files (full {} with {}), fio read/random-write/sequential-write files {}/{}/{} MiB for {} s (full {}/{}/{} MiB, {} s), pgbench scale {} for {} s (full {} for {} s), sort {} with {} (full {} with {}), one run (full 3).",
+            gib(plan.image_bytes),
             gib(plan.file_bytes),
+            gib(full.image_bytes),
             gib(full.file_bytes),
             plan.fio_read_bytes >> 20,
-            plan.fio_write_bytes >> 20,
+            plan.fio_randwrite_bytes >> 20,
+            plan.fio_seqwrite_bytes >> 20,
             plan.fio_secs,
             full.fio_read_bytes >> 20,
-            full.fio_write_bytes >> 20,
+            full.fio_randwrite_bytes >> 20,
+            full.fio_seqwrite_bytes >> 20,
             full.fio_secs,
             plan.pg_scale,
             plan.pg_secs,
@@ -266,6 +279,7 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
             full.sort_buffer
         );
     }
+    let _ = writeln!(s, "- `sync` (not timed) before each phase and each fio pattern, so no phase pays for the previous one's dirty data.");
     let _ = writeln!(s, "- The machine is shared (2 cores); timings include that noise.");
     s
 }

@@ -47,14 +47,20 @@ pub fn fio(mnt: &Path, plan: &Plan) -> anyhow::Result<FioResult> {
     let f = |n: &str| format!("--filename={}", dir.join(n).display());
     let secs = format!("--runtime={}", plan.fio_secs);
     let read_size = format!("--size={}", plan.fio_read_bytes);
-    let write_size = format!("--size={}", plan.fio_write_bytes);
+    let randwrite_size = format!("--size={}", plan.fio_randwrite_bytes);
+    let seqwrite_size = format!("--size={}", plan.fio_seqwrite_bytes);
     // Lay the read file out once.
     fio_json(&["--name=layout".into(), f("read.dat"), read_size.clone(), "--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into()])?;
     shell(&format!("sync -f '{}'", dir.display()))?;
+    let settle = || shell("sync");
+    settle()?;
     let rr = fio_json(&["--name=randread".into(), f("read.dat"), read_size.clone(), "--rw=randread".into(), "--bs=4k".into(), "--iodepth=16".into(), secs.clone(), "--time_based".into()])?;
-    let rw = fio_json(&["--name=randwrite".into(), f("randwrite.dat"), write_size.clone(), "--rw=randwrite".into(), "--bs=4k".into(), "--iodepth=16".into(), secs.clone(), "--time_based".into()])?;
+    settle()?;
+    let rw = fio_json(&["--name=randwrite".into(), f("randwrite.dat"), randwrite_size, "--rw=randwrite".into(), "--bs=4k".into(), "--iodepth=16".into(), secs.clone(), "--time_based".into()])?;
+    settle()?;
     let sr = fio_json(&["--name=seqread".into(), f("read.dat"), read_size, "--rw=read".into(), "--bs=1M".into(), "--iodepth=4".into(), secs, "--time_based".into()])?;
-    let sw = fio_json(&["--name=seqwrite".into(), f("seqwrite.dat"), write_size, "--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into(), "--end_fsync=1".into()])?;
+    settle()?;
+    let sw = fio_json(&["--name=seqwrite".into(), f("seqwrite.dat"), seqwrite_size, "--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into(), "--end_fsync=1".into()])?;
     Ok(FioResult {
         randread_iops: job(&rr, "read", "iops"),
         randwrite_iops: job(&rw, "write", "iops"),
@@ -146,6 +152,7 @@ pub fn sort(guest: &mut Guest, plan: &Plan) -> anyhow::Result<f64> {
         w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
     guest.remount()?;
+    shell("sync")?;
     let output = dir.join("output");
     let t = Instant::now();
     sh(Command::new("sort")
