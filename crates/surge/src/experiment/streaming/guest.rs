@@ -58,10 +58,8 @@ impl Guest {
 
 impl Drop for Guest {
     fn drop(&mut self) {
-        if self.mounted {
-            if Command::new("umount").arg(&self.mnt).status().map(|s| !s.success()).unwrap_or(true) {
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-            }
+        if self.mounted && Command::new("umount").arg(&self.mnt).status().map(|s| !s.success()).unwrap_or(true) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
         }
         if let Some(dev) = self.loopdev.take() {
             let _ = Command::new("losetup").args(["-d", &dev]).status();
