@@ -118,71 +118,50 @@ fn unix_uri(sock: &Path, export: &str) -> NbdUri {
     format!("nbd+unix:///{export}?socket={}", sock.display()).parse().unwrap()
 }
 
+/// A server made by `command(dir, socket)` over `dir/disk.img` (8 MiB),
+/// killed and restarted mid-run.
+fn kill_and_restart(export: &str, command: impl Fn(&Path, &Path) -> Command + 'static) {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    std::fs::File::create(dir.path().join("disk.img")).unwrap().set_len(8 << 20).unwrap();
+    let (d, s) = (dir.path().to_path_buf(), sock.clone());
+    let mut server = Restartable::new(sock.clone(), Box::new(move || command(&d, &s).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()));
+    kill_and_restart_mid_run(&mut server, &unix_uri(&sock, export));
+}
+
 #[test]
 fn surge_killed_and_restarted_mid_run_loses_no_request() {
     // The export holds writes in process memory until FLUSH (fault:volatile),
     // so a SIGKILL really loses acknowledged writes: the client must replay them.
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("nbd.sock");
-    let d = dir.path().to_path_buf();
-    let s = sock.clone();
-    let mut server = Restartable::new(
-        sock.clone(),
-        Box::new(move || {
-            Command::new(SURGE)
-                .args(["--log", "warn", "serve", "--data-dir"])
-                .arg(&d)
-                .arg("--listen")
-                .arg(format!("unix:{}", s.display()))
-                .args(["--pool", "p=file:disk.img,create=8MiB", "--export", "d=fault:p,volatile"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
-        }),
-    );
-    kill_and_restart_mid_run(&mut server, &unix_uri(&sock, "d"));
+    kill_and_restart("d", |dir, sock| {
+        let mut c = Command::new(SURGE);
+        c.args(["--log", "warn", "serve", "--data-dir"])
+            .arg(dir)
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .args(["--pool", "p=file:disk.img", "--export", "d=fault:p,volatile"]);
+        c
+    });
 }
 
 #[test]
 fn nbdkit_killed_and_restarted_mid_run_loses_no_request() {
     let nbdkit = require("nbdkit", "nbdkit");
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("nbdkit.sock");
-    let img = dir.path().join("disk.img");
-    std::fs::File::create(&img).unwrap().set_len(8 << 20).unwrap();
-    let s = sock.clone();
-    let mut server = Restartable::new(
-        sock.clone(),
-        Box::new(move || {
-            Command::new(&nbdkit).args(["--foreground", "-U"]).arg(&s).arg("file").arg(&img).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
-        }),
-    );
-    kill_and_restart_mid_run(&mut server, &unix_uri(&sock, ""));
+    kill_and_restart("", move |dir, sock| {
+        let mut c = Command::new(&nbdkit);
+        c.args(["--foreground", "-U"]).arg(sock).arg("file").arg(dir.join("disk.img"));
+        c
+    });
 }
 
 #[test]
 fn qemu_nbd_killed_and_restarted_mid_run_loses_no_request() {
     let qemu_nbd = require("qemu-nbd", "qemu-utils");
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("qemu.sock");
-    let img = dir.path().join("disk.img");
-    std::fs::File::create(&img).unwrap().set_len(8 << 20).unwrap();
-    let s = sock.clone();
-    let mut server = Restartable::new(
-        sock.clone(),
-        Box::new(move || {
-            Command::new(&qemu_nbd)
-                .args(["--persistent", "--shared=4", "--format=raw", "--cache=writeback", "-x", "d", "--socket"])
-                .arg(&s)
-                .arg(&img)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
-        }),
-    );
-    kill_and_restart_mid_run(&mut server, &unix_uri(&sock, "d"));
+    kill_and_restart("d", move |dir, sock| {
+        let mut c = Command::new(&qemu_nbd);
+        c.args(["--persistent", "--shared=4", "--format=raw", "--cache=writeback", "-x", "d", "--socket"]).arg(sock).arg(dir.join("disk.img"));
+        c
+    });
 }
 
 fn status_of(s: &Surge, target: &str) -> serde_json::Value {

@@ -54,9 +54,7 @@ pub fn say(bar: &indicatif::ProgressBar, line: String) {
 
 /// (median, min, max) of one metric over a configuration's runs.
 fn stats(samples: &[Sample], metric: &str) -> (f64, f64, f64) {
-    let mut v: Vec<f64> = samples.iter().map(|s| s.metric(metric)).collect();
-    let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
-    (median(&mut v), lo, hi)
+    stats_of(samples, |s| s.metric(metric))
 }
 
 /// How much better `cfg` is than `base` on a metric (> 1: better).
