@@ -69,7 +69,7 @@ const DATA_ALIGN: u64 = 1 << 20;
 const COPY_ALIGN: u64 = 4096;
 
 /// Where one block's content comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum State {
     /// Not in the overlay: read the base.

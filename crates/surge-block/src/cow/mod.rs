@@ -20,7 +20,13 @@
 //!   then append a journal record of the changed map words, then flush again,
 //!   so the map never says `Data` for a block whose data is not durable. A full
 //!   journal is folded into a checkpoint (two alternating checksummed copies).
-//!   Format in [`meta`] and docs/streaming.md.
+//!   One flush is enough when no block goes from `Base` (committed) to `Data`
+//!   or from `Data` to `Zero`: the data area of every committed `Zero` block
+//!   reads zeroes on disk (it is zeroed when made, when opened, and before a
+//!   `Data`→`Zero` change is committed), so a `Zero`→`Data` block whose data
+//!   did not reach the disk still reads its old contents, zeroes. A file system
+//!   filling free space (holes of the base) commits with one flush, as a raw
+//!   image does. Format in [`meta`] and docs/streaming.md.
 //! - When no block needs the base any more (the stream job finished), a
 //!   checkpoint records it and the base may go away ([`CowDev::detach_base`]).
 
@@ -125,6 +131,9 @@ struct Journal {
     /// Bytes used from the journal start.
     tail: u64,
     next_seq: u64,
+    /// The map as it is on disk (for deciding whether a commit needs the data
+    /// flushed before its record).
+    committed: Vec<u64>,
 }
 
 pub struct CowDev {
@@ -136,6 +145,9 @@ pub struct CowDev {
     journal: Mutex<Journal>,
     copy_on_read: AtomicBool,
     readahead: Readahead,
+    /// The overlay zeroes ranges cheaply, so committed `Zero` blocks are kept
+    /// zero on disk and most commits need one flush.
+    single_flush: bool,
     counters: Counters,
 }
 
@@ -167,12 +179,17 @@ impl CowDev {
             overlay.write_at(&[0u8; meta::HEADER_LEN], layout.copy_offset(copy), false)?;
         }
         overlay.write_at(&[0u8; meta::RECORD_HEADER_LEN], layout.journal_start(), false)?;
-        let _ = overlay.discard(layout.data_start, size);
+        if overlay.caps().fast_zero {
+            overlay.write_zeroes(layout.data_start, size, ZeroMode { may_trim: true, fast_only: false })?;
+        } else {
+            let _ = overlay.discard(layout.data_start, size);
+        }
         overlay.write_at(&layout.encode_super(), 0, false)?;
         let cp = checkpoint_of(&layout, 1, 0, words);
         overlay.write_at(&cp.encode(), layout.copy_offset(1), false)?;
         overlay.flush()?;
-        Ok(Self::assemble(Some(base), overlay, layout, &cp.words, Journal { epoch: 1, flags: 0, tail: 0, next_seq: 1 }, cfg))
+        let journal = Journal { epoch: 1, flags: 0, tail: 0, next_seq: 1, committed: cp.words.clone() };
+        Ok(Self::assemble(Some(base), overlay, layout, &cp.words, journal, cfg))
     }
 
     /// Open an existing overlay. `base` may be `None` only if the overlay no
@@ -201,7 +218,11 @@ impl CowDev {
         let mut journal = vec![0u8; layout.journal_len as usize];
         overlay.read_at(&mut journal, layout.journal_start())?;
         let (applied, used) = meta::replay_journal(&journal, cp.epoch, &mut cp.words, layout.blocks());
-        let dev = Self::assemble(base.clone(), overlay, layout, &cp.words, Journal { epoch: cp.epoch, flags: cp.flags, tail: used, next_seq: applied + 1 }, cfg);
+        let journal = Journal { epoch: cp.epoch, flags: cp.flags, tail: used, next_seq: applied + 1, committed: cp.words.clone() };
+        let dev = Self::assemble(base.clone(), overlay, layout, &cp.words, journal, cfg);
+        // A crash may have left data of uncommitted writes in the data area of
+        // blocks the map says are zero: clear it again.
+        dev.zero_free_areas()?;
         let missing = dev.map.count(State::Base);
         match base {
             None if missing > 0 => return Err(CowError::NeedsBase(missing)),
@@ -231,6 +252,7 @@ impl CowDev {
     fn assemble(base: Option<Arc<dyn BlockDev>>, overlay: Arc<dyn BlockDev>, layout: Layout, words: &[u64], journal: Journal, cfg: &CowConfig) -> CowDev {
         CowDev {
             base: RwLock::new(base),
+            single_flush: overlay.caps().fast_zero,
             overlay,
             map: AllocMap::from_words(words, layout.blocks()),
             layout,
@@ -422,9 +444,35 @@ impl CowDev {
         let _held = self.locks.lock(b0..b1);
         self.map.set_range(b0..b1, State::Zero);
         let (lo, hi) = self.byte_range(b0, b1);
-        // Punching is only for space: `Zero` blocks never read the overlay.
-        let _ = self.overlay.discard(self.layout.data_start + lo, hi - lo);
-        Ok(())
+        self.clear_area(lo, hi)
+    }
+
+    /// Make the data area of `[lo, hi)` read zeroes (with one-flush commits,
+    /// committed `Zero` blocks rely on it; otherwise it only frees space).
+    fn clear_area(&self, lo: u64, hi: u64) -> Result<()> {
+        let at = self.layout.data_start + lo;
+        if self.single_flush {
+            self.overlay.write_zeroes(at, hi - lo, ZeroMode { may_trim: true, fast_only: false })
+        } else {
+            let _ = self.overlay.discard(at, hi - lo);
+            Ok(())
+        }
+    }
+
+    /// Zero the data area of every `Zero` block (at open), then flush.
+    fn zero_free_areas(&self) -> Result<()> {
+        if !self.single_flush {
+            return Ok(());
+        }
+        let blocks = self.layout.blocks();
+        let mut b = 0;
+        while let Some(z) = self.map.find(b, State::Zero) {
+            let (_, end) = self.map.run(z, blocks);
+            let (lo, hi) = self.byte_range(z, end);
+            self.clear_area(lo, hi)?;
+            b = end;
+        }
+        self.overlay.flush()
     }
 
     /// Byte offset where the run of `Base` blocks reaching block `b` ends
@@ -456,8 +504,12 @@ impl CowDev {
         // Read the words before the data flush: each state in them had its data
         // written before it was set, so the flush below makes that data durable.
         let pending = if fits { Pending::Words(dirty.iter().map(|&i| (i, self.map.word(i))).collect()) } else { Pending::Full(self.map.snapshot()) };
+        let one_flush = match &pending {
+            Pending::Words(entries) => self.single_flush && entries.iter().all(|&(i, w)| safe_without_data_flush(j.committed[i as usize], w)),
+            Pending::Full(_) => false,
+        };
         let flags = j.flags;
-        let result = self.overlay.flush().and_then(|_| self.persist(&mut j, pending, flags));
+        let result = if one_flush { self.persist(&mut j, pending, flags) } else { self.overlay.flush().and_then(|_| self.persist(&mut j, pending, flags)) };
         if result.is_err() {
             self.map.restore_dirty(dirty);
         }
@@ -472,13 +524,16 @@ impl CowDev {
                 self.overlay.flush()?;
                 j.tail += Record::footprint(r.entries.len());
                 j.next_seq += 1;
+                for &(i, w) in &r.entries {
+                    j.committed[i as usize] = w;
+                }
                 self.counters.commits.fetch_add(1, Relaxed);
             }
             Pending::Full(words) => {
                 let cp = checkpoint_of(&self.layout, j.epoch + 1, flags, words);
                 self.overlay.write_at(&cp.encode(), self.layout.copy_offset(cp.epoch), false)?;
                 self.overlay.flush()?;
-                *j = Journal { epoch: cp.epoch, flags, tail: 0, next_seq: 1 };
+                *j = Journal { epoch: cp.epoch, flags, tail: 0, next_seq: 1, committed: cp.words };
                 self.counters.checkpoints.fetch_add(1, Relaxed);
             }
         }
@@ -519,6 +574,17 @@ impl CowDev {
         let copied = self.copy_up(b0, b1, &data)?;
         Ok(Some((b1, copied)))
     }
+}
+
+/// Whether committing `new` over the on-disk word `old` needs no data flush
+/// first: no block goes `Base`→`Data` (its old contents, the base, would be
+/// lost if the data did not land) or `Data`→`Zero` (the clearing of its data
+/// area must be durable before the map says `Zero`).
+fn safe_without_data_flush(old: u64, new: u64) -> bool {
+    (0..meta::BLOCKS_PER_WORD).all(|f| {
+        let (o, n) = ((old >> (2 * f)) & 3, (new >> (2 * f)) & 3);
+        !matches!((State::from_bits(o), State::from_bits(n)), (Some(State::Base), Some(State::Data)) | (Some(State::Data), Some(State::Zero)))
+    })
 }
 
 fn checkpoint_of(l: &Layout, epoch: u64, flags: u32, words: Vec<u64>) -> Checkpoint {
