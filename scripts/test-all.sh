@@ -9,11 +9,13 @@ SUDO=""
 echo "== installing test dependencies (apt-get)"
 $SUDO apt-get update -qq
 # gcc/libc6-dev: the linker rustc needs; the rest are the real clients the
-# integration tests drive (python3-libnbd provides nbdsh).
+# integration tests drive (python3-libnbd provides nbdsh); iproute2 (ip netns,
+# tc) and postgresql (pgbench) are for the streaming experiment.
 $SUDO apt-get install -y -qq --no-install-recommends \
   gcc libc6-dev python3 \
   qemu-utils fio nbdkit libnbd-bin python3-libnbd nbdfuse fuse3 e2fsprogs util-linux mount \
-  openssl gnutls-bin ca-certificates tmux python3-pip >/dev/null
+  openssl gnutls-bin ca-certificates tmux python3-pip \
+  iproute2 postgresql coreutils >/dev/null
 # Burst buffer (surge-bb): Redis for metadata, etcd for membership, FUSE for the
 # mount, protoc for the etcd client's generated code.
 $SUDO apt-get install -y -qq --no-install-recommends \

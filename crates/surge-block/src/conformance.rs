@@ -160,12 +160,20 @@ pub fn cases() -> u32 {
 /// Run the suite against devices made by `make(size)`. Panics with the shrunk
 /// failing sequence on the first disagreement.
 pub fn run(name: &str, make: impl Fn(u64) -> Arc<dyn BlockDev>) {
+    run_with_contents(name, |size| vec![0; size as usize], |size, _| make(size));
+}
+
+/// Like [`run`], for devices that start with contents of their own (a
+/// copy-on-write layer over a base image): `contents(size)` gives the initial
+/// bytes, `make(size, &contents)` a device that reads exactly them.
+pub fn run_with_contents(name: &str, contents: impl Fn(u64) -> Vec<u8>, make: impl Fn(u64, &[u8]) -> Arc<dyn BlockDev>) {
     let mut runner = TestRunner::new(Config { cases: cases(), failure_persistence: None, ..Config::default() });
     let strategy = size_strategy().prop_flat_map(|size| (Just(size), proptest::collection::vec(op_strategy(size), 1..60)));
     let result = runner.run(&strategy, |(size, ops)| {
-        let dev = make(size);
+        let initial = contents(size);
+        let dev = make(size, &initial);
         prop_assert_eq!(dev.size(), size);
-        let mut model = Model::new(size);
+        let mut model = Model { bytes: initial.into_iter().map(Some).collect() };
         for op in &ops {
             check_op(dev.as_ref(), &mut model, op).map_err(TestCaseError::fail)?;
         }
@@ -174,5 +182,88 @@ pub fn run(name: &str, make: impl Fn(u64) -> Arc<dyn BlockDev>) {
     });
     if let Err(e) = result {
         panic!("{name}: conformance failed: {e}");
+    }
+}
+
+/// What may be read after a crash: per byte, the value at the last acknowledged
+/// flush (`None`: anything, after a discard) or any value written since.
+/// Feed it every op with [`CrashModel::acked`] (it succeeded) or
+/// [`CrashModel::maybe`] (it failed or was cut short), then [`CrashModel::check`]
+/// what the reopened device reads.
+pub struct CrashModel {
+    durable: Vec<Option<u8>>,
+    current: Vec<Option<u8>>,
+    since: Vec<Vec<u8>>,
+}
+
+impl CrashModel {
+    pub fn new(size: u64) -> Self {
+        Self::with_contents(vec![0; size as usize])
+    }
+
+    /// A device whose flushed contents are `initial`.
+    pub fn with_contents(initial: Vec<u8>) -> Self {
+        let durable: Vec<Option<u8>> = initial.into_iter().map(Some).collect();
+        CrashModel { current: durable.clone(), since: vec![vec![]; durable.len()], durable }
+    }
+
+    fn range(op: &Op) -> Option<(u64, u64)> {
+        match *op {
+            Op::Write { offset, len, .. } | Op::WriteZeroes { offset, len, .. } | Op::Discard { offset, len } => Some((offset, len)),
+            _ => None,
+        }
+    }
+
+    /// The op may have been (partly) applied.
+    pub fn maybe(&mut self, op: &Op) {
+        let Some((offset, len)) = Self::range(op) else { return };
+        if offset + len > self.durable.len() as u64 {
+            return;
+        }
+        let data = match *op {
+            Op::Write { seed, .. } => pattern(seed, offset, len).into_iter().map(Some).collect(),
+            Op::WriteZeroes { .. } => vec![Some(0); len as usize],
+            _ => vec![None; len as usize],
+        };
+        for (i, v) in data.into_iter().enumerate() {
+            let p = offset as usize + i;
+            match v {
+                Some(v) => self.since[p].push(v),
+                None => self.durable[p] = None,
+            }
+            self.current[p] = v;
+        }
+    }
+
+    /// The op succeeded.
+    pub fn acked(&mut self, op: &Op) {
+        match *op {
+            Op::Flush => {
+                self.durable.clone_from(&self.current);
+                self.since.iter_mut().for_each(Vec::clear);
+            }
+            Op::Write { offset, len, fua: true, .. } if offset + len <= self.durable.len() as u64 => {
+                self.maybe(op);
+                for p in offset as usize..(offset + len) as usize {
+                    self.durable[p] = self.current[p];
+                    self.since[p].clear();
+                }
+            }
+            _ => self.maybe(op),
+        }
+    }
+
+    /// Whether `got` (the whole device, read after the restart) is allowed.
+    pub fn check(&self, got: &[u8]) -> Result<(), String> {
+        for (p, &g) in got.iter().enumerate() {
+            let ok = match self.durable[p] {
+                None => true,
+                Some(d) => d == g || self.since[p].contains(&g),
+            };
+            if !ok {
+                return Err(format!("byte {p} is {g:#x}; durable {:?}, written since {:?}", self.durable[p], self.since[p]));
+            }
+        }
+        Ok(())
     }
 }

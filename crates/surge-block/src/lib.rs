@@ -11,6 +11,7 @@
 pub mod cache;
 pub mod clock;
 pub mod counted;
+pub mod cow;
 pub mod crashpoint;
 pub mod dev;
 pub mod error;

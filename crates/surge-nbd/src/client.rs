@@ -13,14 +13,15 @@
 //! thread; open several for parallel connections. `submit` writes without
 //! reading replies, so keep what is submitted but not yet collected moderate
 //! (the server stops reading after its in-flight limit, 64 by default, and a
-//! client that never collects replies can block on a full socket). It speaks
-//! no TLS. It does not refuse requests
+//! client that never collects replies can block on a full socket). TLS:
+//! [`Handshake::starttls`]. It does not refuse requests
 //! the server did not advertise (tests use that to probe the server), and it
 //! checks the server's replies strictly (unknown cookies, chunks outside the
 //! request, reads not fully covered are protocol errors).
 
 use crate::io::{write_all_parts, Socket};
 use crate::proto::*;
+use crate::tls;
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -38,6 +39,8 @@ pub enum ClientError {
     OptionRefused { option: u32, reply: u32, message: String },
     #[error("request failed with errno {errno}: {message}")]
     Request { errno: u32, message: String },
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 impl ClientError {
@@ -123,10 +126,15 @@ pub struct ExportEntry {
     pub description: String,
 }
 
+/// A byte stream of a connection: the plain socket or TLS over it.
+pub(crate) type BoxRead = Box<dyn Read + Send>;
+pub(crate) type BoxWrite = Box<dyn Write + Send>;
+
 /// The option phase of a connection.
 pub struct Handshake {
-    reader: BufReader<Socket>,
-    writer: Socket,
+    reader: BufReader<BoxRead>,
+    writer: BoxWrite,
+    socket: Socket,
     /// Handshake flags the server sent.
     pub server_flags: u16,
     structured: bool,
@@ -146,8 +154,8 @@ impl Handshake {
 
     /// Reads the greeting and answers with fixed-newstyle and no-zeroes flags.
     pub fn from_socket(socket: Socket) -> Result<Handshake> {
-        let mut writer = socket.try_clone()?;
-        let mut reader = BufReader::new(socket);
+        let mut writer: BoxWrite = Box::new(socket.try_clone()?);
+        let mut reader = BufReader::new(Box::new(socket.try_clone()?) as BoxRead);
         let mut g = [0u8; 18];
         reader.read_exact(&mut g)?;
         let (magic, opt) = (u64::from_be_bytes(g[0..8].try_into().unwrap()), u64::from_be_bytes(g[8..16].try_into().unwrap()));
@@ -163,7 +171,21 @@ impl Handshake {
             cf |= FLAG_C_NO_ZEROES;
         }
         writer.write_all(&cf.to_be_bytes())?;
-        Ok(Handshake { reader, writer, server_flags, structured: false, meta_context: None })
+        Ok(Handshake { reader, writer, socket, server_flags, structured: false, meta_context: None })
+    }
+
+    /// NBD_OPT_STARTTLS, then the TLS handshake: every later byte is encrypted.
+    /// The server's certificate must match `server_name` and chain to a CA of
+    /// `cfg` (see [`tls::client_config_from_ca`]).
+    pub fn starttls(mut self, cfg: std::sync::Arc<rustls::ClientConfig>, server_name: &str) -> Result<Handshake> {
+        self.option(OPT_STARTTLS, &[])?;
+        if !self.reader.buffer().is_empty() {
+            return Err(protocol("server sent bytes after accepting STARTTLS"));
+        }
+        let session = tls::connect(cfg, server_name, &self.socket).map_err(|e| ClientError::Tls(e.to_string()))?;
+        self.reader = BufReader::new(Box::new(tls::TlsReader::new(session.clone(), self.socket.try_clone()?)));
+        self.writer = Box::new(tls::TlsWriter::new(session, self.socket.try_clone()?));
+        Ok(self)
     }
 
     /// Sends any option and returns every reply up to the final one (ACK or an
@@ -290,6 +312,7 @@ impl Handshake {
         Client {
             reader: self.reader,
             writer: self.writer,
+            socket: self.socket,
             info,
             structured: self.structured,
             meta_context: self.meta_context,
@@ -385,12 +408,40 @@ impl Reply {
     }
 }
 
-struct Pending {
-    cmd: u16,
-    offset: u64,
-    len: u32,
-    reply: Reply,
-    covered: u64,
+/// A request in flight, as its replies are folded in.
+pub(crate) struct Pending {
+    pub(crate) cmd: u16,
+    pub(crate) offset: u64,
+    pub(crate) len: u32,
+    pub(crate) reply: Reply,
+    pub(crate) covered: u64,
+}
+
+impl Pending {
+    pub(crate) fn new(cookie: u64, cmd: u16, offset: u64, len: u32) -> Pending {
+        Pending { cmd, offset, len, reply: Reply { cookie, ..Default::default() }, covered: 0 }
+    }
+
+    /// Checks a finished structured reply against the request.
+    pub(crate) fn finish(self) -> Result<Reply> {
+        if self.cmd == CMD_READ && self.reply.error.is_none() && self.covered != self.len as u64 {
+            return Err(protocol(format!("read reply covers {} of {} bytes", self.covered, self.len)));
+        }
+        if self.cmd == CMD_BLOCK_STATUS && self.reply.error.is_none() && self.reply.extents.is_empty() {
+            return Err(protocol("block status reply without descriptors"));
+        }
+        Ok(self.reply)
+    }
+}
+
+/// See [`Client::into_parts`].
+pub(crate) struct ClientParts {
+    pub(crate) reader: BufReader<BoxRead>,
+    pub(crate) writer: BoxWrite,
+    pub(crate) socket: Socket,
+    pub(crate) info: ExportInfo,
+    pub(crate) structured: bool,
+    pub(crate) meta_context: Option<u32>,
 }
 
 /// Flags of NBD_CMD_WRITE_ZEROES.
@@ -405,8 +456,9 @@ pub struct ZeroFlags {
 
 /// The transmission phase of a connection.
 pub struct Client {
-    reader: BufReader<Socket>,
-    writer: Socket,
+    reader: BufReader<BoxRead>,
+    writer: BoxWrite,
+    socket: Socket,
     info: ExportInfo,
     structured: bool,
     meta_context: Option<u32>,
@@ -457,10 +509,22 @@ impl Client {
         let hdr = encode_request(&Request { flags, cmd, cookie, offset, len });
         write_all_parts(&mut self.writer, &[&hdr, payload])?;
         if cmd != CMD_DISC {
-            let reply = Reply { cookie, ..Default::default() };
-            self.pending.insert(cookie, Pending { cmd, offset, len, reply, covered: 0 });
+            self.pending.insert(cookie, Pending::new(cookie, cmd, offset, len));
         }
         Ok(cookie)
+    }
+
+    /// The connection's halves and what was negotiated, for a client that
+    /// reads replies on its own thread (`remote`). Nothing may be in flight.
+    pub(crate) fn into_parts(self) -> ClientParts {
+        ClientParts {
+            reader: self.reader,
+            writer: self.writer,
+            socket: self.socket,
+            info: self.info,
+            structured: self.structured,
+            meta_context: self.meta_context,
+        }
     }
 
     /// Sends raw bytes (for tests of malformed input).
@@ -555,7 +619,7 @@ impl Client {
             self.receive_one()?;
         }
         self.submit(CMD_DISC, 0, 0, 0, &[])?;
-        let _ = self.writer.shutdown(std::net::Shutdown::Write);
+        let _ = self.socket.shutdown(std::net::Shutdown::Write);
         Ok(())
     }
 
@@ -602,20 +666,14 @@ impl Client {
         apply_chunk(p, kind, &payload)?;
         if flags & REPLY_FLAG_DONE != 0 {
             let p = self.pending.remove(&cookie).expect("present");
-            if p.cmd == CMD_READ && p.reply.error.is_none() && p.covered != p.len as u64 {
-                return Err(protocol(format!("read reply covers {} of {} bytes", p.covered, p.len)));
-            }
-            if p.cmd == CMD_BLOCK_STATUS && p.reply.error.is_none() && p.reply.extents.is_empty() {
-                return Err(protocol("block status reply without descriptors"));
-            }
-            self.done.insert(cookie, p.reply);
+            self.done.insert(cookie, p.finish()?);
         }
         Ok(())
     }
 }
 
 /// Largest chunk the client accepts (a 64 MiB read plus its offset).
-const HARD_MAX_PAYLOAD_CLIENT: u32 = (64 << 20) + 8;
+pub(crate) const HARD_MAX_PAYLOAD_CLIENT: u32 = (64 << 20) + 8;
 
 fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes(b[..4].try_into().unwrap())
@@ -625,7 +683,7 @@ fn be64(b: &[u8]) -> u64 {
 }
 
 /// Folds one structured chunk into the pending reply, checking it against the request.
-fn apply_chunk(p: &mut Pending, kind: u16, payload: &[u8]) -> Result<()> {
+pub(crate) fn apply_chunk(p: &mut Pending, kind: u16, payload: &[u8]) -> Result<()> {
     match kind {
         REPLY_TYPE_NONE if payload.is_empty() => Ok(()),
         REPLY_TYPE_OFFSET_DATA | REPLY_TYPE_OFFSET_HOLE if p.cmd == CMD_READ => {

@@ -11,7 +11,11 @@
 //!   out of order, transmission flags advertised from the device's [`Caps`],
 //!   optional TLS (NBD_OPT_STARTTLS).
 //! * [`client::Client`] is a small blocking client (used by tests, torture tests
-//!   and experiments; later for remote base images).
+//!   and experiments).
+//! * [`RemoteDev`] ([`remote`]) is a remote export as a `BlockDev`: many
+//!   requests in flight over several connections, block status, TLS,
+//!   reconnect with retry and replay of unflushed writes; `nbd://`,
+//!   `nbd+unix://`, `nbds://` URIs.
 //! * [`proto`] holds the wire constants and pure parsers; [`fuzz_handshake`] and
 //!   [`fuzz_requests`] feed arbitrary bytes to the real server code.
 //!
@@ -63,6 +67,7 @@ mod fuzz;
 mod handshake;
 mod io;
 pub mod proto;
+pub mod remote;
 mod server;
 pub mod tls;
 mod transmission;
@@ -71,6 +76,7 @@ mod zerocopy;
 pub use access::{AllowList, AllowRule, Peer};
 pub use fuzz::{fuzz_handshake, fuzz_requests};
 pub use io::Socket;
+pub use remote::{NbdUri, RemoteDev, RemoteError, RemoteOptions, RemoteStats};
 pub use server::{Export, ExportStats, Listen, Result, Server, ServerConfig, ServerError, ServerStats};
 pub use tls::TlsMode;
 pub use transmission::{HARD_MAX_PAYLOAD, MAX_BLOCK};

@@ -1,10 +1,11 @@
 //! TLS for NBD (NBD_OPT_STARTTLS) with rustls: X.509 server certificates and,
-//! optionally, client certificates checked against a CA (mutual TLS).
-//! rustls has no external-PSK support on the server side, so TLS-PSK (which
+//! optionally, client certificates checked against a CA (mutual TLS), for the
+//! server and for the client (`remote`, which verifies the server against a
+//! CA). rustls has no external-PSK support on the server side, so TLS-PSK (which
 //! qemu and nbdkit offer through GnuTLS) is not available.
 //!
-//! One rustls connection is shared by the connection's reader thread and the
-//! reply writers behind a mutex. The reader waits for the socket to become
+//! One rustls connection (server or client side) is shared by the connection's
+//! reader thread and the writers behind a mutex. The reader waits for the socket to become
 //! readable *without* the lock (poll), then takes it only to decrypt what
 //! arrived, so replies can be encrypted and sent while the reader waits.
 
@@ -12,7 +13,7 @@ use crate::io::Socket;
 use parking_lot::Mutex;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::ServerConnection;
+use rustls::{ClientConnection, Connection, ServerConnection};
 use std::io::{self, IoSlice, Read, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -106,9 +107,32 @@ pub fn server_config_from_dir(dir: &Path) -> Result<Arc<rustls::ServerConfig>, T
     server_config(dir, false)
 }
 
+/// A rustls client configuration trusting the CA certificates in a PEM file.
+pub fn client_config_from_ca(ca: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let pem_err = |e: rustls::pki_types::pem::Error| TlsError::Pem { path: ca.to_path_buf(), msg: e.to_string() };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).map_err(pem_err)? {
+        roots.add(cert.map_err(pem_err)?)?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCertificate(ca.to_path_buf()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(cfg))
+}
+
+/// The qemu/nbdkit directory layout on the client side: `ca-cert.pem` in `dir`.
+pub fn client_config_from_dir(dir: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    client_config_from_ca(&dir.join("ca-cert.pem"))
+}
+
 /// The TLS state of one connection, shared by its reader and writers.
 pub(crate) struct TlsSession {
-    conn: Mutex<ServerConnection>,
+    conn: Mutex<Connection>,
     /// How long a read may wait for data, in ms (0: forever); the plain socket's
     /// read timeout does not apply because the reader polls before reading.
     read_timeout_ms: AtomicU64,
@@ -117,11 +141,24 @@ pub(crate) struct TlsSession {
 /// Runs the TLS handshake on `sock` (the NBD_REP_ACK to STARTTLS already sent).
 /// `early` holds bytes the plain reader had already buffered past the option.
 pub(crate) fn accept(cfg: Arc<rustls::ServerConfig>, sock: &Socket, early: &[u8]) -> io::Result<Arc<TlsSession>> {
-    let mut conn = ServerConnection::new(cfg).map_err(io::Error::other)?;
+    let mut conn: Connection = ServerConnection::new(cfg).map_err(io::Error::other)?.into();
     if !early.is_empty() {
         conn.read_tls(&mut &early[..])?;
         conn.process_new_packets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     }
+    handshake(conn, sock)
+}
+
+/// Runs the client side of the TLS handshake on `sock` (after the server's
+/// NBD_REP_ACK to STARTTLS), checking the certificate against `server_name`.
+pub(crate) fn connect(cfg: Arc<rustls::ClientConfig>, server_name: &str, sock: &Socket) -> io::Result<Arc<TlsSession>> {
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("TLS server name {server_name:?}: {e}")))?;
+    let conn: Connection = ClientConnection::new(cfg, name).map_err(io::Error::other)?.into();
+    handshake(conn, sock)
+}
+
+fn handshake(mut conn: Connection, sock: &Socket) -> io::Result<Arc<TlsSession>> {
     let mut s = sock.try_clone()?;
     while conn.is_handshaking() {
         conn.complete_io(&mut s)?;
@@ -154,7 +191,7 @@ impl TlsSession {
     }
 }
 
-fn flush_tls(c: &mut ServerConnection, sock: &mut impl Write) -> io::Result<()> {
+fn flush_tls(c: &mut Connection, sock: &mut impl Write) -> io::Result<()> {
     while c.wants_write() {
         c.write_tls(sock)?;
     }

@@ -338,3 +338,34 @@ fn verify_peer_without_a_ca_certificate_is_a_clear_error() {
     let err = tls::server_config(dir.path(), true).expect_err("must fail").to_string();
     assert!(err.contains("ca-cert.pem"), "{err}");
 }
+
+#[test]
+fn remote_device_speaks_tls_for_nbds_uris_and_checks_the_certificate() {
+    use surge_block::BlockDev;
+    use surge_nbd::{NbdUri, RemoteDev, RemoteOptions};
+    if !have("openssl") {
+        eprintln!("SKIP: openssl not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let sock = dir.path().join("s");
+    let server = start(TlsMode::Require, Some(dir.path()), &sock);
+    let uri = |q: &str| -> NbdUri { format!("nbds+unix:///disk?socket={}{q}", sock.display()).parse().unwrap() };
+    let dev = RemoteDev::open(&uri(&format!("&tls-certificates={}", dir.path().display())), RemoteOptions::default()).unwrap();
+    dev.write_at(&[7u8; 65536], 4096, false).unwrap();
+    let mut b = vec![0u8; 65536];
+    dev.read_at(&mut b, 4096).unwrap();
+    assert_eq!(b, vec![7u8; 65536]);
+    drop(dev);
+    // No CA: refused before connecting. A name the certificate lacks: refused.
+    let e = RemoteDev::open(&uri(""), RemoteOptions::default()).err().unwrap().to_string();
+    assert!(e.contains("tls-certificates"), "{e}");
+    let bad = uri(&format!("&tls-certificates={}&tls-hostname=elsewhere", dir.path().display()));
+    let e = RemoteDev::open(&bad, RemoteOptions::default()).err().unwrap().to_string();
+    assert!(e.contains("TLS"), "{e}");
+    // A plain nbd:// client cannot use a TLS-only server.
+    let plain: NbdUri = format!("nbd+unix:///disk?socket={}", sock.display()).parse().unwrap();
+    assert!(RemoteDev::open(&plain, RemoteOptions::default()).is_err());
+    server.shutdown().unwrap();
+}

@@ -1,6 +1,6 @@
 use super::*;
 use crate::clock::VirtualClock;
-use crate::conformance::{self, check_all, check_op, op_strategy, pattern, Model, Op};
+use crate::conformance::{self, check_all, check_op, op_strategy, pattern, CrashModel, Model, Op};
 use crate::crashpoint::{enumerate, AfterDeath, EnumConfig, Power, PowerConfig, Volatile};
 use crate::memory::MemoryDev;
 use proptest::prelude::*;
@@ -161,78 +161,6 @@ fn cache_conforms_with_attach_detach_phase_and_mode_switches_interleaved() {
 }
 
 // ---- crash and restart at random points ----
-
-/// What may be read after a crash: per byte, the value at the last acknowledged
-/// flush (None: anything, after a discard) or any value written since.
-struct CrashModel {
-    durable: Vec<Option<u8>>,
-    current: Vec<Option<u8>>,
-    since: Vec<Vec<u8>>,
-}
-
-impl CrashModel {
-    fn new(size: u64) -> Self {
-        CrashModel { durable: vec![Some(0); size as usize], current: vec![Some(0); size as usize], since: vec![vec![]; size as usize] }
-    }
-
-    fn range(op: &Op) -> Option<(u64, u64)> {
-        match *op {
-            Op::Write { offset, len, .. } | Op::WriteZeroes { offset, len, .. } | Op::Discard { offset, len } => Some((offset, len)),
-            _ => None,
-        }
-    }
-
-    /// The op may have been (partly) applied.
-    fn maybe(&mut self, op: &Op) {
-        let Some((offset, len)) = Self::range(op) else { return };
-        if offset + len > self.durable.len() as u64 {
-            return;
-        }
-        let data = match *op {
-            Op::Write { seed, .. } => pattern(seed, offset, len).into_iter().map(Some).collect(),
-            Op::WriteZeroes { .. } => vec![Some(0); len as usize],
-            _ => vec![None; len as usize],
-        };
-        for (i, v) in data.into_iter().enumerate() {
-            let p = offset as usize + i;
-            match v {
-                Some(v) => self.since[p].push(v),
-                None => self.durable[p] = None,
-            }
-            self.current[p] = v;
-        }
-    }
-
-    fn acked(&mut self, op: &Op) {
-        match *op {
-            Op::Flush => {
-                self.durable.clone_from(&self.current);
-                self.since.iter_mut().for_each(Vec::clear);
-            }
-            Op::Write { offset, len, fua: true, .. } if offset + len <= self.durable.len() as u64 => {
-                self.maybe(op);
-                for p in offset as usize..(offset + len) as usize {
-                    self.durable[p] = self.current[p];
-                    self.since[p].clear();
-                }
-            }
-            _ => self.maybe(op),
-        }
-    }
-
-    fn check(&self, got: &[u8]) -> Result<(), String> {
-        for (p, &g) in got.iter().enumerate() {
-            let ok = match self.durable[p] {
-                None => true,
-                Some(d) => d == g || self.since[p].contains(&g),
-            };
-            if !ok {
-                return Err(format!("byte {p} is {g:#x}; durable {:?}, written since {:?}", self.durable[p], self.since[p]));
-            }
-        }
-        Ok(())
-    }
-}
 
 fn read_all(dev: &dyn BlockDev) -> Vec<u8> {
     let mut buf = vec![0u8; dev.size() as usize];

@@ -22,7 +22,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let r = match args.name.as_str() {
         "elastic" => crate::experiment::elastic::run(&args.out, args.quick),
         "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick),
-        other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare")),
+        "streaming" => crate::experiment::streaming::run(&args.out, args.quick),
+        other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare, streaming")),
     };
     crate::experiment::progress::finish();
     r

@@ -3,3 +3,4 @@
 pub mod fairshare;
 pub mod elastic;
 pub mod progress;
+pub mod streaming;

@@ -1,0 +1,622 @@
+//! [`RemoteDev`]: a remote NBD export (surge, nbdkit, qemu-nbd, ...) as a
+//! [`BlockDev`], for streamed base images and persistent remote volumes.
+//!
+//! - **Concurrency.** Any number of threads call it at once. Requests go
+//!   round-robin over `connections` connections (one when the server does not
+//!   advertise multi-conn), each with many requests in flight and a reader
+//!   thread matching replies to callers by cookie. Structured replies are
+//!   negotiated, and `base:allocation`, so [`BlockDev::block_status`] reports
+//!   the server's holes.
+//! - **Reconnect.** When a connection breaks (reset, EOF, a reply that does not
+//!   come within `request_timeout`, an ESHUTDOWN reply from a server stopping),
+//!   every request on it is sent again after a reconnect, retried with backoff
+//!   for up to `reconnect_timeout`. Why resending is safe: every NBD request
+//!   this device sends carries its whole effect (READ, BLOCK_STATUS and CACHE
+//!   change nothing; WRITE carries all its data; WRITE_ZEROES and TRIM name
+//!   their range; FLUSH is idempotent), so a request the server had already
+//!   applied when the connection broke ends up applied with the same result;
+//!   and the caller is still waiting for it, so nothing it issued later
+//!   depends on it (requests that overlap and run concurrently have no order
+//!   to keep). What a restarted server may have *lost* is handled by the
+//!   replay log: writes it acknowledged but that no FLUSH covered yet are kept
+//!   (up to `replay_limit` bytes, then we flush) and sent again, in
+//!   acknowledgement order, on the new connection before any other request.
+//!   Not covered: two concurrent overlapping writes acknowledged in one order
+//!   and applied by the server in the other; after a restart, the replay
+//!   applies them in acknowledgement order.
+//! - **Gone.** If no connection can be made within `reconnect_timeout`, the
+//!   waiting requests fail with `BlockError::Gone` naming the URI, the time and
+//!   the last error; later requests try once and fail at once while the server
+//!   stays away, and work again when it is back.
+//! - **TLS** when the URI says `nbds://` (see [`uri`]), verified against a CA.
+
+mod conn;
+mod replay;
+pub mod uri;
+
+use crate::client::{ClientError, Handshake, Reply};
+use crate::io::Socket;
+use crate::proto::*;
+use crate::tls;
+use conn::{Conn, Failure};
+use parking_lot::{Mutex, RwLock};
+use replay::{Effect, ReplayLog};
+use serde::Serialize;
+use std::io;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use surge_block::{check_range, BlockDev, BlockError, Caps, Extent, ExtentKind, ZeroMode};
+pub use uri::{Endpoint, NbdUri, UriError};
+
+/// How a [`RemoteDev`] connects and recovers.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// Connections to open (only one if the server lacks multi-conn).
+    pub connections: usize,
+    /// How long to keep trying to reconnect before requests fail.
+    pub reconnect_timeout: Duration,
+    /// A request unanswered this long declares its connection dead.
+    pub request_timeout: Duration,
+    /// Largest request sent (bigger ones are split); also capped by the
+    /// server's maximum block size.
+    pub max_request: u32,
+    /// Bytes of unflushed acknowledged writes kept for replay before the
+    /// device flushes on its own.
+    pub replay_limit: u64,
+    /// TLS client configuration for `nbds://`; by default the CA comes from the
+    /// URI's `tls-certificates=DIR` (`DIR/ca-cert.pem`).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Ask the server for read-only access (refuse writes locally).
+    pub read_only: bool,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            connections: 4,
+            reconnect_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(60),
+            max_request: 32 << 20,
+            replay_limit: 64 << 20,
+            tls: None,
+            read_only: false,
+        }
+    }
+}
+
+/// Why a remote export could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("{uri}: {source}")]
+    Connect {
+        uri: String,
+        #[source]
+        source: ClientError,
+    },
+    #[error("{uri}: nbds:// needs a CA to check the server: add ?tls-certificates=DIR (holding ca-cert.pem)")]
+    NoCa { uri: String },
+    #[error("{uri}: {source}")]
+    Tls {
+        uri: String,
+        #[source]
+        source: tls::TlsError,
+    },
+    #[error("{uri}: the export is empty (0 bytes)")]
+    Empty { uri: String },
+}
+
+/// Counters for `surge status`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RemoteStats {
+    pub uri: String,
+    pub connections: usize,
+    pub connections_open: usize,
+    pub requests: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Requests sent again after a connection broke.
+    pub retries: u64,
+    pub reconnects: u64,
+    /// Writes sent again from the replay log after reconnects.
+    pub replayed: u64,
+    /// Unflushed acknowledged writes kept for replay.
+    pub replay_bytes: u64,
+    /// Why the server is considered gone, while it is.
+    pub gone: Option<String>,
+}
+
+struct Slot {
+    conn: Option<Arc<Conn>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+    retries: AtomicU64,
+    reconnects: AtomicU64,
+    replayed: AtomicU64,
+}
+
+pub struct RemoteDev {
+    uri: NbdUri,
+    text: String,
+    opts: RemoteOptions,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    size: u64,
+    flags: u16,
+    block_status: bool,
+    preferred_block: u32,
+    max_request: u32,
+    slots: Vec<Mutex<Slot>>,
+    next: AtomicUsize,
+    /// Requests hold it shared while in flight; a replay holds it exclusively.
+    epoch: RwLock<()>,
+    reconnecting: Mutex<()>,
+    replay: Mutex<ReplayLog>,
+    gone: Mutex<Option<String>>,
+    counters: Counters,
+}
+
+/// One request as sent.
+#[derive(Clone, Copy)]
+struct Req<'a> {
+    cmd: u16,
+    flags: u16,
+    offset: u64,
+    len: u32,
+    payload: &'a [u8],
+}
+
+impl RemoteDev {
+    /// Connect (all connections) or fail with the reason.
+    pub fn open(uri: &NbdUri, opts: RemoteOptions) -> Result<RemoteDev, RemoteError> {
+        let text = uri.to_string();
+        let tls = match (uri.tls, &opts.tls, &uri.tls_certificates) {
+            (false, _, _) => None,
+            (true, Some(cfg), _) => Some(cfg.clone()),
+            (true, None, Some(dir)) => Some(tls::client_config_from_dir(dir).map_err(|source| RemoteError::Tls { uri: text.clone(), source })?),
+            (true, None, None) => return Err(RemoteError::NoCa { uri: text }),
+        };
+        let first = connect(uri, tls.as_ref()).map_err(|source| RemoteError::Connect { uri: text.clone(), source })?;
+        let info = first.info.clone();
+        if info.size == 0 {
+            return Err(RemoteError::Empty { uri: text });
+        }
+        let n = if info.multi_conn() { opts.connections.max(1) } else { 1 };
+        let mut slots = vec![Mutex::new(Slot { conn: Some(first.clone()) })];
+        for _ in 1..n {
+            let c = connect(uri, tls.as_ref()).map_err(|source| RemoteError::Connect { uri: text.clone(), source })?;
+            slots.push(Mutex::new(Slot { conn: Some(c) }));
+        }
+        let (_, preferred, max) = info.block_size.unwrap_or((1, 4096, 32 << 20));
+        Ok(RemoteDev {
+            uri: uri.clone(),
+            text,
+            tls,
+            size: info.size,
+            flags: info.flags,
+            block_status: first.block_status,
+            preferred_block: preferred.clamp(512, 1 << 20).next_power_of_two(),
+            max_request: opts.max_request.min(max).max(4096),
+            opts,
+            slots,
+            next: AtomicUsize::new(0),
+            epoch: RwLock::new(()),
+            reconnecting: Mutex::new(()),
+            replay: Mutex::new(ReplayLog::default()),
+            gone: Mutex::new(None),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn uri(&self) -> &NbdUri {
+        &self.uri
+    }
+
+    pub fn stats(&self) -> RemoteStats {
+        let c = &self.counters;
+        RemoteStats {
+            uri: self.text.clone(),
+            connections: self.slots.len(),
+            connections_open: self.slots.iter().filter(|s| s.lock().conn.as_ref().is_some_and(|c| !c.is_broken())).count(),
+            requests: c.requests.load(Relaxed),
+            read_bytes: c.read_bytes.load(Relaxed),
+            write_bytes: c.write_bytes.load(Relaxed),
+            retries: c.retries.load(Relaxed),
+            reconnects: c.reconnects.load(Relaxed),
+            replayed: c.replayed.load(Relaxed),
+            replay_bytes: self.replay.lock().bytes(),
+            gone: self.gone.lock().clone(),
+        }
+    }
+
+    fn has(&self, flag: u16) -> bool {
+        self.flags & flag != 0
+    }
+
+    /// Whether acknowledged writes may still be lost by the server (it asks
+    /// for flushes), so they are kept for replay.
+    fn volatile(&self) -> bool {
+        self.has(FLAG_SEND_FLUSH)
+    }
+
+    /// A healthy connection, round-robin.
+    fn healthy(&self) -> Option<Arc<Conn>> {
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Relaxed);
+        (0..n).find_map(|i| self.slots[(start + i) % n].lock().conn.clone().filter(|c| !c.is_broken()))
+    }
+
+    fn pick(&self) -> Result<Arc<Conn>, BlockError> {
+        loop {
+            if let Some(c) = self.healthy() {
+                return Ok(c);
+            }
+            self.reconnect()?;
+        }
+    }
+
+    /// Reconnect every broken slot (one thread at a time), replay unflushed
+    /// writes, or give up after `reconnect_timeout`.
+    fn reconnect(&self) -> Result<(), BlockError> {
+        let _one = self.reconnecting.lock();
+        if self.healthy().is_some() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let was_gone = self.gone.lock().is_some();
+        let mut backoff = Duration::from_millis(50);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let result = connect(&self.uri, self.tls.as_ref())
+                .map_err(|e| e.to_string())
+                .and_then(|c| self.check_same_export(&c).map(|_| c))
+                .and_then(|c| self.replay_on(&c).map(|_| c));
+            match result {
+                Ok(first) => {
+                    self.install(first);
+                    *self.gone.lock() = None;
+                    self.counters.reconnects.fetch_add(1, Relaxed);
+                    tracing::info!(uri = %self.text, attempts, "reconnected");
+                    return Ok(());
+                }
+                Err(e) => {
+                    // A server already known gone gets one try per request.
+                    if was_gone || started.elapsed() >= self.opts.reconnect_timeout {
+                        let msg = format!("{}: server unreachable for {:.1} s ({attempts} attempts): {e}", self.text, started.elapsed().as_secs_f64());
+                        tracing::warn!("{msg}");
+                        *self.gone.lock() = Some(msg.clone());
+                        return Err(BlockError::Gone(msg));
+                    }
+                    tracing::debug!(uri = %self.text, "reconnect failed: {e}");
+                    std::thread::sleep(backoff.min(self.opts.reconnect_timeout.saturating_sub(started.elapsed())));
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    fn check_same_export(&self, c: &Conn) -> Result<(), String> {
+        if c.info.size != self.size {
+            c.kill("export changed");
+            return Err(format!("the export is now {} bytes, was {}", c.info.size, self.size));
+        }
+        Ok(())
+    }
+
+    /// Send every logged write again, in order, before anything else runs.
+    fn replay_on(&self, c: &Conn) -> Result<(), String> {
+        let _only = self.epoch.write();
+        let log = self.replay.lock();
+        let mut waiting = Vec::with_capacity(log.len());
+        for e in log.entries() {
+            let (cmd, flags, len, payload): (u16, u16, u32, &[u8]) = match &e.effect {
+                Effect::Write(d) => (CMD_WRITE, 0, d.len() as u32, d),
+                Effect::Zeroes { len, flags } => (CMD_WRITE_ZEROES, *flags, *len, &[]),
+                Effect::Trim { len } => (CMD_TRIM, 0, *len, &[]),
+            };
+            waiting.push(c.send(cmd, flags, e.offset, len, payload).map_err(|f| failure_text(&f))?);
+        }
+        for rx in waiting {
+            match rx.recv_timeout(self.opts.request_timeout) {
+                Ok(Ok(r)) if r.error.is_none() => {}
+                Ok(Ok(r)) => return Err(format!("replaying a write: server error {:?}", r.error)),
+                Ok(Err(f)) => return Err(failure_text(&f)),
+                Err(_) => {
+                    c.kill("replay timed out");
+                    return Err("replay timed out".into());
+                }
+            }
+        }
+        self.counters.replayed.fetch_add(log.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    /// Put `first` into a broken slot, and fresh connections into the others
+    /// (best effort: a slot that fails stays broken until needed).
+    fn install(&self, first: Arc<Conn>) {
+        let mut first = Some(first);
+        for slot in &self.slots {
+            let mut s = slot.lock();
+            if s.conn.as_ref().is_some_and(|c| !c.is_broken()) {
+                continue;
+            }
+            s.conn = match first.take() {
+                Some(c) => Some(c),
+                None => connect(&self.uri, self.tls.as_ref()).ok().filter(|c| c.info.size == self.size),
+            };
+        }
+    }
+
+    /// Send one request and wait for its reply, across reconnects.
+    fn call(&self, req: Req, op: &'static str) -> Result<Reply, BlockError> {
+        self.counters.requests.fetch_add(1, Relaxed);
+        let mut tries = 0u32;
+        loop {
+            let conn = self.pick()?;
+            let shared = self.epoch.read();
+            let mark = (req.cmd == CMD_FLUSH).then(|| self.replay.lock().mark());
+            let outcome = match conn.send(req.cmd, req.flags, req.offset, req.len, req.payload) {
+                Ok(rx) => match rx.recv_timeout(self.opts.request_timeout) {
+                    Ok(o) => o,
+                    Err(_) => {
+                        let why = format!("no reply in {:?}", self.opts.request_timeout);
+                        conn.kill(&why);
+                        Err(Failure::Broken(why))
+                    }
+                },
+                Err(f) => Err(f),
+            };
+            match outcome {
+                Ok(reply) => match reply.error {
+                    Some((errno, _)) if errno == ESHUTDOWN => {
+                        // The server is stopping: retry on the next one.
+                        conn.kill("server shutting down");
+                    }
+                    Some((errno, msg)) => return Err(errno_error(errno, &msg, op, req.offset, req.len as u64)),
+                    None => {
+                        self.logged(&req, mark);
+                        return Ok(reply);
+                    }
+                },
+                Err(Failure::Protocol(why)) => return Err(BlockError::Gone(format!("{}: {why}", self.text))),
+                Err(Failure::Broken(why)) => tracing::debug!(uri = %self.text, "request interrupted ({why}); retrying"),
+            }
+            drop(shared);
+            tries += 1;
+            self.counters.retries.fetch_add(1, Relaxed);
+            if tries > 1000 {
+                return Err(BlockError::Gone(format!("{}: request retried {tries} times", self.text)));
+            }
+        }
+    }
+
+    /// Keep an acknowledged change for replay, or drop what a FLUSH covered
+    /// (called while the request still holds the epoch shared).
+    fn logged(&self, req: &Req, mark: Option<u64>) {
+        if !self.volatile() {
+            return;
+        }
+        let fua = req.flags & CMD_FLAG_FUA != 0;
+        let effect = match req.cmd {
+            CMD_WRITE if !fua => Effect::Write(req.payload.to_vec()),
+            CMD_WRITE_ZEROES if !fua => Effect::Zeroes { len: req.len, flags: req.flags },
+            CMD_TRIM if !fua => Effect::Trim { len: req.len },
+            CMD_FLUSH => {
+                self.replay.lock().flushed(mark.unwrap_or(0));
+                return;
+            }
+            _ => return,
+        };
+        self.replay.lock().push(req.offset, effect);
+    }
+
+    /// After a write: flush if the replay log grew past its limit.
+    fn bound_replay_log(&self) -> Result<(), BlockError> {
+        if self.volatile() && self.replay.lock().bytes() > self.opts.replay_limit {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Split `[offset, offset+len)` into requests of at most `max_request`.
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u32)> {
+        let max = self.max_request as u64;
+        (0..len.div_ceil(max)).map(move |i| (offset + i * max, (len - i * max).min(max) as u32))
+    }
+
+    fn writable(&self) -> Result<(), BlockError> {
+        if self.has(FLAG_READ_ONLY) || self.opts.read_only {
+            Err(BlockError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for RemoteDev {
+    fn drop(&mut self) {
+        for s in &self.slots {
+            if let Some(c) = s.lock().conn.take() {
+                c.disconnect();
+            }
+        }
+    }
+}
+
+fn failure_text(f: &Failure) -> String {
+    match f {
+        Failure::Broken(s) | Failure::Protocol(s) => s.clone(),
+    }
+}
+
+/// The error a failed request reports, from the NBD errno.
+fn errno_error(errno: u32, msg: &str, op: &'static str, offset: u64, len: u64) -> BlockError {
+    match errno {
+        EPERM => BlockError::ReadOnly,
+        ENOSPC => BlockError::NoSpace,
+        ENOTSUP => BlockError::NotSupported(op),
+        _ => {
+            let e = io::Error::from_raw_os_error(errno as i32);
+            let e = if msg.is_empty() { e } else { io::Error::new(e.kind(), format!("{e}: {msg}")) };
+            BlockError::io(op, offset, len, e)
+        }
+    }
+}
+
+/// Open one connection: TCP or unix, STARTTLS if asked, structured replies,
+/// `base:allocation`, GO.
+fn connect(uri: &NbdUri, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Arc<Conn>, ClientError> {
+    let socket = match &uri.endpoint {
+        Endpoint::Tcp { host, port } => {
+            let addrs: Vec<_> = (host.as_str(), *port).to_socket_addrs()?.collect();
+            let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host} resolves to no address"));
+            let mut stream = None;
+            for a in addrs {
+                match TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
+                    Ok(s) => {
+                        stream = Some(s);
+                        break;
+                    }
+                    Err(e) => last = e,
+                }
+            }
+            let s = stream.ok_or(last)?;
+            s.set_nodelay(true)?;
+            Socket::Tcp(s)
+        }
+        Endpoint::Unix(p) => Socket::Unix(UnixStream::connect(p)?),
+    };
+    let mut h = Handshake::from_socket(socket)?;
+    if let Some(cfg) = tls {
+        h = h.starttls(cfg.clone(), &uri.tls_server_name())?;
+    }
+    if h.structured_replies()? {
+        // Without base:allocation everything reads as data; still usable.
+        let _ = h.set_meta_context(&uri.export, &[BASE_ALLOCATION]);
+    }
+    let client = h.go(&uri.export)?;
+    Ok(Conn::start(client.into_parts(), &uri.export)?)
+}
+
+impl BlockDev for RemoteDev {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            read_only: self.has(FLAG_READ_ONLY) || self.opts.read_only,
+            volatile_cache: self.has(FLAG_SEND_FLUSH),
+            discard: self.has(FLAG_SEND_TRIM),
+            fast_zero: self.has(FLAG_SEND_FAST_ZERO),
+            block_status: self.block_status,
+            multi_conn: true,
+            preferred_block: self.preferred_block,
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        check_range(self.size, offset, buf.len() as u64)?;
+        for (off, len) in self.pieces(offset, buf.len() as u64) {
+            let r = self.call(Req { cmd: CMD_READ, flags: 0, offset: off, len, payload: &[] }, "read")?;
+            let at = (off - offset) as usize;
+            buf[at..at + len as usize].copy_from_slice(&r.data);
+        }
+        self.counters.read_bytes.fetch_add(buf.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        check_range(self.size, offset, buf.len() as u64)?;
+        self.writable()?;
+        let fua = fua && self.has(FLAG_SEND_FUA);
+        let flags = if fua { CMD_FLAG_FUA } else { 0 };
+        for (off, len) in self.pieces(offset, buf.len() as u64) {
+            let at = (off - offset) as usize;
+            self.call(Req { cmd: CMD_WRITE, flags, offset: off, len, payload: &buf[at..at + len as usize] }, "write")?;
+        }
+        self.counters.write_bytes.fetch_add(buf.len() as u64, Relaxed);
+        self.bound_replay_log()
+    }
+
+    fn flush(&self) -> surge_block::Result<()> {
+        if !self.has(FLAG_SEND_FLUSH) {
+            return Ok(());
+        }
+        self.call(Req { cmd: CMD_FLUSH, flags: 0, offset: 0, len: 0, payload: &[] }, "flush").map(|_| ())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        check_range(self.size, offset, len)?;
+        self.writable()?;
+        if !self.has(FLAG_SEND_TRIM) {
+            return Ok(());
+        }
+        for (off, n) in self.pieces(offset, len) {
+            self.call(Req { cmd: CMD_TRIM, flags: 0, offset: off, len: n, payload: &[] }, "trim")?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
+        check_range(self.size, offset, len)?;
+        self.writable()?;
+        if !self.has(FLAG_SEND_WRITE_ZEROES) || (mode.fast_only && !self.has(FLAG_SEND_FAST_ZERO)) {
+            if mode.fast_only {
+                return Err(BlockError::NotSupported("fast zeroing"));
+            }
+            return surge_block::dev::write_zero_buffers(self, offset, len);
+        }
+        let mut flags = if mode.may_trim { 0 } else { CMD_FLAG_NO_HOLE };
+        if mode.fast_only {
+            flags |= CMD_FLAG_FAST_ZERO;
+        }
+        for (off, n) in self.pieces(offset, len) {
+            self.call(Req { cmd: CMD_WRITE_ZEROES, flags, offset: off, len: n, payload: &[] }, "write zeroes")?;
+        }
+        self.bound_replay_log()
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
+        check_range(self.size, offset, len)?;
+        if !self.block_status || len == 0 {
+            return Ok(vec![Extent { len, kind: ExtentKind::Data }]);
+        }
+        let ask = len.min(u32::MAX as u64 & !0xfff) as u32;
+        let r = self.call(Req { cmd: CMD_BLOCK_STATUS, flags: 0, offset, len: ask, payload: &[] }, "block status")?;
+        let mut out = Vec::new();
+        let mut covered = 0u64;
+        for e in r.extents {
+            let n = (e.len as u64).min(len - covered);
+            if n == 0 {
+                break;
+            }
+            // HOLE alone says "not allocated" without promising zeroes.
+            let kind = match (e.flags & STATE_HOLE != 0, e.flags & STATE_ZERO != 0) {
+                (true, true) => ExtentKind::Hole,
+                (false, true) => ExtentKind::Zero,
+                _ => ExtentKind::Data,
+            };
+            out.push(Extent { len: n, kind });
+            covered += n;
+        }
+        Ok(out)
+    }
+
+    fn prefetch(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        check_range(self.size, offset, len)?;
+        if self.has(FLAG_SEND_CACHE) {
+            for (off, n) in self.pieces(offset, len) {
+                self.call(Req { cmd: CMD_CACHE, flags: 0, offset: off, len: n, payload: &[] }, "cache")?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,440 @@
+//! The NBD client device (`RemoteDev`) against an in-process surge server,
+//! nbdkit and qemu-nbd: the conformance suite, many threads at once, block
+//! status, connections cut mid-run (with a server that loses unflushed writes
+//! when it "restarts"), and a server that stays gone. Kills of real server
+//! processes are in crates/surge/tests/remote.rs.
+
+use parking_lot::Mutex;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use surge_block::{conformance, BlockDev, BlockError, Caps, ExtentKind, MemoryDev};
+use surge_nbd::{Export, Listen, NbdUri, RemoteDev, RemoteOptions, Server, ServerConfig};
+
+fn uri_for(sock: &Path, export: &str) -> NbdUri {
+    format!("nbd+unix:///{export}?socket={}", sock.display()).parse().unwrap()
+}
+
+fn opts() -> RemoteOptions {
+    RemoteOptions { reconnect_timeout: Duration::from_secs(10), request_timeout: Duration::from_secs(10), ..RemoteOptions::default() }
+}
+
+/// An in-process surge server on a unix socket.
+struct InProcess {
+    server: Option<Server>,
+    sock: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl InProcess {
+    fn start(dev: Arc<dyn BlockDev>) -> InProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("nbd.sock");
+        let server = Server::start(ServerConfig::new(vec![Export::new("disk", dev)])).unwrap();
+        server.listen(&Listen::Unix(sock.clone())).unwrap();
+        InProcess { server: Some(server), sock, _dir: dir }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            let _ = s.shutdown();
+        }
+    }
+}
+
+/// A device that keeps its server alive as long as it lives, seen through a
+/// window of `size` bytes (qemu rounds image sizes up to 512 bytes).
+struct Kept<T> {
+    dev: RemoteDev,
+    size: u64,
+    _server: T,
+}
+
+impl<T> Kept<T> {
+    fn new(dev: RemoteDev, size: u64, server: T) -> Self {
+        assert!(dev.size() >= size && dev.size() - size < 512, "export is {} bytes, want {size}", dev.size());
+        Kept { dev, size, _server: server }
+    }
+    fn check(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        surge_block::check_range(self.size, offset, len)
+    }
+}
+
+impl<T: Send + Sync> BlockDev for Kept<T> {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn caps(&self) -> Caps {
+        self.dev.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.dev.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        self.check(offset, len)?;
+        self.dev.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, mode: surge_block::ZeroMode) -> surge_block::Result<()> {
+        self.check(offset, len)?;
+        self.dev.write_zeroes(offset, len, mode)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<surge_block::Extent>> {
+        self.check(offset, len)?;
+        self.dev.block_status(offset, len)
+    }
+}
+
+#[test]
+fn remote_device_passes_conformance_against_surge() {
+    conformance::run("remote(surge)", |size| {
+        let srv = InProcess::start(Arc::new(MemoryDev::new(size)));
+        let dev = RemoteDev::open(&uri_for(&srv.sock, "disk"), RemoteOptions { max_request: 8192, ..opts() }).unwrap();
+        Arc::new(Kept::new(dev, size, srv))
+    });
+}
+
+#[test]
+fn many_threads_share_the_connections_with_requests_in_flight() {
+    let size = 64u64 << 20;
+    let mem = Arc::new(MemoryDev::new(size));
+    let srv = InProcess::start(mem.clone());
+    let dev = Arc::new(RemoteDev::open(&uri_for(&srv.sock, "disk"), opts()).unwrap());
+    assert_eq!(dev.stats().connections, 4, "surge advertises multi-conn");
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                let region = t * (size / 8);
+                for i in 0..200u64 {
+                    let off = region + (i * 37 % 1000) * 4096;
+                    dev.write_at(&[(t + i) as u8; 4096], off, false).unwrap();
+                    let mut b = [0u8; 4096];
+                    dev.read_at(&mut b, off).unwrap();
+                    assert_eq!(b, [(t + i) as u8; 4096]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    dev.flush().unwrap();
+    let s = dev.stats();
+    assert_eq!((s.requests, s.retries, s.reconnects), (8 * 400 + 1, 0, 0));
+    // A request bigger than max_request is split and reassembled in order.
+    let big: Vec<u8> = (0..(40u32 << 20)).map(|i| (i / 4096) as u8).collect();
+    dev.write_at(&big, 1 << 20, false).unwrap();
+    let mut back = vec![0u8; big.len()];
+    dev.read_at(&mut back, 1 << 20).unwrap();
+    assert!(back == big);
+}
+
+#[test]
+fn block_status_reports_the_servers_holes() {
+    let mem = Arc::new(MemoryDev::new(16 << 20));
+    mem.write_at(&[1u8; 1 << 20], 4 << 20, false).unwrap();
+    let srv = InProcess::start(mem);
+    let dev = RemoteDev::open(&uri_for(&srv.sock, "disk"), opts()).unwrap();
+    assert!(dev.caps().block_status);
+    let mut pos = 0;
+    let mut data = 0;
+    while pos < dev.size() {
+        for e in dev.block_status(pos, dev.size() - pos).unwrap() {
+            if e.kind == ExtentKind::Data {
+                data += e.len;
+            }
+            pos += e.len;
+        }
+    }
+    assert_eq!(data, 1 << 20, "exactly the written MiB is data");
+}
+
+// ---- connections cut, server restarts, server gone ----
+
+/// A unix-socket proxy in front of a server: `cut` closes every connection
+/// at once (as a dead server or network would), `down`/`up` stop and resume
+/// accepting.
+struct Proxy {
+    path: PathBuf,
+    target: PathBuf,
+    conns: Arc<Mutex<Vec<UnixStream>>>,
+    up: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(path: PathBuf, target: PathBuf) -> Proxy {
+        let p = Proxy { path, target, conns: Arc::default(), up: Arc::new(AtomicBool::new(false)) };
+        p.resume();
+        p
+    }
+
+    fn resume(&self) {
+        let _ = std::fs::remove_file(&self.path);
+        let listener = UnixListener::bind(&self.path).unwrap();
+        self.up.store(true, Ordering::SeqCst);
+        let (target, conns, up) = (self.target.clone(), self.conns.clone(), self.up.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if !up.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { return };
+                let Ok(server) = UnixStream::connect(&target) else { continue };
+                let mut c = conns.lock();
+                c.push(client.try_clone().unwrap());
+                c.push(server.try_clone().unwrap());
+                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+    }
+
+    fn cut(&self) {
+        for s in self.conns.lock().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn down(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        let _ = UnixStream::connect(&self.path); // wake the acceptor so it exits
+        let _ = std::fs::remove_file(&self.path);
+        self.cut();
+    }
+}
+
+/// A disk with a volatile write cache that a "restart" empties: writes sit in
+/// memory until FLUSH (or FUA); `lose()` drops what was not flushed.
+struct VolatileDisk {
+    disk: MemoryDev,
+    pending: Mutex<Vec<(u64, Vec<u8>)>>,
+}
+
+impl BlockDev for VolatileDisk {
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+    fn caps(&self) -> Caps {
+        Caps { volatile_cache: true, ..Caps::default() }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        let pending = self.pending.lock();
+        self.disk.read_at(buf, offset)?;
+        for (off, data) in pending.iter() {
+            let (lo, hi) = ((*off).max(offset), (off + data.len() as u64).min(offset + buf.len() as u64));
+            if lo < hi {
+                buf[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(&data[(lo - off) as usize..(hi - off) as usize]);
+            }
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        surge_block::check_range(self.size(), offset, buf.len() as u64)?;
+        if fua {
+            let _p = self.pending.lock();
+            return self.disk.write_at(buf, offset, false);
+        }
+        self.pending.lock().push((offset, buf.to_vec()));
+        Ok(())
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        let mut p = self.pending.lock();
+        for (off, data) in p.drain(..) {
+            self.disk.write_at(&data, off, false)?;
+        }
+        Ok(())
+    }
+}
+
+impl VolatileDisk {
+    fn lose(&self) -> usize {
+        std::mem::take(&mut *self.pending.lock()).len()
+    }
+}
+
+/// Writer threads each own a region and write numbered versions of its blocks,
+/// flushing now and then; returns, per block, the last acknowledged version.
+fn versioned_writes(dev: Arc<RemoteDev>, threads: u64, blocks: u64, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Vec<u64>>> {
+    (0..threads)
+        .map(|t| {
+            let (dev, stop) = (dev.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut last = vec![0u64; blocks as usize];
+                let mut v = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    v += 1;
+                    let b = (v * 7919) % blocks;
+                    let mut data = [0u8; 4096];
+                    data[..8].copy_from_slice(&v.to_le_bytes());
+                    data[8..16].copy_from_slice(&(t * blocks + b).to_le_bytes());
+                    dev.write_at(&data, (t * blocks + b) * 4096, false).unwrap_or_else(|e| panic!("write {v} failed: {e}"));
+                    last[b as usize] = v;
+                    if v % 16 == 0 {
+                        dev.flush().unwrap_or_else(|e| panic!("flush failed: {e}"));
+                    }
+                }
+                last
+            })
+        })
+        .collect()
+}
+
+fn check_versions(read: &dyn BlockDev, t: u64, blocks: u64, last: &[u64]) {
+    for b in 0..blocks {
+        let mut data = [0u8; 4096];
+        read.read_at(&mut data, (t * blocks + b) * 4096).unwrap();
+        let v = u64::from_le_bytes(data[..8].try_into().unwrap());
+        assert_eq!(v, last[b as usize], "thread {t} block {b}: holds version {v}, the last acknowledged is {}", last[b as usize]);
+        if v > 0 {
+            assert_eq!(u64::from_le_bytes(data[8..16].try_into().unwrap()), t * blocks + b, "block landed in the wrong place");
+        }
+    }
+}
+
+#[test]
+fn cut_connections_and_a_restart_that_loses_unflushed_writes_lose_no_request() {
+    let (threads, blocks) = (4u64, 64u64);
+    let disk = Arc::new(VolatileDisk { disk: MemoryDev::new(threads * blocks * 4096), pending: Mutex::new(Vec::new()) });
+    let srv = InProcess::start(disk.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(dir.path().join("proxy.sock"), srv.sock.clone());
+    let dev = Arc::new(RemoteDev::open(&uri_for(&proxy.path, "disk"), RemoteOptions { connections: 3, ..opts() }).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers = versioned_writes(dev.clone(), threads, blocks, stop.clone());
+    let mut lost = 0;
+    for round in 0..6 {
+        std::thread::sleep(Duration::from_millis(60));
+        // The server "dies": connections drop, its cache is lost; it is back
+        // after a pause (rounds alternate between a quick and a slow return).
+        proxy.down();
+        lost += disk.lose();
+        std::thread::sleep(Duration::from_millis(if round % 2 == 0 { 10 } else { 300 }));
+        proxy.resume();
+    }
+    std::thread::sleep(Duration::from_millis(60));
+    stop.store(true, Ordering::Relaxed);
+    let lasts: Vec<Vec<u64>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let s = dev.stats();
+    assert!(s.reconnects >= 6, "{s:?}");
+    assert!(lost > 0 && s.replayed > 0, "the restarts lost unflushed writes ({lost}) that the replay restored ({s:?})");
+    // Read back through the device, then straight from the disk after a flush.
+    for (t, last) in lasts.iter().enumerate() {
+        check_versions(dev.as_ref(), t as u64, blocks, last);
+    }
+    dev.flush().unwrap();
+    for (t, last) in lasts.iter().enumerate() {
+        check_versions(&disk.disk, t as u64, blocks, last);
+    }
+}
+
+#[test]
+fn a_server_that_stays_gone_fails_requests_clearly_and_is_used_again_when_back() {
+    let srv = InProcess::start(Arc::new(MemoryDev::new(1 << 20)));
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(dir.path().join("proxy.sock"), srv.sock.clone());
+    let o = RemoteOptions { reconnect_timeout: Duration::from_millis(800), ..opts() };
+    let dev = RemoteDev::open(&uri_for(&proxy.path, "disk"), o).unwrap();
+    dev.write_at(&[5; 512], 0, false).unwrap();
+    proxy.down();
+    let t = Instant::now();
+    let e = dev.read_at(&mut [0; 512], 0).unwrap_err();
+    let waited = t.elapsed();
+    assert!(matches!(e, BlockError::Gone(_)), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("proxy.sock") && msg.contains("unreachable"), "{msg}");
+    assert!(waited >= Duration::from_millis(700) && waited < Duration::from_secs(5), "{waited:?}");
+    // Known gone: the next request fails at once.
+    let t = Instant::now();
+    assert!(dev.read_at(&mut [0; 512], 0).is_err());
+    assert!(t.elapsed() < Duration::from_millis(500), "{:?}", t.elapsed());
+    assert!(dev.stats().gone.is_some());
+    proxy.resume();
+    let mut b = [0u8; 512];
+    dev.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, [5; 512]);
+    assert!(dev.stats().gone.is_none());
+}
+
+// ---- peers: nbdkit and qemu-nbd ----
+
+fn have(tool: &str) -> bool {
+    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+/// A server process on a unix socket, killed on drop.
+struct Peer {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for_socket(sock: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while UnixStream::connect(sock).is_err() {
+        assert!(Instant::now() < deadline, "{} never came up", sock.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+static PEER_SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn peer(tool: &str, size: u64) -> (Peer, NbdUri) {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join(format!("p{}.sock", PEER_SEQ.fetch_add(1, Ordering::Relaxed)));
+    let img = dir.path().join("disk.img");
+    std::fs::File::create(&img).unwrap().set_len(size).unwrap();
+    let mut cmd = match tool {
+        "nbdkit" => {
+            let mut c = Command::new("nbdkit");
+            c.args(["--foreground", "--exit-with-parent", "-U"]).arg(&sock).arg("file").arg(&img);
+            c
+        }
+        _ => {
+            let mut c = Command::new("qemu-nbd");
+            c.args(["--persistent", "--shared=8", "--format=raw", "--cache=writeback", "-x", "disk", "--socket"]).arg(&sock).arg(&img);
+            c
+        }
+    };
+    let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    wait_for_socket(&sock);
+    let export = if tool == "nbdkit" { "" } else { "disk" };
+    (Peer { child, _dir: dir }, uri_for(&sock, export))
+}
+
+#[test]
+fn remote_device_passes_conformance_against_nbdkit_and_qemu_nbd() {
+    for tool in ["nbdkit", "qemu-nbd"] {
+        if !have(tool) {
+            eprintln!("SKIP: {tool} not installed");
+            continue;
+        }
+        conformance::run(&format!("remote({tool})"), |size| {
+            let (p, uri) = peer(tool, size);
+            let dev = RemoteDev::open(&uri, opts()).unwrap_or_else(|e| panic!("{tool}: {e}"));
+            Arc::new(Kept::new(dev, size, p))
+        });
+    }
+}

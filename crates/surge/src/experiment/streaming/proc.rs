@@ -1,0 +1,100 @@
+//! Running the real programs of the experiment: commands that must succeed,
+//! long-running servers that are stopped (by pid) when dropped.
+
+use anyhow::{bail, Context as _};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Run to completion; the error carries the command and its stderr.
+pub fn sh(cmd: &mut Command) -> anyhow::Result<Output> {
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("cannot run {cmd:?} (is it installed? scripts/test-all.sh installs it)"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed ({}): {}{}", out.status, String::from_utf8_lossy(&out.stderr).trim(), String::from_utf8_lossy(&out.stdout).trim());
+    }
+    Ok(out)
+}
+
+/// `sh -c SCRIPT`.
+pub fn shell(script: &str) -> anyhow::Result<Output> {
+    sh(Command::new("sh").arg("-c").arg(script))
+}
+
+/// Poll `ready` until it holds or `timeout` passes.
+pub fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !ready() {
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// A server process; SIGTERM, then SIGKILL, when dropped.
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: std::path::PathBuf,
+}
+
+impl Proc {
+    /// Start `cmd` with its output in `log`.
+    pub fn spawn(name: &str, cmd: &mut Command, log: &Path) -> anyhow::Result<Proc> {
+        let f = std::fs::File::create(log)?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()
+            .with_context(|| format!("cannot start {name}: {cmd:?} (is it installed? scripts/test-all.sh installs it)"))?;
+        Ok(Proc { name: name.to_string(), child: Some(child), log: log.to_path_buf() })
+    }
+
+    /// Fail with the log if the process has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(c) = self.child.as_mut() {
+            if let Some(st) = c.try_wait()? {
+                bail!("{} exited early ({st}): {}", self.name, std::fs::read_to_string(&self.log).unwrap_or_default().trim());
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until `path` exists (a socket, a FUSE file), failing early if the process dies.
+    pub fn wait_for_path(&mut self, path: &Path, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !path.exists() {
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("{} did not create {} within {timeout:?}", self.name, path.display());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    /// Stop gracefully (SIGTERM), waiting up to `timeout`, then SIGKILL.
+    pub fn stop(&mut self, timeout: Duration) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + timeout;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,386 @@
+//! results.json, report.md and the plots of the streaming experiment.
+
+use super::{Config, Plan, Sample, METRICS};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+pub struct Setup {
+    pub rtt_us: f64,
+    /// MB/s of local-raw's image copy over the link.
+    pub link_rate: Option<f64>,
+    pub image_s: f64,
+    pub image_files: u64,
+    pub image_file_bytes: u64,
+    pub boot_files: usize,
+    pub boot_bytes: u64,
+    pub total_s: f64,
+}
+
+pub fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// A bar on a terminal; hidden (lines still print) otherwise.
+pub fn progress_bar(total: u64) -> indicatif::ProgressBar {
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::new(total)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(indicatif::ProgressStyle::with_template("streaming [{bar:30}] {pos}/{len} runs, {elapsed} {msg}").expect("static template").progress_chars("=> "));
+    bar.enable_steady_tick(std::time::Duration::from_millis(500));
+    bar
+}
+
+/// A line above the bar (on stderr when there is no terminal).
+pub fn say(bar: &indicatif::ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+/// (median, min, max) of one metric over a configuration's runs.
+fn stats(samples: &[Sample], metric: &str) -> (f64, f64, f64) {
+    stats_of(samples, |s| s.metric(metric))
+}
+
+/// How much better `cfg` is than `base` on a metric (> 1: better).
+fn advantage(metric: &str, higher_is_better: bool, cfg: f64, base: f64) -> f64 {
+    let _ = metric;
+    if higher_is_better {
+        cfg / base
+    } else {
+        base / cfg
+    }
+}
+
+struct Check {
+    what: String,
+    value: String,
+    target: String,
+    ok: bool,
+}
+
+fn checks(med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> Vec<Check> {
+    let mut out = Vec::new();
+    if !["local-raw", "surge-cow", "qemu-qcow2"].iter().all(|c| med.contains_key(c)) {
+        return out; // a partial run (SURGE_STREAMING_CONFIGS)
+    }
+    let m = |c: &str, k: &str| med[c][k];
+    let speedup = m("local-raw", "provision_s") / m("surge-cow", "provision_s");
+    out.push(Check {
+        what: "surge-cow provisions faster than local-raw with its copy".into(),
+        value: format!("{speedup:.1}x ({:.2} s vs {:.2} s)", m("surge-cow", "provision_s"), m("local-raw", "provision_s")),
+        target: ">= 10x".into(),
+        ok: speedup >= 10.0,
+    });
+    for (k, hib) in METRICS.iter().skip(1) {
+        let a = advantage(k, *hib, m("surge-cow", k), m("local-raw", k));
+        out.push(Check {
+            what: format!("surge-cow vs local-raw, {k}"),
+            value: format!("{:+.1} %", (a - 1.0) * 100.0),
+            target: ">= -10 % (aim -5 %)".into(),
+            ok: a >= 0.9,
+        });
+    }
+    let q = m("surge-cow", "randwrite_iops") / m("qemu-qcow2", "randwrite_iops");
+    out.push(Check {
+        what: "surge-cow vs qemu-qcow2, 4 KiB random writes".into(),
+        value: format!("{q:.2}x ({:.0} vs {:.0} IOPS)", m("surge-cow", "randwrite_iops"), m("qemu-qcow2", "randwrite_iops")),
+        target: ">= 2x".into(),
+        ok: q >= 2.0,
+    });
+    out
+}
+
+pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>) -> anyhow::Result<()> {
+    let mut configs = serde_json::Map::new();
+    let mut med: BTreeMap<&str, BTreeMap<&str, f64>> = BTreeMap::new();
+    for (cfg, s) in samples {
+        let mut o = serde_json::Map::new();
+        let mut spread = serde_json::Map::new();
+        for (k, _) in METRICS {
+            let (m, lo, hi) = stats(s, k);
+            o.insert(k.into(), json!(m));
+            spread.insert(k.into(), json!([lo, hi]));
+            med.entry(cfg.name()).or_default().insert(k, m);
+        }
+        let (copy, _, _) = stats_of(s, |x| x.copy_s);
+        let (link, _, _) = stats_of(s, |x| x.link_bytes as f64);
+        o.insert("copy_s".into(), json!(copy));
+        o.insert("link_bytes".into(), json!(link));
+        o.insert("spread".into(), serde_json::Value::Object(spread));
+        o.insert("samples".into(), serde_json::to_value(s)?);
+        configs.insert(cfg.name().into(), serde_json::Value::Object(o));
+    }
+    let checks = checks(&med);
+    let results = json!({
+        "experiment": "streaming",
+        "plan": plan,
+        "setup": {
+            "rtt_us": setup.rtt_us,
+            "image_build_s": setup.image_s,
+            "image_files": setup.image_files,
+            "image_file_bytes": setup.image_file_bytes,
+            "boot_files": setup.boot_files,
+            "boot_bytes": setup.boot_bytes,
+            "total_s": setup.total_s,
+        },
+        "configs": configs,
+        "checks": checks.iter().map(|c| json!({ "what": c.what, "value": c.value, "target": c.target, "ok": c.ok })).collect::<Vec<_>>(),
+    });
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
+    plot_provision(&out.join("provision.svg"), &med)?;
+    plot_runtime(&out.join("runtime.svg"), &med)?;
+    let text = report(plan, setup, samples, &checks);
+    std::fs::write(out.join("report.md"), &text)?;
+    println!("{text}");
+    println!("results: {}; plots: provision.svg, runtime.svg", out.join("results.json").display());
+    Ok(())
+}
+
+fn stats_of(s: &[Sample], f: impl Fn(&Sample) -> f64) -> (f64, f64, f64) {
+    let mut v: Vec<f64> = s.iter().map(f).collect();
+    let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    (median(&mut v), lo, hi)
+}
+
+fn fmt_metric(k: &str, v: f64) -> String {
+    match k {
+        "provision_s" | "sort_s" => format!("{v:.2}"),
+        "seqread_mbps" | "seqwrite_mbps" => format!("{v:.0}"),
+        _ => format!("{v:.0}"),
+    }
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, checks: &[Check]) -> String {
+    let mut s = String::new();
+    let runs = if plan.quick { "--quick: one run per configuration" } else { "full run: 3 rounds, configurations interleaved (each round starts with the next one), medians with [min, max]" };
+    let _ = writeln!(s, "# Streaming volumes: provisioning and run-time cost\n");
+    let _ = writeln!(s, "{runs}; {:.0} s in all.\n", setup.total_s);
+    let _ = writeln!(s, "## Results (median [min, max])\n");
+    let _ = writeln!(s, "| config | provision s | copy s | 4K randread IOPS | 4K randwrite IOPS | 1M seqread MB/s | 1M seqwrite MB/s | pgbench tps | sort s | over the link |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for (cfg, v) in samples {
+        let _ = write!(s, "| {} |", cfg.name());
+        for (i, (k, _)) in METRICS.iter().enumerate() {
+            let (m, lo, hi) = stats(v, k);
+            let cell = if v.len() > 1 { format!("{} [{}, {}]", fmt_metric(k, m), fmt_metric(k, lo), fmt_metric(k, hi)) } else { fmt_metric(k, m) };
+            let _ = write!(s, " {cell} |");
+            if i == 0 {
+                let _ = write!(s, " {:.2} |", stats_of(v, |x| x.copy_s).0);
+            }
+        }
+        let _ = writeln!(s, " {} |", gib(stats_of(v, |x| x.link_bytes as f64).0 as u64));
+    }
+    let _ = writeln!(s, "\n## Relative to local-raw (higher is better; provisioning and sort as speed-ups)\n");
+    let base = samples.get(&Config::LocalRaw);
+    let _ = writeln!(s, "| config | {} |", METRICS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(" | "));
+    let _ = writeln!(s, "|---|{}", "---|".repeat(METRICS.len()));
+    for (cfg, v) in samples {
+        let _ = write!(s, "| {} |", cfg.name());
+        for (k, hib) in METRICS {
+            let a = base.map(|b| advantage(k, hib, stats(v, k).0, stats(b, k).0)).unwrap_or(f64::NAN);
+            let _ = write!(s, " {a:.2}x |");
+        }
+        let _ = writeln!(s);
+    }
+    let _ = writeln!(s, "\n## Targets\n");
+    let _ = writeln!(s, "| check | measured | target | |");
+    let _ = writeln!(s, "|---|---|---|---|");
+    for c in checks {
+        let _ = writeln!(s, "| {} | {} | {} | {} |", c.what, c.value, c.target, if c.ok { "met" } else { "**NOT MET**" });
+    }
+    let _ = writeln!(s, "\n## Setup and scale\n");
+    let _ = writeln!(s, "- Storage node: `surge serve` (default settings) in its own network namespace, base image exported read-only over TCP.");
+    let delay = if plan.delay_us > 0 {
+        format!("{} µs one-way delay added by a userspace delay line", plan.delay_us)
+    } else {
+        "no delay added (this kernel has no `sch_netem`; a userspace delay line, `SURGE_STREAMING_DELAY_US`, distorted results under this machine's CPU load far beyond its nominal delay, so it is off)".to_string()
+    };
+    let _ = writeln!(
+        s,
+        "- Link: veth pair into the storage node's namespace, `tc tbf rate {}mbit burst 256kb` on both ends (measured: {}), {delay}; measured 4 KiB NBD read round trip: {:.0} µs (a physical Gigabit LAN adds some 50-150 µs more).",
+        plan.link_mbit,
+        setup.link_rate.map_or("n/a".to_string(), |r| format!("{r:.0} MB/s for the image copy")),
+        setup.rtt_us
+    );
+    let _ = writeln!(
+        s,
+        "- Base image: ext4 (`mkfs.ext4 -d`), {} virtual, holding {} real files ({}) from this machine's /usr; built in {:.1} s (not counted). Boot set: {} files, {:.1} MiB, read by `xargs -P 4 cat`.",
+        gib(plan.image_bytes),
+        setup.image_files,
+        gib(setup.image_file_bytes),
+        setup.image_s,
+        setup.boot_files,
+        setup.boot_bytes as f64 / (1 << 20) as f64
+    );
+    let _ = writeln!(s, "- Volumes reach the applications as a kernel block device: nbdfuse + loop (direct I/O) + ext4 (no nbd module on this machine). Every server runs with its default settings: surge buffered (host page cache on), qemu-nbd `cache=writeback`, nbdkit cow filter with its 64 KiB blocks; surge cow granularity 4 KiB; the stream job of `surge-cow-cor` unthrottled.");
+    let _ = writeln!(s, "- Provisioning: from starting the volume's server (local-raw: from starting `nbdcopy` of the image; surge-persistent: from copying the image on the storage node) until the boot set has been read.");
+    let _ = writeln!(
+        s,
+        "- fio: libaio, direct=1; 4 KiB random at iodepth 16 for {} s: reads over a {} MiB file fio lays out first, writes to a new (fallocated) {} MiB file, so most writes are the first to their area; 1 MiB sequential at iodepth 4: reads {} s over the laid-out file, writes a new {} MiB file with a final fsync.",
+        plan.fio_secs,
+        plan.fio_read_bytes >> 20,
+        plan.fio_randwrite_bytes >> 20,
+        plan.fio_secs,
+        plan.fio_seqwrite_bytes >> 20
+    );
+    let _ = writeln!(s, "- pgbench: PostgreSQL (default configuration, data directory on the volume; `initdb -N` only to make setup faster), scale {}, {} clients, 2 threads, {} s.", plan.pg_scale, plan.pg_clients, plan.pg_secs);
+    let _ = writeln!(
+        s,
+        "- Sort: {} of 100-byte records (10-byte random keys) written to the volume, file system remounted (cold guest cache), then GNU `sort --buffer-size={} --parallel=2` (LC_ALL=C) with temporary files on the volume, timed until its output is synced.",
+        gib(plan.sort_bytes),
+        plan.sort_buffer
+    );
+    if plan.quick {
+        let full = Plan::new(false);
+        let _ = writeln!(
+            s,
+            "- `--quick` scale vs the full run: image {} with {} of files (full {} with {}), fio read/random-write/sequential-write files {}/{}/{} MiB for {} s (full {}/{}/{} MiB, {} s), pgbench scale {} for {} s (full {} for {} s), sort {} with {} (full {} with {}), one run (full 3).",
+            gib(plan.image_bytes),
+            gib(plan.file_bytes),
+            gib(full.image_bytes),
+            gib(full.file_bytes),
+            plan.fio_read_bytes >> 20,
+            plan.fio_randwrite_bytes >> 20,
+            plan.fio_seqwrite_bytes >> 20,
+            plan.fio_secs,
+            full.fio_read_bytes >> 20,
+            full.fio_randwrite_bytes >> 20,
+            full.fio_seqwrite_bytes >> 20,
+            full.fio_secs,
+            plan.pg_scale,
+            plan.pg_secs,
+            full.pg_scale,
+            full.pg_secs,
+            gib(plan.sort_bytes),
+            plan.sort_buffer,
+            gib(full.sort_bytes),
+            full.sort_buffer
+        );
+    }
+    let _ = writeln!(s, "- `sync` (not timed) before each phase and each fio pattern, so no phase pays for the previous one's dirty data.");
+    let _ = writeln!(s, "- The machine is shared (2 cores); timings include that noise.");
+    s
+}
+
+fn plot_provision(path: &Path, med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let names: Vec<&str> = med.keys().copied().collect();
+    let max = med.values().map(|m| m["provision_s"]).fold(0.0f64, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Provisioning: until the 64 MiB boot set is read (s, lower is better)", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..names.len() as f64, 0f64..max.max(0.1))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(names.len())
+        .x_label_formatter(&|x| names.get(*x as usize).map(|n| n.to_string()).unwrap_or_default())
+        .y_desc("seconds")
+        .draw()?;
+    for (i, n) in names.iter().enumerate() {
+        let v = med[n]["provision_s"];
+        let x = i as f64;
+        chart.draw_series(std::iter::once(Rectangle::new([(x + 0.15, 0.0), (x + 0.85, v)], Palette99::pick(i).filled())))?;
+        chart.draw_series(std::iter::once(Text::new(format!("{v:.2}"), (x + 0.3, v + max * 0.02), ("sans-serif", 14))))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+fn plot_runtime(path: &Path, med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let Some(base) = med.get("local-raw") else { return Ok(()) };
+    let root = SVGBackend::new(path, (1100, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let metrics: Vec<(&str, bool)> = METRICS.iter().skip(1).copied().collect();
+    let names: Vec<&str> = med.keys().copied().collect();
+    let vals: Vec<Vec<f64>> = metrics.iter().map(|(k, hib)| names.iter().map(|n| advantage(k, *hib, med[n][k], base[k])).collect()).collect();
+    let ymax = vals.iter().flatten().copied().filter(|v| v.is_finite()).fold(1.0f64, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Run time relative to local-raw (1.0 = equal, higher is better; sort as speed-up)", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..metrics.len() as f64, 0f64..ymax)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(metrics.len())
+        .x_label_formatter(&|x| metrics.get(*x as usize).map(|m| m.0.to_string()).unwrap_or_default())
+        .draw()?;
+    let w = 0.8 / names.len() as f64;
+    for (j, n) in names.iter().enumerate() {
+        let color = Palette99::pick(j);
+        chart
+            .draw_series(metrics.iter().enumerate().map(|(i, _)| {
+                let x = i as f64 + 0.1 + j as f64 * w;
+                Rectangle::new([(x, 0.0), (x + w * 0.9, vals[i][j].min(ymax))], color.filled())
+            }))?
+            .label(*n)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+    }
+    chart.draw_series(LineSeries::new([(0.0, 1.0), (metrics.len() as f64, 1.0)], BLACK))?;
+    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(p: f64, rw: f64, sort: f64) -> Sample {
+        Sample { provision_s: p, randread_iops: 100.0, randwrite_iops: rw, seqread_mbps: 100.0, seqwrite_mbps: 100.0, oltp_tps: 100.0, sort_s: sort, ..Default::default() }
+    }
+
+    #[test]
+    fn median_handles_odd_and_even_counts() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&mut []).is_nan());
+    }
+
+    #[test]
+    fn checks_follow_the_issue_targets() {
+        let mut med: BTreeMap<&str, BTreeMap<&str, f64>> = BTreeMap::new();
+        let put = |med: &mut BTreeMap<&str, BTreeMap<&str, f64>>, n, s: Sample| {
+            med.insert(n, METRICS.iter().map(|(k, _)| (*k, s.metric(k))).collect());
+        };
+        put(&mut med, "local-raw", sample(20.0, 1000.0, 10.0));
+        put(&mut med, "surge-cow", sample(1.5, 950.0, 10.9));
+        put(&mut med, "qemu-qcow2", sample(1.5, 400.0, 12.0));
+        let c = checks(&med);
+        assert!(c[0].ok, "13x provisioning");
+        assert!(c.iter().filter(|c| c.what.contains("local-raw,")).all(|c| c.ok), "within 10 %");
+        assert!(c.last().unwrap().ok, "2.4x qcow2");
+        put(&mut med, "surge-cow", sample(2.5, 850.0, 11.5));
+        let c = checks(&med);
+        assert!(!c[0].ok && !c.last().unwrap().ok);
+        assert!(!c.iter().find(|c| c.what.ends_with("randwrite_iops")).unwrap().ok);
+        assert!(!c.iter().find(|c| c.what.ends_with("sort_s")).unwrap().ok, "sort 15 % slower");
+    }
+}

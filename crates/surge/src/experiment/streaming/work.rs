@@ -1,0 +1,177 @@
+//! The workloads, each a real program on the mounted file system: `cat` (the
+//! boot set), fio, PostgreSQL + pgbench, GNU sort.
+
+use super::guest::Guest;
+use super::proc::{sh, shell, wait_until};
+use super::Plan;
+use anyhow::Context as _;
+use rand::{Rng, SeedableRng};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Read every boot file (4 readers in parallel, as a booting system does).
+pub fn boot(mnt: &Path, list: &Path) -> anyhow::Result<()> {
+    sh(Command::new("sh").arg("-c").arg(format!("xargs -0 -P 4 -n 32 cat < '{}' > /dev/null", list.display())).current_dir(mnt))?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FioResult {
+    pub randread_iops: f64,
+    pub randwrite_iops: f64,
+    pub seqread_mbps: f64,
+    pub seqwrite_mbps: f64,
+}
+
+fn fio_json(args: &[String]) -> anyhow::Result<serde_json::Value> {
+    let out = sh(Command::new("fio").args(["--output-format=json", "--ioengine=libaio", "--direct=1", "--numjobs=1", "--group_reporting"]).args(args))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // fio may print notes before the JSON.
+    let start = text.find('{').context("fio printed no JSON")?;
+    Ok(serde_json::from_str(&text[start..])?)
+}
+
+fn job(v: &serde_json::Value, dir: &str, key: &str) -> f64 {
+    v["jobs"][0][dir][key].as_f64().unwrap_or(0.0)
+}
+
+/// The four fio patterns: 4 KiB random read and write, 1 MiB sequential read
+/// and write, direct I/O through the file system. Reads use a file fio lays
+/// out first (not timed); writes go to new files, as an application writing
+/// new data does.
+pub fn fio(mnt: &Path, plan: &Plan) -> anyhow::Result<FioResult> {
+    let dir = mnt.join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let f = |n: &str| format!("--filename={}", dir.join(n).display());
+    let secs = format!("--runtime={}", plan.fio_secs);
+    let read_size = format!("--size={}", plan.fio_read_bytes);
+    let randwrite_size = format!("--size={}", plan.fio_randwrite_bytes);
+    let seqwrite_size = format!("--size={}", plan.fio_seqwrite_bytes);
+    // Lay the read file out once.
+    fio_json(&["--name=layout".into(), f("read.dat"), read_size.clone(), "--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into()])?;
+    shell(&format!("sync -f '{}'", dir.display()))?;
+    let settle = || shell("sync");
+    settle()?;
+    let rr = fio_json(&["--name=randread".into(), f("read.dat"), read_size.clone(), "--rw=randread".into(), "--bs=4k".into(), "--iodepth=16".into(), secs.clone(), "--time_based".into()])?;
+    settle()?;
+    let rw = fio_json(&["--name=randwrite".into(), f("randwrite.dat"), randwrite_size, "--rw=randwrite".into(), "--bs=4k".into(), "--iodepth=16".into(), secs.clone(), "--time_based".into()])?;
+    settle()?;
+    let sr = fio_json(&["--name=seqread".into(), f("read.dat"), read_size, "--rw=read".into(), "--bs=1M".into(), "--iodepth=4".into(), secs, "--time_based".into()])?;
+    settle()?;
+    let sw = fio_json(&["--name=seqwrite".into(), f("seqwrite.dat"), seqwrite_size, "--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into(), "--end_fsync=1".into()])?;
+    Ok(FioResult {
+        randread_iops: job(&rr, "read", "iops"),
+        randwrite_iops: job(&rw, "write", "iops"),
+        seqread_mbps: job(&sr, "read", "bw_bytes") / 1e6,
+        seqwrite_mbps: job(&sw, "write", "bw_bytes") / 1e6,
+    })
+}
+
+/// The newest PostgreSQL server binaries installed.
+fn pg_bin() -> anyhow::Result<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .context("PostgreSQL is not installed (apt-get install postgresql)")?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("postgres").exists())
+        .collect();
+    v.sort();
+    v.pop().context("no /usr/lib/postgresql/*/bin/postgres")
+}
+
+fn as_postgres(program: &Path) -> Command {
+    let mut c = Command::new("runuser");
+    c.args(["-u", "postgres", "--"]).arg(program);
+    c
+}
+
+/// A PostgreSQL cluster on the volume (default settings; initdb without its
+/// own fsync, which only speeds up setup), pgbench's TPC-B-like load with
+/// `plan.pg_clients` clients for `plan.pg_secs`; returns transactions/s.
+pub fn pgbench(mnt: &Path, plan: &Plan) -> anyhow::Result<f64> {
+    let bin = pg_bin()?;
+    let dir = mnt.join("pg");
+    std::fs::create_dir_all(&dir)?;
+    sh(Command::new("chown").arg("postgres:postgres").arg(&dir))?;
+    let data = dir.join("data");
+    sh(as_postgres(&bin.join("initdb")).args(["-N", "-A", "trust", "-U", "postgres", "-D"]).arg(&data))?;
+    let opts = format!("-c listen_addresses='' -k {}", dir.display());
+    sh(as_postgres(&bin.join("pg_ctl")).args(["-w", "-t", "60", "-l"]).arg(dir.join("server.log")).args(["-D"]).arg(&data).args(["-o", &opts, "start"]))?;
+    let stop = || {
+        let _ = as_postgres(&bin.join("pg_ctl")).args(["-w", "-m", "fast", "-D"]).arg(&data).arg("stop").output();
+    };
+    let result = (|| -> anyhow::Result<f64> {
+        let host = dir.to_string_lossy().to_string();
+        sh(as_postgres(&bin.join("pgbench")).args(["-h", &host, "-U", "postgres", "-i", "-q", "-s", &plan.pg_scale.to_string(), "postgres"]))?;
+        let out = sh(as_postgres(&bin.join("pgbench")).args([
+            "-h",
+            &host,
+            "-U",
+            "postgres",
+            "-c",
+            &plan.pg_clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+            &plan.pg_secs.to_string(),
+            "postgres",
+        ]))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.strip_prefix("tps = ").and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()))
+            .with_context(|| format!("no tps in pgbench output: {text}"))
+    })();
+    stop();
+    result
+}
+
+/// Generate the data set (100-byte records with 10-byte random keys, like
+/// sort benchmarks use), drop the guest's cache of it (remount), then time
+/// `sort` (external: its memory is a fraction of the data) until its output
+/// is on the volume (syncfs). Returns seconds.
+pub fn sort(guest: &mut Guest, plan: &Plan) -> anyhow::Result<f64> {
+    let dir = guest.mnt.join("sort");
+    std::fs::create_dir_all(dir.join("tmp"))?;
+    let input = dir.join("input");
+    {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&input)?);
+        const KEY: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        let mut rec = [b'.'; 100];
+        rec[99] = b'\n';
+        rec[10] = b' ';
+        for i in 0..plan.sort_bytes / 100 {
+            for k in rec.iter_mut().take(10) {
+                *k = KEY[rng.gen_range(0..KEY.len())];
+            }
+            let n = format!("{i:020}");
+            rec[11..31].copy_from_slice(n.as_bytes());
+            w.write_all(&rec)?;
+        }
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    }
+    guest.remount()?;
+    shell("sync")?;
+    let output = dir.join("output");
+    let t = Instant::now();
+    sh(Command::new("sort")
+        .env("LC_ALL", "C")
+        .arg(format!("--buffer-size={}", plan.sort_buffer))
+        .arg("--parallel=2")
+        .arg("-T")
+        .arg(dir.join("tmp"))
+        .arg("-o")
+        .arg(&output)
+        .arg(&input))?;
+    shell(&format!("sync -f '{}'", output.display()))?;
+    let secs = t.elapsed().as_secs_f64();
+    let (a, b) = (std::fs::metadata(&input)?.len(), std::fs::metadata(&output)?.len());
+    anyhow::ensure!(a == b, "sort output has {b} bytes, input {a}");
+    Ok(secs)
+}
+
+/// Wait until `path` answers on its NBD socket.
+pub fn wait_socket(path: &Path) -> anyhow::Result<()> {
+    wait_until(&format!("{}", path.display()), Duration::from_secs(30), || std::os::unix::net::UnixStream::connect(path).is_ok())
+}

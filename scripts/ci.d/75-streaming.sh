@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 16 (streaming volumes): the quick streaming experiment. A storage node
+# (surge serve in a network namespace behind a tbf-shaped Gigabit veth link)
+# serves a real ext4 base image; six volume configurations are provisioned and
+# run fio, pgbench and an external sort through nbdfuse + loop + ext4.
+# Thresholds from results.json (the issue's targets):
+#   surge-cow provisions >= 10x faster than local-raw with its copy;
+#   surge-cow within 10 % of local-raw on every fio pattern, pgbench and sort;
+#   surge-cow >= 2x qemu-qcow2 on 4 KiB random writes.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${STREAMING_OUT:-$(mktemp -d /tmp/surge-streaming.XXXXXX)}"
+BIN="${CARGO_TARGET_DIR:-target}/release/surge"
+[ -x "$BIN" ] || cargo build --release -p surge --locked 2>&1 | tail -2
+start=$(date +%s)
+"$BIN" --log warn experiment streaming --quick --out "$OUT" > "$OUT/stdout.txt"
+echo "streaming quick run took $(( $(date +%s) - start )) s; results in $OUT"
+python3 - "$OUT/results.json" <<'PY'
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+c = r["configs"]
+names = ["local-raw", "surge-cow", "surge-cow-cor", "surge-persistent", "qemu-qcow2", "nbdkit-cow"]
+keys = ["provision_s", "randread_iops", "randwrite_iops", "seqread_mbps", "seqwrite_mbps", "oltp_tps", "sort_s"]
+bad = []
+def check(name, ok, text):
+    print(f"  {name}: {text} {'ok' if ok else 'FAIL'}")
+    if not ok:
+        bad.append(f"{name}: {text}")
+for n in names:
+    check(f"{n} measured", all(isinstance(c[n][k], (int, float)) and c[n][k] > 0 for k in keys), ", ".join(f"{k}={c[n][k]:.4g}" for k in keys))
+raw, cow, qcow = c["local-raw"], c["surge-cow"], c["qemu-qcow2"]
+sp = raw["provision_s"] / cow["provision_s"]
+check("provisioning", sp >= 10, f"surge-cow {cow['provision_s']:.2f} s vs local-raw {raw['provision_s']:.2f} s with its copy: {sp:.1f}x (need >= 10x)")
+for k in keys[1:]:
+    rel = raw[k] / cow[k] if k == "sort_s" else cow[k] / raw[k]
+    check(f"surge-cow {k}", rel >= 0.9, f"{(rel - 1) * 100:+.1f} % vs local-raw (need >= -10 %, aim -5 %)")
+q = cow["randwrite_iops"] / qcow["randwrite_iops"]
+check("vs qemu-qcow2", q >= 2, f"4 KiB random writes {cow['randwrite_iops']:.0f} vs {qcow['randwrite_iops']:.0f} IOPS: {q:.2f}x (need >= 2x)")
+for f in ("report.md", "provision.svg", "runtime.svg"):
+    p = os.path.join(os.path.dirname(sys.argv[1]), f)
+    check(f, os.path.exists(p) and os.path.getsize(p) > 0, "written")
+if bad:
+    print("STREAMING THRESHOLDS NOT MET: " + "; ".join(bad), file=sys.stderr)
+    sys.exit(1)
+print("streaming: all thresholds met")
+PY
