@@ -8,6 +8,7 @@
 //! path, a size, a pool name) followed by `key=value` options and bare flags,
 //! parsed with [`Opts`]. Sizes and rates use [`parse_size`] / [`parse_rate`].
 
+pub mod burstable;
 pub mod elastic;
 pub mod fault;
 pub mod share;
@@ -145,7 +146,7 @@ impl Built {
 }
 
 /// Kinds [`build`] knows, for error messages and `--help`.
-pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share", "elastic"];
+pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share", "elastic", "burstable"];
 
 /// Build the device of one spec: one arm per kind; add yours here and to
 /// [`KINDS`]. Builders that name things after the export (cloud volumes,
@@ -158,6 +159,7 @@ pub fn build(spec: &ExportSpec, ctx: &BuildContext) -> Result<Built> {
         "fault" => fault::build_fault(args, ctx),
         "share" => share::build_share(name, args, ctx),
         "elastic" => elastic::build_elastic(name, args, ctx),
+        "burstable" => burstable::build_burstable(name, args, ctx),
         kind if surge_cloud::spec::is_volume_type(kind) => volume::build_volume(name, kind, args, ctx),
         other => Err(SpecError::UnknownKind { kind: other.to_string(), known: KINDS.join(", ") }),
     }
