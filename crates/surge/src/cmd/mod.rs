@@ -2,6 +2,7 @@
 
 pub mod cloud;
 pub mod experiment;
+pub mod plan;
 pub mod qos;
 pub mod serve;
 pub mod set;
