@@ -490,9 +490,19 @@ impl Mirror {
     }
 
     /// Copy region `r` (its lock held exclusively): skip it if both legs read
-    /// as zeroes, else read the source and write the target.
-    fn copy_region(&self, r: u64) -> std::result::Result<u64, MirrorError> {
+    /// as zeroes, else read the source and write the target. With `advance`,
+    /// `copied` moves past `r` before the lock is released: a write that takes
+    /// the lock next must see the region as copied and reach the target too.
+    fn copy_region(&self, r: u64, advance: bool) -> std::result::Result<u64, MirrorError> {
         let _g = self.locks[self.lock_index(r)].write();
+        let moved = self.copy_locked(r)?;
+        if advance {
+            self.copied.store(r + 1, SeqCst);
+        }
+        Ok(moved)
+    }
+
+    fn copy_locked(&self, r: u64) -> std::result::Result<u64, MirrorError> {
         let off = r * self.cfg.region;
         let len = self.cfg.region.min(self.size - off);
         if self.cfg.skip_zero && all_zero(&self.source.block_status(off, len)?, len) {
@@ -580,14 +590,13 @@ impl Mirror {
         }
         let resync = self.st.lock().resync.first().copied();
         if let Some(r) = resync {
-            let bytes = self.copy_region(r)?;
+            let bytes = self.copy_region(r, false)?;
             self.st.lock().resync.remove(&r);
             return Ok(Step::Copied { bytes });
         }
         let r = self.copied.load(SeqCst);
         if r < self.nregions {
-            let bytes = self.copy_region(r)?;
-            self.copied.store(r + 1, SeqCst);
+            let bytes = self.copy_region(r, true)?;
             let due = {
                 let mut st = self.st.lock();
                 st.bytes_since_persist += self.cfg.region;
