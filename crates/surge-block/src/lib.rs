@@ -28,7 +28,7 @@ pub mod units;
 pub mod conformance;
 
 pub use clock::{Clock, ClockThread, SystemClock, VirtualClock};
-pub use simclock::SimClock;
+pub use simclock::{Hold, SimClock};
 pub use counted::{Counted, IoStats};
 pub use dev::{check_range, BlockDev, Caps, Extent, ExtentKind, ZeroMode};
 pub use error::{BlockError, Result};

@@ -14,7 +14,8 @@
 //! delays the waiters by exactly the holder's virtual service time.
 //!
 //! "Blocked in the kernel" is read from `/proc/self/task/TID/stat` (state `S`)
-//! by a supervisor thread, after one quiet interval without clock events; a
+//! by a supervisor thread, woken when a thread sleeps while others run, and
+//! accepted only if no clock event happened while it looked; a
 //! runnable thread (state `R`, even if preempted) and one in uninterruptible I/O
 //! (`D`, e.g. fsync) hold time back. Threads must not sleep in real time (that
 //! looks blocked). An unregistered thread that sleeps on the clock is registered
@@ -24,17 +25,17 @@
 //! scheduled between events at equal virtual times, like a real run.
 
 use crate::clock::Clock;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
-/// How often the supervisor looks for threads that are all blocked.
-const SUPERVISE_EVERY: Duration = Duration::from_micros(100);
+/// Longest pause between two supervisor looks while threads run.
+const SUPERVISE_MAX_PAUSE: Duration = Duration::from_micros(200);
 
 struct Member {
     /// Kernel thread id, for `/proc/self/task/TID/stat`.
@@ -57,6 +58,8 @@ struct State {
     events: u64,
     /// Times the supervisor moved time past blocked threads.
     forced: u64,
+    /// Outstanding [`Hold`]s (counted in `running` too).
+    holds: usize,
 }
 
 struct Inner {
@@ -66,6 +69,8 @@ struct Inner {
     /// about to sleep or register, so time must not move under them.
     entering: AtomicUsize,
     stop: AtomicBool,
+    /// Wakes the supervisor when a thread went to sleep while others run.
+    poke: Condvar,
 }
 
 /// See the module docs.
@@ -167,23 +172,45 @@ impl Inner {
         g
     }
 
-    /// One supervisor look: if every running member is blocked in the kernel
-    /// and nothing happened since the last look, let time move on.
-    fn supervise(&self, last_events: &mut Option<u64>) {
+    /// The supervisor: whenever threads run while others sleep, look (with a
+    /// growing pause while nothing happens) whether every running member is
+    /// blocked in the kernel; if so, time moves on to the next deadline.
+    fn supervise(&self) {
+        // Short pauses should be short: no 50 us timer slack.
+        // SAFETY: prctl on the calling thread with plain integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0) };
+        let mut pause = 0u32;
         let mut st = self.st.lock();
-        if st.running == 0 || st.heap.is_empty() || self.entering.load(Ordering::Acquire) > 0 {
-            *last_events = None;
-            return;
-        }
-        if *last_events != Some(st.events) {
-            *last_events = Some(st.events);
-            return;
-        }
-        let all_blocked = st.members.values().filter(|m| !m.asleep).all(|m| thread_state(m.tid) == Some('S'));
-        if all_blocked {
-            st.forced += 1;
-            self.wake_next(&mut st);
-            *last_events = None;
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if st.running == 0 || st.holds > 0 || st.heap.is_empty() {
+                self.poke.wait_for(&mut st, Duration::from_millis(5));
+                pause = 0;
+                continue;
+            }
+            let events = st.events;
+            let tids: Vec<i32> = st.members.values().filter(|m| !m.asleep).map(|m| m.tid).collect();
+            let blocked = MutexGuard::unlocked(&mut st, || self.entering.load(Ordering::Acquire) == 0 && tids.iter().all(|&t| thread_state(t) == Some('S')));
+            if st.events != events {
+                pause = 0;
+                continue;
+            }
+            if blocked && self.entering.load(Ordering::Acquire) == 0 && st.holds == 0 {
+                st.forced += 1;
+                self.wake_next(&mut st);
+                pause = 0;
+                continue;
+            }
+            pause += 1;
+            MutexGuard::unlocked(&mut st, || {
+                if pause < 4 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep((Duration::from_micros(10) * (pause - 3)).min(SUPERVISE_MAX_PAUSE));
+                }
+            });
         }
     }
 }
@@ -191,23 +218,27 @@ impl Inner {
 impl SimClock {
     /// A clock at time zero, with its supervisor thread.
     pub fn new() -> Arc<Self> {
-        let inner = Arc::new(Inner { now_ns: AtomicU64::new(0), st: Mutex::new(State::default()), entering: AtomicUsize::new(0), stop: AtomicBool::new(false) });
-        let weak: Weak<Inner> = Arc::downgrade(&inner);
-        let sup = std::thread::Builder::new()
-            .name("simclock-supervisor".into())
-            .spawn(move || {
-                let mut last = None;
-                loop {
-                    std::thread::sleep(SUPERVISE_EVERY);
-                    let Some(inner) = weak.upgrade() else { return };
-                    if inner.stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    inner.supervise(&mut last);
-                }
-            })
-            .expect("spawn simclock supervisor");
+        let inner = Arc::new(Inner {
+            now_ns: AtomicU64::new(0),
+            st: Mutex::new(State::default()),
+            entering: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            poke: Condvar::new(),
+        });
+        let sup = inner.clone();
+        let sup = std::thread::Builder::new().name("simclock-supervisor".into()).spawn(move || sup.supervise()).expect("spawn simclock supervisor");
         Arc::new(SimClock { inner, supervisor: Mutex::new(Some(sup)) })
+    }
+
+    /// Keep time still until the returned guard is dropped, e.g. while a
+    /// group of threads is being started: without it, the first one to sleep
+    /// would let time run before the others registered.
+    pub fn hold(&self) -> Hold {
+        let mut st = self.inner.lock();
+        st.running += 1;
+        st.holds += 1;
+        st.events += 1;
+        Hold { inner: self.inner.clone() }
     }
 
     /// Times the supervisor moved time on past threads blocked on each other.
@@ -221,9 +252,26 @@ impl SimClock {
     }
 }
 
+/// See [`SimClock::hold`].
+pub struct Hold {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut st = self.inner.lock();
+        st.running -= 1;
+        st.holds -= 1;
+        st.events += 1;
+        self.inner.advance(&mut st);
+        self.inner.poke.notify_one();
+    }
+}
+
 impl Drop for SimClock {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
+        self.inner.poke.notify_all();
         if let Some(h) = self.supervisor.lock().take() {
             let _ = h.join();
         }
@@ -257,6 +305,9 @@ impl Clock for SimClock {
         st.running -= 1;
         st.events += 1;
         inner.advance(&mut st);
+        if st.running > 0 {
+            inner.poke.notify_one();
+        }
         while st.members.get(&id).is_some_and(|m| m.asleep) {
             drop(st);
             std::thread::park();
@@ -270,6 +321,7 @@ impl Clock for SimClock {
     fn register_thread(&self) {
         let mut st = self.inner.lock();
         self.inner.register(&mut st);
+        self.inner.poke.notify_one();
     }
 
     fn unregister_thread(&self) {
@@ -379,6 +431,22 @@ mod tests {
             assert_eq!(waiter.join().unwrap(), (secs(3), secs(4)));
         });
         assert!(clock.forced_advances() >= 1, "the supervisor must have moved time past the blocked waiter");
+    }
+
+    #[test]
+    fn a_hold_keeps_time_still_until_released() {
+        let clock = SimClock::new();
+        let hold = clock.hold();
+        let c: Arc<dyn Clock> = clock.clone();
+        let early = std::thread::spawn(move || {
+            let _t = ClockThread::enter(c.clone());
+            c.sleep_until(secs(10));
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(clock.now(), Duration::ZERO, "time moved under a hold");
+        drop(hold);
+        early.join().unwrap();
+        assert_eq!(clock.now(), secs(10));
     }
 
     #[test]

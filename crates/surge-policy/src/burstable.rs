@@ -10,7 +10,9 @@
 //! - cache, ephemeral: create + attach only (members are replaced empty).
 //!
 //! Threshold: a fixed fraction of the bucket (`swap_below`), or automatic:
-//! `margin` x the credits a swap needs. Only members whose credits are
+//! `margin` x the credits a swap needs, at least `auto_floor` (5 %) of the
+//! bucket (a member at zero credits serves at its baseline, and a swap must
+//! wait for the requests in flight on it). Only members whose credits are
 //! draining are swapped: an idle member refills by itself. Strategies (the paper's two):
 //! - all at once: when any member would cross its threshold by the next tick,
 //!   swap every member (as many as free attachments allow for persistent data;
@@ -78,6 +80,8 @@ pub struct BurstableConfig {
     /// `None`: automatic (`margin` x the credits a swap needs).
     pub swap_below: Option<f64>,
     pub margin: f64,
+    /// Lowest automatic threshold, as a fraction of the bucket.
+    pub auto_floor: f64,
     /// Rebuild speed of a persistent swap, bytes/s.
     pub rebuild_rate: u64,
     /// Bytes per credited operation of a rebuild read (EBS SSD: 256 KiB).
@@ -102,6 +106,7 @@ impl Default for BurstableConfig {
             member_size: 10 << 30,
             swap_below: None,
             margin: 1.5,
+            auto_floor: 0.05,
             rebuild_rate: 64 << 20,
             op_size: 256 << 10,
             swap_setup: Duration::from_secs(10),
@@ -206,7 +211,9 @@ impl BurstablePolicy {
     fn threshold(&self, slot: usize, capacity: u64) -> f64 {
         match self.cfg.swap_below {
             Some(f) => f * capacity as f64,
-            None => self.cfg.margin * self.need(slot),
+            // Never below the floor: requests in flight on a member at zero
+            // credits crawl at its baseline, and a swap waits for them.
+            None => (self.cfg.margin * self.need(slot)).max(self.cfg.auto_floor * capacity as f64),
         }
     }
 

@@ -16,9 +16,10 @@ mod torture;
 #[derive(Parser)]
 #[command(name = "surge", version, about, long_about = None)]
 struct Cli {
-    /// Log filter (tracing env-filter syntax), e.g. `info`, `surge_nbd=debug`.
-    #[arg(long, global = true, env = "SURGE_LOG", default_value = "info")]
-    log: String,
+    /// Log filter (tracing env-filter syntax), e.g. `info`, `surge_nbd=debug`
+    /// [default: info; warn for experiments, which print their own tables].
+    #[arg(long, global = true, env = "SURGE_LOG")]
+    log: Option<String>,
 
     #[command(subcommand)]
     command: Command,
@@ -43,8 +44,9 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let log = cli.log.clone().unwrap_or_else(|| if matches!(cli.command, Command::Experiment(_)) { "warn" } else { "info" }.into());
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&log).unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

@@ -21,6 +21,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.name.as_str() {
         "elastic" => crate::experiment::elastic::run(&args.out, args.quick),
         "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick),
-        other => anyhow::bail!("unknown experiment {other:?}; known: elastic, fairshare"),
+        "burstable" => crate::experiment::burstable::run(&args.out, args.quick),
+        other => anyhow::bail!("unknown experiment {other:?}; known: elastic, fairshare, burstable"),
     }
 }

@@ -1,4 +1,5 @@
 //! Experiments: one module each, run by `surge experiment NAME`.
 
+pub mod burstable;
 pub mod fairshare;
 pub mod elastic;

@@ -597,10 +597,6 @@ impl BurstableVolume {
         self.manual.lock().push(slots);
     }
 
-    pub fn mode(&self) -> Mode {
-        self.p.mode
-    }
-
     pub fn member_ids(&self) -> Vec<String> {
         self.slots.lock().iter().map(|s| s.member.clone()).collect()
     }
@@ -1000,6 +996,7 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
         member_size: member.size,
         swap_below,
         margin,
+        auto_floor: 0.05,
         rebuild_rate: rebuild_rate.unwrap_or(member.shape().ok().and_then(|s| s.bps).unwrap_or(128 << 20)),
         op_size: surge_block::model::SSD_OP,
         swap_setup,
