@@ -46,8 +46,10 @@ const MAX_LOCKS: u64 = 1024;
 pub struct MirrorConfig {
     /// Rebuild and intent granularity in bytes (power of two, >= 4 KiB).
     pub region: u64,
-    /// Flush the target and record the position after this many bytes copied.
+    /// Flush both legs and record the position after this many bytes copied...
     pub persist_every: u64,
+    /// ...or this much time, whichever comes first.
+    pub persist_interval: Duration,
     /// Regions that read as zeroes on both legs are not copied (a new cloud
     /// volume reads as zeroes; `block_status` tells, so this costs no I/O).
     pub skip_zero: bool,
@@ -57,7 +59,7 @@ pub struct MirrorConfig {
 
 impl Default for MirrorConfig {
     fn default() -> Self {
-        MirrorConfig { region: 1 << 20, persist_every: 64 << 20, skip_zero: true, balance_reads: true }
+        MirrorConfig { region: 1 << 20, persist_every: 64 << 20, persist_interval: Duration::from_secs(1), skip_zero: true, balance_reads: true }
     }
 }
 
@@ -131,6 +133,7 @@ struct St {
     gen: u64,
     resync: BTreeSet<u64>,
     bytes_since_persist: u64,
+    persisted_at: Duration,
 }
 
 impl St {
@@ -241,6 +244,7 @@ impl Mirror {
                 gen: 0,
                 resync: BTreeSet::new(),
                 bytes_since_persist: 0,
+                persisted_at: now,
             }),
             durable_gen: AtomicU64::new(0),
             commit: Mutex::new(CommitSt { seq: 0, newest: 1 }),
@@ -544,6 +548,7 @@ impl Mirror {
             let mut st = self.st.lock();
             st.durable_copied = st.durable_copied.max(c);
             st.bytes_since_persist = 0;
+            st.persisted_at = self.clock.now();
         }
         self.commit_now()?;
         self.clear_idle()
@@ -600,7 +605,7 @@ impl Mirror {
             let due = {
                 let mut st = self.st.lock();
                 st.bytes_since_persist += self.cfg.region;
-                st.bytes_since_persist >= self.cfg.persist_every
+                st.bytes_since_persist >= self.cfg.persist_every || self.clock.now().saturating_sub(st.persisted_at) >= self.cfg.persist_interval
             };
             if due {
                 self.persist_position()?;

@@ -10,7 +10,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 const TAG: u64 = 0x5eed_0001;
 
 fn cfg(region: u64) -> MirrorConfig {
-    MirrorConfig { region, persist_every: 4 * region, ..MirrorConfig::default() }
+    MirrorConfig { region, persist_every: 4 * region, persist_interval: Duration::from_secs(3600), ..MirrorConfig::default() }
 }
 
 fn vclock() -> Arc<dyn Clock> {
@@ -191,6 +191,7 @@ fn rate_limit_paces_the_rebuild_on_virtual_time() {
     let l = legs(size, region);
     l.source.write_at(&pattern(1, 0, size), 0, false).unwrap();
     let clock = Arc::new(VirtualClock::new());
+    // (persist_interval is an hour in these tests: exactly one record per 4 regions.)
     let m = Arc::new(Mirror::create(l.source.clone(), l.target.clone(), l.meta.clone(), cfg(region), TAG, clock.clone()).unwrap());
     m.set_rate_limit(Some(4 << 20));
     spawn_rebuild(m.clone(), clock.clone(), "t".into(), Duration::from_millis(300)).stop_when_done();
@@ -480,4 +481,23 @@ fn writes_racing_the_rebuild_front_reach_the_target() {
         writers.into_iter().for_each(|w| w.join().unwrap());
         assert_eq!(read_all(l.target.as_ref()), read_all(l.source.as_ref()), "round {round}: the legs differ");
     }
+}
+
+#[test]
+fn the_position_is_recorded_at_least_every_persist_interval() {
+    let region = 4096;
+    let l = legs(64 * region, region);
+    l.source.write_at(&pattern(4, 0, 64 * region), 0, false).unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let c = MirrorConfig { region, persist_every: 1 << 40, persist_interval: Duration::from_secs(1), ..MirrorConfig::default() };
+    let m = Mirror::create(l.source.clone(), l.target.clone(), l.meta.clone(), c, TAG, clock.clone()).unwrap();
+    for _ in 0..3 {
+        m.rebuild_step().unwrap();
+    }
+    clock.advance(Duration::from_secs(2));
+    m.rebuild_step().unwrap(); // 4 regions copied, a second has passed: recorded
+    m.rebuild_step().unwrap();
+    drop(m);
+    let m = Mirror::open(l.source.clone(), l.target.clone(), l.meta.clone(), c, TAG, clock).unwrap();
+    assert_eq!(m.progress().copied_bytes, 4 * region);
 }
