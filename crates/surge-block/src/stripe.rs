@@ -152,7 +152,7 @@ impl Stripe {
                     s.spawn(move || ps.iter().try_for_each(|p| run(p)))
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(BlockError::Gone("stripe worker panicked".into())))).collect::<Result<()>>()
+            handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(BlockError::Gone("stripe worker panicked".into()))))
         })
     }
 }
@@ -382,7 +382,7 @@ mod tests {
     fn data_lands_on_the_member_the_layout_names() {
         let members = mem(4, 1 << 20);
         let s = Stripe::new(members.clone(), StripeConfig { chunk: 65536, parallel: true }).unwrap();
-        let data: Vec<u8> = (0..(300_000u32)).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         s.write_at(&data, 12345, false).unwrap();
         for p in s.map(12345, data.len() as u64) {
             let mut got = vec![0u8; p.buf.len()];

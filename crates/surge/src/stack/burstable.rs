@@ -159,6 +159,9 @@ pub struct BurstableVolume {
     bars: Mutex<Option<RebuildBars>>,
 }
 
+/// A slot at open: member id and device, and a resumed swap (target id, device, mirror).
+type SlotDevs = (String, Arc<dyn BlockDev>, Option<(String, Arc<dyn BlockDev>, Arc<Mirror>)>);
+
 /// FNV-1a of a volume id: the mirror record's tag.
 fn tag_of(id: &str) -> u64 {
     id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
@@ -266,7 +269,7 @@ impl BurstableVolume {
         provider: Arc<dyn Provider>,
         clock: Arc<dyn Clock>,
         saved: Saved,
-        devs: Vec<(String, Arc<dyn BlockDev>, Option<(String, Arc<dyn BlockDev>, Arc<Mirror>)>)>,
+        devs: Vec<SlotDevs>,
         cache: Option<Arc<ElasticCache>>,
     ) -> anyhow::Result<Arc<Self>> {
         let stripe_devs: Vec<Arc<dyn BlockDev>> = devs.iter().map(|(_, d, m)| m.as_ref().map_or(d.clone(), |(_, _, m)| m.clone() as Arc<dyn BlockDev>)).collect();
@@ -466,7 +469,7 @@ impl BurstableVolume {
                 let src = self.slots.lock()[slot].dev.clone();
                 self.stripe.read().replace(slot, src)?;
                 drop(w.rebuilder);
-                self.retire(&[w.target.clone()])?;
+                self.retire(std::slice::from_ref(&w.target))?;
             } else {
                 {
                     let mut s = self.saved.lock();
@@ -830,7 +833,7 @@ impl Controllable for BurstableVolume {
             }
             "rebuild_rate" => {
                 let r = if value == "off" { None } else { Some(crate::stack::parse_rate(value).map_err(|e| e.to_string())?) };
-                for (_, s) in self.slots.lock().iter().enumerate() {
+                for s in self.slots.lock().iter() {
                     if let Some(w) = &s.swap {
                         w.mirror.set_rate_limit(r);
                     }

@@ -277,7 +277,7 @@ fn run_persistent(s: &Setting, striped: bool, w: &Workload, run: usize, dir: &Pa
             sim::credits_of(&prov, &ids)
         })
     };
-    sim::run_workers(&dev, &clock, w, until, &tally, TAG, 0x5eed + run as u64, hold);
+    sim::run_workers(&dev, &clock, w, until, &tally, 0x5eed + run as u64, hold);
     let samples = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
     if let Some(v) = &vol {
         v.stop();
@@ -308,6 +308,9 @@ enum CacheKind {
     Striped,
 }
 
+/// The device under test, the burstable volume (if any) and its cache layer.
+type CacheStack = (Arc<dyn BlockDev>, Option<Arc<BurstableVolume>>, Option<Arc<ElasticCache>>);
+
 /// Figure 5: no cache, a cache on one 100 GiB gp2, or on 10 x 10 GiB swapped.
 fn run_cache(s: &Setting, kind: CacheKind, w: &Workload, run: usize, dir: &Path) -> anyhow::Result<Run> {
     let started = std::time::Instant::now();
@@ -322,7 +325,7 @@ fn run_cache(s: &Setting, kind: CacheKind, w: &Workload, run: usize, dir: &Path)
         CacheKind::Single => ("single", "single-"),
         CacheKind::Striped => ("striped", "striped-"),
     };
-    let (dev, vol, cache): (Arc<dyn BlockDev>, Option<Arc<BurstableVolume>>, Option<Arc<ElasticCache>>) = match kind {
+    let (dev, vol, cache): CacheStack = match kind {
         CacheKind::None => {
             let b = prov.create(CreateRequest { spec: backing, name: Some("none-backing".into()) })?;
             (prov.attach(&b.id)?, None, None)
@@ -372,7 +375,7 @@ fn run_cache(s: &Setting, kind: CacheKind, w: &Workload, run: usize, dir: &Path)
             sim::credits_of(&prov2, &ids)
         })
     };
-    sim::run_workers(&dev, &clock, w, until, &tally, TAG, 0xcace + run as u64, hold);
+    sim::run_workers(&dev, &clock, w, until, &tally, 0xcace + run as u64, hold);
     let samples = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
     if let Some(v) = &vol {
         v.stop();
@@ -414,11 +417,11 @@ fn run_fig1(s: &Setting, members: usize, spent: bool, dir: &Path) -> anyhow::Res
         sim::set_op_credits(&prov, &id, if spent { 0.0 } else { 1.0 });
     }
     let dev: Arc<dyn BlockDev> = v.clone();
-    let w = Workload { name: "randread".into(), bs: 4096, workers: s.persistent_workers, region: dev.size(), read_pct: 100, zipf: None };
+    let w = Workload { name: "randread".into(), bs: 4096, workers: s.persistent_workers, region: dev.size(), read_pct: 100, zipf: None, tag: TAG };
     let tally = Arc::new(Tally::default());
     let t0 = clock.now();
     let until = t0 + s.t(s.fig1_window_s);
-    sim::run_workers(&dev, &clock, &w, until, &tally, TAG, 1, clock.hold());
+    sim::run_workers(&dev, &clock, &w, until, &tally, 1, clock.hold());
     let ops = tally.ops.load(std::sync::atomic::Ordering::Relaxed);
     Ok(ops as f64 / (clock.now() - t0).as_secs_f64().max(1e-9))
 }
@@ -464,8 +467,8 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     }
     let work = work_dir(out);
     let persistent_loads = [
-        Workload { name: "randread".into(), bs: 4096, workers: s.persistent_workers, region: s.b(s.persistent_file), read_pct: 100, zipf: None },
-        Workload { name: "randrw".into(), bs: 4096, workers: s.persistent_workers, region: s.b(s.persistent_file), read_pct: 50, zipf: None },
+        Workload { name: "randread".into(), bs: 4096, workers: s.persistent_workers, region: s.b(s.persistent_file), read_pct: 100, zipf: None, tag: TAG },
+        Workload { name: "randrw".into(), bs: 4096, workers: s.persistent_workers, region: s.b(s.persistent_file), read_pct: 50, zipf: None, tag: TAG },
     ];
     let cache_loads: Vec<Workload> = s
         .cache_read_pcts
@@ -477,6 +480,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             region: s.b(s.cache_file) / s.cache_request * s.cache_request,
             read_pct: pct,
             zipf: Some(s.zipf_theta),
+            tag: TAG,
         })
         .collect();
     let total = (s.runs * (2 * persistent_loads.len() + 3 * cache_loads.len()) + 2 * s.fig1_members.len() + 1) as u64;

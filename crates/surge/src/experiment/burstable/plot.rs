@@ -57,7 +57,7 @@ fn timelines(path: &Path, s: &Setting, runs: &[Run], loads: &[String], approache
             let color = COLORS[i % COLORS.len()];
             c.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
                 .map_err(err)?
-                .label(format!("{a}"))
+                .label(a.to_string())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
         }
         let striped = first("striped");

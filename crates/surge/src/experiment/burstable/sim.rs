@@ -59,6 +59,8 @@ pub struct Workload {
     pub read_pct: u32,
     /// Zipf theta over `region / bs` items (rank order scattered), or uniform.
     pub zipf: Option<f64>,
+    /// Written into every 4 KiB page with its offset (see [`stamp`]).
+    pub tag: u64,
 }
 
 /// Zipf(theta) sampler over `n` items by inverse CDF, ranks mapped to items by
@@ -155,7 +157,8 @@ pub fn lay_out(dev: &dyn BlockDev, len: u64, tag: u64) -> anyhow::Result<()> {
 /// Run `w` on `dev` from now until `until` on `clock`; returns when every
 /// worker is done. `hold` (taken before anything else was started on the
 /// clock) is released once every worker has registered.
-pub fn run_workers(dev: &Arc<dyn BlockDev>, clock: &Arc<SimClock>, w: &Workload, until: Duration, tally: &Arc<Tally>, tag: u64, seed: u64, hold: Hold) {
+pub fn run_workers(dev: &Arc<dyn BlockDev>, clock: &Arc<SimClock>, w: &Workload, until: Duration, tally: &Arc<Tally>, seed: u64, hold: Hold) {
+    let tag = w.tag;
     let zipf = w.zipf.map(|t| Arc::new(Zipf::new(w.region / w.bs, t, seed)));
     let all_in = std::sync::Barrier::new(w.workers);
     let hold = parking_lot::Mutex::new(Some(hold));
