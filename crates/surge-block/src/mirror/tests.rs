@@ -371,14 +371,16 @@ fn script(m: &Mirror, model: &mut CrashModel) {
     }
 }
 
-#[test]
-fn crash_at_every_event_of_a_rebuild_under_writes_keeps_flushed_data_and_legs_equal() {
-    let report = enumerate(
-        &EnumConfig { volatile: Volatile::RandomSectors, variants: 2, ..EnumConfig::default() },
+/// Enumerate every crash point of [`script`] on the fixture, then verify.
+fn crash_everywhere(volatile: Volatile, variants: u32) -> crate::crashpoint::EnumReport {
+    // Without a volatile cache (a killed process), completed writes survive.
+    let writes_durable = volatile == Volatile::Off;
+    enumerate(
+        &EnumConfig { volatile, variants, ..EnumConfig::default() },
         prepare,
         |f, power| {
             let wrap = |d: &Arc<dyn BlockDev>| power.wrap(d.clone(), true) as Arc<dyn BlockDev>;
-            let mut model = CrashModel::with_contents(&f.initial, false);
+            let mut model = CrashModel::with_contents(&f.initial, writes_durable);
             if let Ok(m) = Mirror::open(wrap(&f.l.source), wrap(&f.l.target), wrap(&f.l.meta), cfg(CR), TAG, vclock()) {
                 script(&m, &mut model);
             }
@@ -386,7 +388,12 @@ fn crash_at_every_event_of_a_rebuild_under_writes_keeps_flushed_data_and_legs_eq
         },
         |f, _point, model| verify_after_crash(f, &model),
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn crash_at_every_event_of_a_rebuild_under_writes_keeps_flushed_data_and_legs_equal() {
+    let report = crash_everywhere(Volatile::RandomSectors, 2);
     assert!(report.events > 40, "{report:?}");
 }
 
@@ -394,20 +401,7 @@ fn crash_at_every_event_of_a_rebuild_under_writes_keeps_flushed_data_and_legs_eq
 fn process_crash_at_every_event_keeps_every_acknowledged_write() {
     // A killed process (no power cut): completed writes are in the page cache
     // and survive; the record must still make the legs agree.
-    let report = enumerate(
-        &EnumConfig { volatile: Volatile::Off, variants: 1, ..EnumConfig::default() },
-        prepare,
-        |f, power| {
-            let wrap = |d: &Arc<dyn BlockDev>| power.wrap(d.clone(), true) as Arc<dyn BlockDev>;
-            let mut model = CrashModel::with_contents(&f.initial, true);
-            if let Ok(m) = Mirror::open(wrap(&f.l.source), wrap(&f.l.target), wrap(&f.l.meta), cfg(CR), TAG, vclock()) {
-                script(&m, &mut model);
-            }
-            model
-        },
-        |f, _point, model| verify_after_crash(f, &model),
-    )
-    .unwrap();
+    let report = crash_everywhere(Volatile::Off, 1);
     assert!(report.runs > 40, "{report:?}");
 }
 

@@ -229,6 +229,62 @@ fn finish_run(
     }
 }
 
+/// What one measured window produced.
+struct Measured {
+    t0: Duration,
+    samples: Vec<Sample>,
+    tally: Arc<Tally>,
+    cost0: surge_cloud::CostReport,
+    cost1: surge_cloud::CostReport,
+}
+
+/// Run `w` on `dev` for `window` from now: start the burstable volume's
+/// controller, sample throughput and credits (of `fixed` volumes, or of the
+/// burstable volume's members), stop the controller. The bill is read at the
+/// window's end (requests in flight finish after it).
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    clock: &Arc<SimClock>,
+    prov: &Arc<surge_cloud::LocalProvider>,
+    dev: &Arc<dyn BlockDev>,
+    vol: &Option<Arc<BurstableVolume>>,
+    fixed: Vec<String>,
+    w: &Workload,
+    window: Duration,
+    bin: Duration,
+    seed: u64,
+) -> anyhow::Result<Measured> {
+    let t0 = clock.now();
+    let until = t0 + window;
+    let cost0 = prov.cost()?;
+    let hold = clock.hold();
+    if let Some(v) = vol {
+        v.start();
+    }
+    let tally = Arc::new(Tally::default());
+    let bill: Arc<parking_lot::Mutex<Option<surge_cloud::CostReport>>> = Default::default();
+    let sampler = {
+        let (prov, vol, bill) = (prov.clone(), vol.clone(), bill.clone());
+        sim::spawn_sampler(clock.clone(), t0, bin, until, tally.clone(), move |last| {
+            if last {
+                *bill.lock() = prov.cost().ok();
+            }
+            let ids = vol.as_ref().map_or_else(|| fixed.clone(), |v| v.member_ids());
+            sim::credits_of(&prov, &ids)
+        })
+    };
+    sim::run_workers(dev, clock, w, until, &tally, seed, hold);
+    let samples = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    if let Some(v) = vol {
+        v.stop();
+    }
+    let cost1 = match bill.lock().take() {
+        Some(c) => c,
+        None => prov.cost()?,
+    };
+    Ok(Measured { t0, samples, tally, cost0, cost1 })
+}
+
 /// Figure 3: one 100 GiB gp2 ("single") or 10 x 10 GiB striped with swaps ("striped").
 fn run_persistent(s: &Setting, striped: bool, w: &Workload, run: usize, dir: &Path) -> anyhow::Result<Run> {
     let started = std::time::Instant::now();
@@ -255,37 +311,9 @@ fn run_persistent(s: &Setting, striped: bool, w: &Workload, run: usize, dir: &Pa
     for id in ids(&vol)? {
         sim::set_op_credits(&prov, &id, 1.0);
     }
-    let t0 = clock.now();
-    let until = t0 + s.t(s.persistent_window_s);
-    let cost0 = prov.cost()?;
-    let hold = clock.hold();
-    if let Some(v) = &vol {
-        v.start();
-    }
-    let tally = Arc::new(Tally::default());
-    // The bill at the end of the window (requests in flight finish after it).
-    let bill: Arc<parking_lot::Mutex<Option<surge_cloud::CostReport>>> = Default::default();
-    let sampler = {
-        let (prov, vol) = (prov.clone(), vol.clone());
-        let single = if vol.is_none() { ids(&None)? } else { vec![] };
-        let bill = bill.clone();
-        sim::spawn_sampler(clock.clone(), t0, s.t(s.bin_s), until, tally.clone(), move |last| {
-            if last {
-                *bill.lock() = prov.cost().ok();
-            }
-            let ids = vol.as_ref().map_or_else(|| single.clone(), |v| v.member_ids());
-            sim::credits_of(&prov, &ids)
-        })
-    };
-    sim::run_workers(&dev, &clock, w, until, &tally, 0x5eed + run as u64, hold);
-    let samples = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
-    if let Some(v) = &vol {
-        v.stop();
-    }
-    let cost1 = match bill.lock().take() {
-        Some(c) => c,
-        None => prov.cost()?,
-    };
+    let single = if vol.is_none() { ids(&None)? } else { vec![] };
+    let m = measure(&clock, &prov, &dev, &vol, single, w, s.t(s.persistent_window_s), s.t(s.bin_s), 0x5eed + run as u64)?;
+    let (t0, samples, tally, cost0, cost1) = (m.t0, m.samples, m.tally, m.cost0, m.cost1);
     let prefix = if striped { "striped-" } else { "single-" };
     let usd = sim::usd_between(&PriceTable::default(), &cost0, &cost1, prefix, s.scale);
     let mut r = finish_run(approach, w, run, samples, &tally, usd, started);
@@ -353,37 +381,8 @@ fn run_cache(s: &Setting, kind: CacheKind, w: &Workload, run: usize, dir: &Path)
             _ => vec![],
         }
     };
-    let t0 = clock.now();
-    let until = t0 + s.t(s.cache_window_s);
-    let cost0 = prov.cost()?;
-    let hold = clock.hold();
-    if let Some(v) = &vol {
-        v.start();
-    }
-    let tally = Arc::new(Tally::default());
-    // The bill at the end of the window (requests in flight finish after it).
-    let bill: Arc<parking_lot::Mutex<Option<surge_cloud::CostReport>>> = Default::default();
-    let sampler = {
-        let (prov2, vol2) = (prov.clone(), vol.clone());
-        let fixed = cache_ids(&None);
-        let bill = bill.clone();
-        sim::spawn_sampler(clock.clone(), t0, s.t(s.bin_s), until, tally.clone(), move |last| {
-            if last {
-                *bill.lock() = prov2.cost().ok();
-            }
-            let ids = vol2.as_ref().map_or_else(|| fixed.clone(), |v| v.member_ids());
-            sim::credits_of(&prov2, &ids)
-        })
-    };
-    sim::run_workers(&dev, &clock, w, until, &tally, 0xcace + run as u64, hold);
-    let samples = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
-    if let Some(v) = &vol {
-        v.stop();
-    }
-    let cost1 = match bill.lock().take() {
-        Some(c) => c,
-        None => prov.cost()?,
-    };
+    let m = measure(&clock, &prov, &dev, &vol, cache_ids(&None), w, s.t(s.cache_window_s), s.t(s.bin_s), 0xcace + run as u64)?;
+    let (t0, samples, tally, cost0, cost1) = (m.t0, m.samples, m.tally, m.cost0, m.cost1);
     let prices = PriceTable::default();
     let usd = sim::usd_between(&prices, &cost0, &cost1, prefix, s.scale);
     let mut r = finish_run(approach, w, run, samples, &tally, usd, started);
