@@ -229,6 +229,13 @@ fn finish_run(
     }
 }
 
+/// An empty directory for one run (a run's cloud and the burstable volume's
+/// state must start together: a leftover state would look like a restart).
+fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
 /// What one measured window produced.
 struct Measured {
     t0: Duration,
@@ -288,6 +295,7 @@ fn measure(
 /// Figure 3: one 100 GiB gp2 ("single") or 10 x 10 GiB striped with swaps ("striped").
 fn run_persistent(s: &Setting, striped: bool, w: &Workload, run: usize, dir: &Path) -> anyhow::Result<Run> {
     let started = std::time::Instant::now();
+    fresh_dir(dir)?;
     let clock = SimClock::new();
     let c: Arc<dyn Clock> = clock.clone();
     let prov = sim::provider(&dir.join("cloud"), c.clone(), s.scale, s.t(s.attach_delay_s))?;
@@ -342,6 +350,7 @@ type CacheStack = (Arc<dyn BlockDev>, Option<Arc<BurstableVolume>>, Option<Arc<E
 /// Figure 5: no cache, a cache on one 100 GiB gp2, or on 10 x 10 GiB swapped.
 fn run_cache(s: &Setting, kind: CacheKind, w: &Workload, run: usize, dir: &Path) -> anyhow::Result<Run> {
     let started = std::time::Instant::now();
+    fresh_dir(dir)?;
     let clock = SimClock::new();
     let c: Arc<dyn Clock> = clock.clone();
     let prov = sim::provider(&dir.join("cloud"), c.clone(), s.scale, s.t(s.attach_delay_s))?;
@@ -407,6 +416,7 @@ fn run_cache(s: &Setting, kind: CacheKind, w: &Workload, run: usize, dir: &Path)
 /// Figure 1(a): `members` x (500 GiB / members) gp2, 4 KiB random reads, with
 /// full or spent credits; average IOPS over a minute (full scale).
 fn run_fig1(s: &Setting, members: usize, spent: bool, dir: &Path) -> anyhow::Result<f64> {
+    fresh_dir(dir)?;
     let clock = SimClock::new();
     let c: Arc<dyn Clock> = clock.clone();
     let prov = sim::provider(&dir.join("cloud"), c.clone(), s.scale, Duration::ZERO)?;
@@ -491,7 +501,9 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             for striped in [false, true] {
                 let name = if striped { "striped" } else { "single" };
                 pb.set_message(format!("persistent {} {name}", w.name));
-                let r = run_persistent(&s, striped, w, round, &work.join(format!("p-{}-{name}", w.name))).with_context(|| format!("persistent {} {name}", w.name))?;
+                let dir = work.join(format!("p-{}-{name}", w.name));
+                let r = run_persistent(&s, striped, w, round, &dir).with_context(|| format!("persistent {} {name}", w.name))?;
+                let _ = std::fs::remove_dir_all(&dir);
                 pb.inc(1);
                 runs.push(r);
             }
@@ -499,7 +511,9 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         for w in &cache_loads {
             for kind in [CacheKind::None, CacheKind::Single, CacheKind::Striped] {
                 pb.set_message(format!("cache {} {kind:?}", w.name));
-                let r = run_cache(&s, kind, w, round, &work.join(format!("c-{}-{kind:?}", w.name))).with_context(|| format!("cache {} {kind:?}", w.name))?;
+                let dir = work.join(format!("c-{}-{kind:?}", w.name));
+                let r = run_cache(&s, kind, w, round, &dir).with_context(|| format!("cache {} {kind:?}", w.name))?;
+                let _ = std::fs::remove_dir_all(&dir);
                 pb.inc(1);
                 runs.push(r);
             }
