@@ -39,6 +39,7 @@ print("daemon burstable cache check ok:", b["swaps_done"], "reset(s), members", 
 PY
 kill $SERVE; wait $SERVE || true
 trap - EXIT
+rm -rf "$D"
 
 # 2. SIGKILL torture of a persistent burstable volume that swaps members all the
 #    time (threshold 99.99 %): most kills land during a rebuild; zero loss.

@@ -359,7 +359,7 @@ pub fn markdown(s: &Setting, runs: &[Run], r: &Results, quick: bool, work: &Path
     row(&mut m, "swap threshold", format!("auto, margin {}", s.margin), format!("auto, margin {}", s.margin));
     row(&mut m, "billing minimum per volume", t(s.billing_minimum_s), tm(s.billing_minimum_s));
     row(&mut m, "plot bin", t(s.bin_s), tm(s.bin_s));
-    row(&mut m, "figure 1 window", t(s.fig1_window_s), tm(s.fig1_window_s));
+    row(&mut m, "figure 1 window, spent / full credits (model)", "-".into(), format!("{:.1} s / {:.3} s", s.fig1_window_s, 5_400_000.0 * f / 3_000.0 / 2.0));
     let _ = writeln!(m, "\n## Deviations from the paper, and why\n");
     for d in [
         "Virtual time at reduced scale (see above) instead of 80 and 200 minutes on AWS; the device models are AWS's published gp2/st1 figures (docs/cloud.md), not measurements.",
