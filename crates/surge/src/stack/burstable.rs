@@ -22,7 +22,7 @@
 //! 3. when the mirror is complete: record the new member in the state, then put
 //!    it in the slot (writes reached both legs until then), then delete the old.
 //!
-//! Spec: `burstable:MODE,size=SIZE,members=N[,type=gp2][,chunk=64KiB][,strategy=all|one]
+//! Spec: `burstable:MODE,size=SIZE,members=N[,type=gp2][,chunk=64KiB (cache: the block size)][,strategy=all|one]
 //! [,swap_below=auto|PCT][,margin=1.5][,rebuild_rate=64MiB/s][,region=1MiB][,tick=5s]
 //! [,min_interval=60s][,attach_limit=27][,attach_delay=DUR][,backing=TYPE:SIZE][,block=32KiB]
 //! [,idle=5s][,keep]`.
@@ -944,7 +944,7 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
     if !matches!(member.model, VolumeModel::Gp2 | VolumeModel::AzurePremium) {
         tracing::warn!("burstable members of type {kind} carry no operation credits: the policy will never swap them");
     }
-    let chunk = o.take_size("chunk")?.unwrap_or(64 << 10);
+    let chunk = o.take_size("chunk")?;
     let dur = |o: &mut Opts, k: &str, d: Duration| -> Result<Duration, crate::stack::SpecError> {
         o.take(k).map(|v| surge_block::units::parse_duration(&v).map_err(|e| err(format!("{k}={v}: {e}")))).transpose().map(|x| x.unwrap_or(d))
     };
@@ -973,6 +973,9 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
     let attach_limit: usize = o.take("attach_limit").map(|v| v.parse().map_err(|_| err(format!("attach_limit={v}: expected a count")))).transpose()?.unwrap_or(27);
     let backing: Option<VolumeSpec> = o.take("backing").map(|v| v.parse().map_err(|e| err(format!("backing={v}: {e}")))).transpose()?;
     let cache_block = o.take_size("block")?.unwrap_or(32 << 10);
+    // A cache stripes at its block size: a block never straddles two members,
+    // and consecutive blocks (a request's) rotate over all of them.
+    let chunk = chunk.unwrap_or(if mode == Mode::Cache { cache_block } else { 64 << 10 });
     let keep = o.flag("keep")?;
     o.finish(&[
         "size", "members", "type", "chunk", "tick", "attach_delay", "min_interval", "idle", "strategy", "swap_below", "margin", "rebuild_rate", "region", "attach_limit",

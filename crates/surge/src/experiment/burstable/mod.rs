@@ -178,7 +178,8 @@ fn burstable_params(s: &Setting, name: &str, mode: Mode, members: usize, capacit
             tick: s.t(s.tick_s),
         },
         member,
-        chunk: s.chunk,
+        // As the daemon's default: a cache stripes at its block size.
+        chunk: if mode == Mode::Cache { s.cache_block } else { s.chunk },
         mirror: MirrorConfig { region: s.region, ..MirrorConfig::default() },
         rebuild_rate: Some(s.rebuild_rate),
         backing: (mode == Mode::Cache).then(|| s.backing.parse()).transpose()?,

@@ -353,7 +353,8 @@ pub fn markdown(s: &Setting, runs: &[Run], r: &Results, quick: bool, work: &Path
     row(&mut m, "cache window", t(s.cache_window_s), tm(s.cache_window_s));
     row(&mut m, "cache workers", s.cache_workers.to_string(), s.cache_workers.to_string());
     row(&mut m, "gp2 credit bucket", "5,400,000".into(), format!("{:.0}", 5_400_000.0 * f));
-    row(&mut m, "stripe chunk / mirror region", format!("{} KiB / {} KiB", s.chunk / 1024, s.region / 1024), format!("{} KiB / {} KiB", s.chunk / 1024, s.region / 1024));
+    let chunks = format!("{} KiB (cache: {} KiB, its block) / {} KiB", s.chunk / 1024, s.cache_block / 1024, s.region / 1024);
+    row(&mut m, "stripe chunk / mirror region", chunks.clone(), chunks);
     row(&mut m, "rebuild rate limit", format!("{} MiB/s", s.rebuild_rate / MIB), format!("{} MiB/s", s.rebuild_rate / MIB));
     row(&mut m, "attach delay / controller tick / swap cooldown", format!("{} / {} / {}", t(s.attach_delay_s), t(s.tick_s), t(s.min_interval_s)), format!("{} / {} / {}", tm(s.attach_delay_s), tm(s.tick_s), tm(s.min_interval_s)));
     row(&mut m, "swap threshold", format!("auto, margin {}", s.margin), format!("auto, margin {}", s.margin));
