@@ -10,6 +10,30 @@ pub trait Clock: Send + Sync + Debug {
     fn now(&self) -> Duration;
     /// Block until `now() >= deadline`.
     fn sleep_until(&self, deadline: Duration);
+    /// The calling thread takes part in time-based work on this clock (it will
+    /// sleep on it). Only a discrete-event clock ([`crate::SimClock`]) cares: time
+    /// advances when every registered thread sleeps or is blocked.
+    fn register_thread(&self) {}
+    /// The calling thread no longer sleeps on this clock.
+    fn unregister_thread(&self) {}
+}
+
+/// Registers the current thread with a clock for its lifetime (see
+/// [`Clock::register_thread`]); threads that layers spawn to sleep on a clock
+/// (rebuilds, controllers) hold one.
+pub struct ClockThread(std::sync::Arc<dyn Clock>);
+
+impl ClockThread {
+    pub fn enter(clock: std::sync::Arc<dyn Clock>) -> Self {
+        clock.register_thread();
+        ClockThread(clock)
+    }
+}
+
+impl Drop for ClockThread {
+    fn drop(&mut self) {
+        self.0.unregister_thread();
+    }
 }
 
 /// Wall-clock time (monotonic), origin at construction.

@@ -186,25 +186,35 @@ pub fn run_with_contents(name: &str, contents: impl Fn(u64) -> Vec<u8>, make: im
 }
 
 /// What may be read after a crash: per byte, the value at the last acknowledged
-/// flush (`None`: anything, after a discard) or any value written since.
-/// Feed it every op with [`CrashModel::acked`] (it succeeded) or
-/// [`CrashModel::maybe`] (it failed or was cut short), then [`CrashModel::check`]
-/// what the reopened device reads.
+/// FLUSH (None: anything, after a discard), or any value written since (an
+/// unflushed or unacknowledged write may or may not have reached the medium).
+/// Feed it every op in order: [`CrashModel::acked`] for successful ones,
+/// [`CrashModel::maybe`] for failed or interrupted ones.
+#[derive(Debug, Clone)]
 pub struct CrashModel {
     durable: Vec<Option<u8>>,
     current: Vec<Option<u8>>,
     since: Vec<Vec<u8>>,
+    /// Every completed write is durable (a process crash over devices without
+    /// a volatile cache): acknowledged writes count as flushed.
+    writes_durable: bool,
 }
 
 impl CrashModel {
+    /// A device of `size` zero bytes where only FLUSH (and FUA) makes data durable.
     pub fn new(size: u64) -> Self {
-        Self::with_contents(vec![0; size as usize])
+        CrashModel { durable: vec![Some(0); size as usize], current: vec![Some(0); size as usize], since: vec![vec![]; size as usize], writes_durable: false }
     }
 
-    /// A device whose flushed contents are `initial`.
-    pub fn with_contents(initial: Vec<u8>) -> Self {
-        let durable: Vec<Option<u8>> = initial.into_iter().map(Some).collect();
-        CrashModel { current: durable.clone(), since: vec![vec![]; durable.len()], durable }
+    /// A device where every acknowledged write survives the crash.
+    pub fn every_ack_durable(size: u64) -> Self {
+        CrashModel { writes_durable: true, ..Self::new(size) }
+    }
+
+    /// Start from known contents (all durable).
+    pub fn with_contents(bytes: &[u8], writes_durable: bool) -> Self {
+        let v: Vec<Option<u8>> = bytes.iter().map(|&b| Some(b)).collect();
+        CrashModel { durable: v.clone(), current: v, since: vec![vec![]; bytes.len()], writes_durable }
     }
 
     fn range(op: &Op) -> Option<(u64, u64)> {
@@ -217,10 +227,10 @@ impl CrashModel {
     /// The op may have been (partly) applied.
     pub fn maybe(&mut self, op: &Op) {
         let Some((offset, len)) = Self::range(op) else { return };
-        if offset + len > self.durable.len() as u64 {
+        if offset.checked_add(len).is_none_or(|e| e > self.durable.len() as u64) {
             return;
         }
-        let data = match *op {
+        let data: Vec<Option<u8>> = match *op {
             Op::Write { seed, .. } => pattern(seed, offset, len).into_iter().map(Some).collect(),
             Op::WriteZeroes { .. } => vec![Some(0); len as usize],
             _ => vec![None; len as usize],
@@ -238,22 +248,32 @@ impl CrashModel {
     /// The op succeeded.
     pub fn acked(&mut self, op: &Op) {
         match *op {
-            Op::Flush => {
-                self.durable.clone_from(&self.current);
-                self.since.iter_mut().for_each(Vec::clear);
-            }
-            Op::Write { offset, len, fua: true, .. } if offset + len <= self.durable.len() as u64 => {
+            Op::Flush => self.settle(0, self.durable.len() as u64),
+            Op::Write { offset, len, fua, .. } if offset + len <= self.durable.len() as u64 => {
                 self.maybe(op);
-                for p in offset as usize..(offset + len) as usize {
-                    self.durable[p] = self.current[p];
-                    self.since[p].clear();
+                if fua || self.writes_durable {
+                    self.settle(offset, len);
                 }
             }
-            _ => self.maybe(op),
+            _ => {
+                self.maybe(op);
+                if let (Some((offset, len)), true) = (Self::range(op), self.writes_durable) {
+                    if offset + len <= self.durable.len() as u64 {
+                        self.settle(offset, len);
+                    }
+                }
+            }
         }
     }
 
-    /// Whether `got` (the whole device, read after the restart) is allowed.
+    fn settle(&mut self, offset: u64, len: u64) {
+        for p in offset as usize..(offset + len) as usize {
+            self.durable[p] = self.current[p];
+            self.since[p].clear();
+        }
+    }
+
+    /// First byte of a full read that no crash could have left there.
     pub fn check(&self, got: &[u8]) -> Result<(), String> {
         for (p, &g) in got.iter().enumerate() {
             let ok = match self.durable[p] {

@@ -19,13 +19,17 @@ pub mod fairq;
 pub mod fault;
 pub mod file;
 pub mod memory;
+pub mod mirror;
 pub mod model;
+pub mod simclock;
+pub mod stripe;
 pub mod units;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
-pub use clock::{Clock, SystemClock, VirtualClock};
+pub use clock::{Clock, ClockThread, SystemClock, VirtualClock};
+pub use simclock::{Hold, SimClock};
 pub use counted::{Counted, IoStats};
 pub use dev::{check_range, BlockDev, Caps, Extent, ExtentKind, FileSpan, SpanObserver, ZeroMode};
 pub use error::{BlockError, Result};

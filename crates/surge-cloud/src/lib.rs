@@ -8,11 +8,14 @@
 //!   `reserved:10GiB,bw=33MB/s`.
 //! - [`cost`]: list prices and the per-second cost meter, with the
 //!   elastic-cache paper's AGBs.
+//! - [`plan`]: burstable-volume planning: every layout that meets a capacity
+//!   and an IOPS or throughput target, and its monthly cost.
 
 pub mod attachment;
 pub mod cost;
 pub mod gc;
 pub mod local;
+pub mod plan;
 pub mod provider;
 pub mod spec;
 

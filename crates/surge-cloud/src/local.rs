@@ -78,11 +78,18 @@ pub struct LocalConfig {
     pub prices: PriceTable,
     /// UNIX time of the clock's zero; `None`: anchor to the system time at open.
     pub epoch_unix_ns: Option<u64>,
+    /// Reduced-scale emulation for experiments (1.0, the default: exact). A
+    /// volume's device holds `size x scale` bytes and its burst-credit buckets
+    /// `capacity x scale` credits, while rates stay as published; a run whose
+    /// durations are scaled by the same factor keeps every proportion (burst
+    /// length, rebuild time vs burst, cache warm-up). Billing and `describe`
+    /// use the full size.
+    pub scale: f64,
 }
 
 impl LocalConfig {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        LocalConfig { dir: dir.into(), delays: Delays::default(), timeout: None, prices: PriceTable::default(), epoch_unix_ns: None }
+        LocalConfig { dir: dir.into(), delays: Delays::default(), timeout: None, prices: PriceTable::default(), epoch_unix_ns: None, scale: 1.0 }
     }
 
     /// `<user data dir>/surge/cloud`, e.g. `~/.local/share/surge/cloud`.
@@ -194,6 +201,27 @@ impl LocalProvider {
         self.slow.lock().push((action, extra));
     }
 
+    /// Bytes of the device of a volume of `size` bytes (see [`LocalConfig::scale`]).
+    fn device_size(&self, size: u64) -> u64 {
+        if self.cfg.scale == 1.0 {
+            return size;
+        }
+        (((size as f64 * self.cfg.scale) as u64) / 4096).max(1) * 4096
+    }
+
+    /// The model shape of a volume, with credit buckets scaled.
+    fn shape_of(&self, spec: &VolumeSpec) -> std::result::Result<surge_block::model::Shape, surge_block::model::ModelError> {
+        let mut shape = spec.shape()?;
+        if self.cfg.scale != 1.0 {
+            let f = self.cfg.scale;
+            for c in [&mut shape.op_credits, &mut shape.byte_credits].into_iter().flatten() {
+                c.capacity = ((c.capacity as f64 * f) as u64).max(1);
+                c.initial = ((c.initial as f64 * f) as u64).min(c.capacity);
+            }
+        }
+        Ok(shape)
+    }
+
     fn fault(&self, action: Action, volume: &str, step: u32) -> Result<()> {
         let mut f = self.fail.lock();
         if let Some(i) = f.iter().position(|&(a, s)| a == action && s == step) {
@@ -281,7 +309,7 @@ impl LocalProvider {
     /// Credits of a volume this process does not serve: the saved balance plus
     /// what the baseline has earned since (the bucket keeps filling while idle).
     fn offline_credits(&self, v: &VolRec) -> CreditBalance {
-        let Ok(shape) = v.spec.shape() else { return CreditBalance::default() };
+        let Ok(shape) = self.shape_of(&v.spec) else { return CreditBalance::default() };
         let mut s = Scheduler::new(shape, Duration::ZERO);
         let Some(saved) = &v.credits else { return s.credits(Duration::ZERO) };
         s.set_credits(Duration::ZERO, saved.ops, saved.bytes);
@@ -414,7 +442,7 @@ impl Provider for LocalProvider {
                 .write(true)
                 .create_new(true)
                 .open(&path)
-                .and_then(|f| f.set_len(req.spec.size).and_then(|_| f.sync_all()));
+                .and_then(|f| f.set_len(self.device_size(req.spec.size)).and_then(|_| f.sync_all()));
             made.map_err(|source| {
                 let _ = fs::remove_file(&path);
                 self.io(a, &id, "creating", &path, source)
@@ -469,7 +497,7 @@ impl Provider for LocalProvider {
             // Re-attach in this process: keep the model, and its credits.
             Some(l) => l.model.clone(),
             None => {
-                let shape = rec.spec.shape().map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
+                let shape = self.shape_of(&rec.spec).map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
                 let m = Arc::new(ModelDev::new(Arc::new(file), self.wall.clock.clone(), shape));
                 let c = self.offline_credits(&rec);
                 m.set_credits(c.ops, c.bytes);
@@ -557,7 +585,7 @@ impl Provider for LocalProvider {
 
     fn modify(&self, key: &str, spec: VolumeSpec) -> Result<VolumeInfo> {
         let a = Action::Modify;
-        let shape = spec.shape().map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
+        let shape = self.shape_of(&spec).map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
         for w in spec.warnings() {
             tracing::warn!("{w}");
         }
@@ -579,7 +607,7 @@ impl Provider for LocalProvider {
                     return Err(busy("detach it to resize (an attached device keeps its size)".into()));
                 }
                 let path = self.vol_path(&v.id);
-                let grown = OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(spec.size).and_then(|_| f.sync_all()));
+                let grown = OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(self.device_size(spec.size)).and_then(|_| f.sync_all()));
                 grown.map_err(|source| self.io(a, &v.id, "resizing", &path, source))?;
                 // The next attach opens the file at its new size; keep the credits.
                 if let Some(l) = live.remove(&v.id) {

@@ -44,6 +44,8 @@ enum Command {
     Qos(cmd::qos::Args),
     /// Run a self-contained experiment on the local cloud and write a report.
     Experiment(cmd::experiment::Args),
+    /// Plan volumes for a capacity and a performance target at list prices.
+    Plan(cmd::plan::Args),
     /// Kill/restart an export again and again and check that no acknowledged data is lost.
     Torture(cmd::torture::Args),
     Bb(cmd::bb::Args),
@@ -61,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Command::Set(a) => cmd::set::run(a),
         Command::Qos(a) => cmd::qos::run(a),
         Command::Experiment(a) => cmd::experiment::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
         Command::Torture(a) => cmd::torture::run(a),
         Command::Bb(a) => cmd::bb::run(a),
     };

@@ -185,7 +185,7 @@ fn holey_dev(contents: &[u8]) -> Arc<dyn BlockDev> {
 fn run_until_crash(base: &Arc<dyn BlockDev>, raw: &Arc<dyn BlockDev>, c: &CowConfig, before: Vec<u8>, ops: &[Op], crash_at: u64, seed: u64) -> (CrashModel, bool) {
     let size = before.len() as u64;
     let power = Power::new(PowerConfig { crash_at: Some(crash_at), volatile: Volatile::RandomSectors, seed, ..PowerConfig::default() });
-    let mut model = CrashModel::with_contents(before);
+    let mut model = CrashModel::with_contents(&before, false);
     // Opening writes too (it clears the data area of zero blocks): it may be
     // where the power fails.
     let Ok(dev) = CowDev::open(Some(base.clone()), power.wrap(raw.clone(), true), c) else {

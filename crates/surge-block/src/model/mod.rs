@@ -69,8 +69,8 @@ impl ModelDev {
     }
 
     /// Reserve service for a request submitted at `submitted` and wait for it.
-    fn pace(&self, submitted: Duration, kind: IoKind, len: u64) {
-        let done = self.sched.lock().reserve(submitted, kind, len);
+    fn pace(&self, submitted: Duration, kind: IoKind, offset: u64, len: u64) {
+        let done = self.sched.lock().reserve_at(submitted, kind, offset, len);
         self.clock.sleep_until(done);
     }
 }
@@ -87,14 +87,14 @@ impl BlockDev for ModelDev {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let t = self.clock.now();
         self.inner.read_at(buf, offset)?;
-        self.pace(t, IoKind::Read, buf.len() as u64);
+        self.pace(t, IoKind::Read, offset, buf.len() as u64);
         Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
         let t = self.clock.now();
         self.inner.write_at(buf, offset, fua)?;
-        self.pace(t, IoKind::Write, buf.len() as u64);
+        self.pace(t, IoKind::Write, offset, buf.len() as u64);
         Ok(())
     }
 
@@ -111,7 +111,7 @@ impl BlockDev for ModelDev {
         let t = self.clock.now();
         self.inner.write_zeroes(offset, len, mode)?;
         if !mode.may_trim {
-            self.pace(t, IoKind::Zero, len);
+            self.pace(t, IoKind::Zero, offset, len);
         }
         Ok(())
     }

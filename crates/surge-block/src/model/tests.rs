@@ -119,6 +119,32 @@ fn st1_small_io_counts_as_1_mib() {
 }
 
 #[test]
+fn st1_merges_physically_sequential_small_io_into_1_mib_operations() {
+    let shape = VolumeModel::St1.shape(2 * TIB).unwrap();
+    let mut s = Scheduler::new(shape.clone(), Duration::ZERO);
+    s.set_credits(Duration::ZERO, None, Some(0)); // baseline: 80 MiB/s
+    // Two interleaved streams of 32 KiB pieces, each covering 1 MiB.
+    let mut done = Duration::ZERO;
+    for piece in 0..32u64 {
+        for stream in [0u64, 8] {
+            done = done.max(s.reserve_at(Duration::ZERO, IoKind::Read, stream * MIB + piece * 32 * KIB, 32 * KIB));
+        }
+    }
+    assert_eq!(done, Duration::from_nanos(2 * 1_000_000_000 / 80), "2 MiB at 80 MiB/s");
+    assert_eq!(s.credits(done).bytes, Some(0));
+    // Random 32 KiB pieces are charged 1 MiB each.
+    let mut s = Scheduler::new(shape, Duration::ZERO);
+    s.set_credits(Duration::ZERO, None, Some(0));
+    let mut done = Duration::ZERO;
+    for i in 0..8u64 {
+        done = done.max(s.reserve_at(Duration::ZERO, IoKind::Read, i * 7 * MIB, 32 * KIB));
+    }
+    assert_eq!(done, Duration::from_nanos(8 * 1_000_000_000 / 80), "8 x 1 MiB at 80 MiB/s");
+    // gp2 does not merge (see types.rs).
+    assert!(!VolumeModel::Gp2.shape(10 * GIB).unwrap().merge_sequential);
+}
+
+#[test]
 fn st1_and_sc1_figures_scale_with_size_and_cap() {
     let st1 = VolumeModel::St1.shape(2 * TIB).unwrap();
     assert_eq!((st1.bps, st1.byte_credits.unwrap().baseline), (Some(500 * MIB), 80 * MIB));

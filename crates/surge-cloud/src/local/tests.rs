@@ -281,3 +281,26 @@ fn modify_changes_parameters_live_and_bills_the_new_ones() {
     let want = (12.5 + 65.0) * 100.0 / month + (12.5 + 130.0) * 1.0 / month + (25.0 + 130.0) * 0.0 / month;
     assert!((r.total_usd - want).abs() < 1e-12, "{} vs {want}", r.total_usd);
 }
+
+#[test]
+fn a_scaled_cloud_shrinks_devices_and_credit_buckets_but_bills_full_sizes() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.epoch_unix_ns = Some(0);
+    cfg.delays = Delays::none();
+    cfg.scale = 1.0 / 1024.0;
+    let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+    let v = p.create(req("gp2:10GiB", Some("m"))).unwrap();
+    assert_eq!(v.size, 10 * GIB, "describe keeps the full size");
+    let dev = p.attach("m").unwrap();
+    assert_eq!(dev.size(), 10 * MIB);
+    let c = p.credits("m").unwrap();
+    assert_eq!((c.ops, c.ops_capacity), (Some(GP2_CREDITS / 1024), Some(GP2_CREDITS / 1024)));
+    // Rates are not scaled: 3,000 IOPS burst, 100 baseline for 10 GiB.
+    assert_eq!(p.model(&v.id).unwrap().shape().iops, Some(3_000));
+    clock.advance(Duration::from_secs(600));
+    let cost = p.cost().unwrap();
+    let want = 10.0 * 0.10 * 600.0 / (30.0 * 86_400.0);
+    assert!((cost.total_usd - want).abs() < 1e-9, "billed as 10 GiB: {} vs {want}", cost.total_usd);
+}

@@ -23,7 +23,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "elastic" => crate::experiment::elastic::run(&args.out, args.quick),
         "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick),
         "streaming" => crate::experiment::streaming::run(&args.out, args.quick),
-        other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare, streaming")),
+        "burstable" => crate::experiment::burstable::run(&args.out, args.quick),
+        other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare, streaming, burstable")),
     };
     crate::experiment::progress::finish();
     r

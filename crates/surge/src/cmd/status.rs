@@ -81,6 +81,14 @@ fn render_value(s: &mut String, v: &serde_json::Value, depth: usize) {
                 let _ = writeln!(s, "{pad}{k}:");
                 render_value(s, v, depth + 1);
             }
+            // A list of objects (burstable members, decisions): one block each.
+            serde_json::Value::Array(items) if !items.is_empty() && items.iter().all(|i| i.is_object()) => {
+                let _ = writeln!(s, "{pad}{k}:");
+                for (i, item) in items.iter().enumerate() {
+                    let _ = writeln!(s, "{pad}  [{i}]");
+                    render_value(s, item, depth + 2);
+                }
+            }
             _ => {
                 let _ = writeln!(s, "{pad}{k}: {}", field(k, v));
             }
@@ -133,6 +141,9 @@ mod tests {
         assert!(out.contains("    reads: 3\n") && out.contains("  kind: file\n"), "{out}");
         assert!(!out.contains("detail"), "empty objects are skipped: {out}");
         assert_eq!(render(&[]), "nothing registered\n");
+        let t = [TargetStatus { name: "v/burstable".into(), kind: "burstable".into(), status: json!({"members": [{"slot": 0, "rebuild": {"percent": 12.5}}]}) }];
+        let out = render(&t);
+        assert!(out.contains("  members:\n    [0]\n      rebuild:\n        percent: 12.5\n"), "{out}");
     }
 
     #[test]

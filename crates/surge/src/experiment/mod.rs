@@ -1,5 +1,6 @@
 //! Experiments: one module each, run by `surge experiment NAME`.
 
+pub mod burstable;
 pub mod fairshare;
 pub mod elastic;
 pub mod progress;

@@ -9,6 +9,7 @@
 //! parsed with [`Opts`]. Sizes and rates use [`parse_size`] / [`parse_rate`].
 
 pub mod cow;
+pub mod burstable;
 pub mod elastic;
 pub mod fault;
 pub mod remote;
@@ -150,7 +151,7 @@ impl Built {
 }
 
 /// Kinds [`build`] knows, for error messages and `--help`.
-pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share", "elastic", "cow", "ephemeral", "remote", "persistent"];
+pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share", "elastic", "cow", "ephemeral", "remote", "persistent", "burstable"];
 
 /// Build the device of one spec: one arm per kind; add yours here and to
 /// [`KINDS`]. Builders that name things after the export (cloud volumes,
@@ -165,6 +166,7 @@ pub fn build(spec: &ExportSpec, ctx: &BuildContext) -> Result<Built> {
         "elastic" => elastic::build_elastic(name, args, ctx),
         "cow" | "ephemeral" => cow::build_cow(name, args, ctx),
         "remote" | "persistent" => cow::build_remote(name, args),
+        "burstable" => burstable::build_burstable(name, args, ctx),
         kind if surge_cloud::spec::is_volume_type(kind) => volume::build_volume(name, kind, args, ctx),
         other => Err(SpecError::UnknownKind { kind: other.to_string(), known: KINDS.join(", ") }),
     }
