@@ -15,6 +15,6 @@ pub mod provider;
 pub mod spec;
 
 pub use cost::{CostMeter, CostReport, PriceTable, VolumeCost, WallClock};
-pub use local::{Delays, LocalConfig, LocalProvider};
+pub use local::{Delays, LocalConfig, LocalProvider, ModifyRules};
 pub use provider::{Action, CloudError, CreateRequest, Provider, VolumeInfo, VolumeState};
 pub use spec::{SpecError, VolumeSpec};

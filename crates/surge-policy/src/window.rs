@@ -53,6 +53,15 @@ impl UtilWindow {
     pub fn first_bytes(&self) -> u64 {
         self.samples.front().map_or(0, |s| s.1)
     }
+
+    /// Cumulative operations at the start of the window.
+    pub fn first_ops(&self) -> u64 {
+        self.samples.front().map_or(0, |s| s.2)
+    }
+
+    pub fn span(&self) -> Duration {
+        self.span
+    }
 }
 
 #[cfg(test)]
