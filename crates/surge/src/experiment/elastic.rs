@@ -258,6 +258,7 @@ fn run_one(s: &Setting, kind: Kind, dir: &Path) -> anyhow::Result<ApproachResult
                     ut: s.ut,
                     inactivity_delay: Duration::from_secs_f64(s.id_s),
                     backing_bw: s.slow_bw as f64,
+                    backing_iops: None,
                     initial_cache: s.initial_cache,
                     min_cache: s.min_cache,
                     max_cache: s.max_cache,
@@ -267,6 +268,7 @@ fn run_one(s: &Setting, kind: Kind, dir: &Path) -> anyhow::Result<ApproachResult
                     shrink: 1.0,
                 },
                 cache: CacheConfig { idle_gap: Duration::from_secs_f64(s.idle_gap_s), ..CacheConfig::default() },
+                boost: None,
                 tick: Duration::from_secs_f64(s.window_s / 10.0),
                 flusher_poll: Duration::from_millis(5),
             };
