@@ -196,13 +196,15 @@ pub struct Plan {
 
 /// Charged (operations, bytes) one request costs a volume of `shape`. `block`:
 /// the request goes through the cache and is split into cache blocks.
+/// Requests are taken as whole blocks when at least one block long, so for a
+/// mix of sizes the mean request gives the mean count of cache I/Os.
 fn per_request(shape: &Shape, request: u64, block: Option<u64>) -> (f64, f64) {
     let (n, io) = match block {
-        Some(b) if request >= b => (request.div_ceil(b), b),
-        _ => (1, request),
+        Some(b) if request >= b => (request as f64 / b as f64, b),
+        _ => (1.0, request),
     };
     let c = shape.charge(io.max(1));
-    ((n * c.ops) as f64, (n * c.bytes) as f64)
+    (n * c.ops as f64, n * c.bytes as f64)
 }
 
 /// Seconds a fresh bucket needs to serve `units` at peak `rate` per second,

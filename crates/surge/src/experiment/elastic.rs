@@ -454,6 +454,9 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         None if quick => 1.0 / 20.0,
         None => 1.0 / 4.0,
     };
+    // Which parts to run (both by default): `replica` (the paper's AGB
+    // comparison), `priced` (the dollar scenarios of elastic_priced).
+    let parts = std::env::var("SURGE_ELASTIC_PARTS").unwrap_or_else(|_| "replica,priced".into());
     let s = Setting::scaled(scale);
     // Volume files on tmpfs when there is one: the models, not this machine's
     // disk (and its fsync latency), should set the speed.
@@ -462,20 +465,54 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         None if Path::new("/dev/shm").is_dir() => Path::new("/dev/shm").join(format!("surge-elastic-{}", std::process::id())),
         None => out.join("cloud"),
     };
+    let priced = if parts.contains("priced") {
+        let plan = crate::experiment::elastic_priced::Plan::new(quick);
+        let r = crate::experiment::elastic_priced::run(&plan, &work.join("priced"));
+        let _ = std::fs::remove_dir_all(work.join("priced"));
+        Some(r.context("priced scenarios")?)
+    } else {
+        None
+    };
+    let mut json = serde_json::json!({ "experiment": "elastic", "quick": quick });
+    let mut report = String::new();
+    let mut plots = Vec::new();
+    if parts.contains("replica") {
+        let (j, r) = replica(out, &s, quick, &work)?;
+        json = j;
+        report = r;
+        plots.extend(["io_activity.svg".to_string(), "cost.svg".to_string()]);
+    }
+    if let Some(p) = &priced {
+        let (priced_json, settings) = p.json();
+        json["priced"] = priced_json;
+        json["priced_settings"] = settings;
+        report.push_str(&p.markdown());
+        plots.extend(p.plot(out)?);
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
+    std::fs::write(out.join("report.md"), &report)?;
+    println!("{report}");
+    println!("plots: {}", plots.iter().map(|p| out.join(p).display().to_string()).collect::<Vec<_>>().join(", "));
+    Ok(())
+}
+
+/// The paper's replica: three approaches, AGBs.
+fn replica(out: &Path, s: &Setting, quick: bool, work: &Path) -> anyhow::Result<(serde_json::Value, String)> {
+    let scale = s.scale;
     let mut res: BTreeMap<&str, ApproachResult> = BTreeMap::new();
     for (name, kind) in NAMES.iter().zip([Kind::Slow, Kind::Fast, Kind::Adaptive]) {
         eprintln!("elastic: running {name} (scale 1/{:.0})...", 1.0 / scale);
-        let r = run_one(&s, kind, &work.join(name)).with_context(|| format!("approach {name}"))?;
+        let r = run_one(s, kind, &work.join(name)).with_context(|| format!("approach {name}"))?;
         eprintln!("elastic: {name}: completion {:.2} s, {:.1} AGBs, verified {} MiB", r.completion_s, r.cost_agbs, r.verified_bytes / MIB);
         res.insert(name, r);
     }
-    let _ = std::fs::remove_dir_all(&work);
     let (fast_t, fast_c) = (res["static-fast"].completion_s, res["static-fast"].cost_agbs);
     for r in res.values_mut() {
         r.overhead_pct = (r.completion_s / fast_t - 1.0) * 100.0;
         r.cost_vs_static_fast_pct = r.cost_agbs / fast_c * 100.0;
     }
-    plot_io(&out.join("io_activity.svg"), &s, &res)?;
+    plot_io(&out.join("io_activity.svg"), s, &res)?;
     plot_cost(&out.join("cost.svg"), &res)?;
     let ad = &res["adaptive"];
     let sizes: Vec<f64> = ad.cache_sizes.iter().map(|&b| gib(b)).collect();
@@ -489,12 +526,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         "decisions": ad.decisions,
         "timeline": res.iter().map(|(k, v)| (k.to_string(), serde_json::to_value(&v.samples).unwrap())).collect::<serde_json::Map<_, _>>(),
     });
-    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
-    let report = report_md(&s, &res, quick, &work);
-    std::fs::write(out.join("report.md"), &report)?;
-    println!("{report}");
-    println!("plots: {} and {}", out.join("io_activity.svg").display(), out.join("cost.svg").display());
-    Ok(())
+    Ok((json, report_md(s, &res, quick, work)))
 }
 
 fn report_md(s: &Setting, res: &BTreeMap<&str, ApproachResult>, quick: bool, work: &Path) -> String {

@@ -7,8 +7,8 @@
 //!
 //! Demand: request sizes and rates are observed through the volume; the rate a
 //! burst *wants* is the configured ceiling (`max_iops`, `max_throughput`) until a
-//! boosted burst ran clearly below what its cache could serve, then the rate it
-//! really reached (plus 10 %). Everything handed to the planner is full-scale:
+//! boosted burst used less than half of what its cache could serve, then the
+//! rate it really reached (plus 25 %). Everything handed to the planner is full-scale:
 //! an experiment at reduced scale divides observed rates by the rate scale,
 //! durations by the time scale and amounts by both.
 
@@ -157,7 +157,9 @@ impl Booster {
     pub(super) fn observe(&mut self, now: Duration, bytes: u64, ops: u64) {
         let (b0, o0) = (self.window.first_bytes(), self.window.first_ops());
         let Some(r) = self.window.push(now, bytes, ops) else { return };
-        if ops > o0 && r.ops_per_s > 0.0 {
+        // Mean request size: over the burst so far, else the last window with I/O.
+        let (b0, o0) = self.burst.as_ref().map_or((b0, o0), |b| (b.bytes0, b.ops0));
+        if ops > o0 {
             self.request = Some(((bytes - b0) / (ops - o0)).max(1));
         }
         let above = r.utilization(self.backing_bw, self.backing_iops) > self.ut;
@@ -184,8 +186,9 @@ impl Booster {
     fn wanted_rate(&self, request: u64) -> f64 {
         let ceiling = self.s.max_iops.min(self.s.max_bps / request as f64);
         match self.last {
-            // A boost that kept up with room to spare shows the real demand.
-            Some(BurstSeen { peak_requests_per_s: p, served_requests_per_s: Some(cap), .. }) if p > 0.0 && p < 0.9 * cap => (p * 1.1).min(ceiling),
+            // A boost the application used less than half of shows its real
+            // demand (a busy CPU or a short window can hide up to half of it).
+            Some(BurstSeen { peak_requests_per_s: p, served_requests_per_s: Some(cap), .. }) if p > 0.0 && p < 0.5 * cap => (p * 1.25).min(ceiling),
             _ => ceiling,
         }
     }
@@ -197,7 +200,10 @@ impl Booster {
         if self.declined {
             return Err(None);
         }
-        let request = self.request.unwrap_or(self.planner.block).max(1);
+        // The last whole burst knows the request sizes best; the first burst
+        // only has what it has done so far.
+        let last_mean = self.last.filter(|l| l.requests > 0).map(|l| l.bytes / l.requests);
+        let request = last_mean.or(self.request).unwrap_or(self.planner.block).max(1);
         let rate = self.wanted_rate(request);
         let footprint = self.full_amount(size);
         let d = Demand {
@@ -415,7 +421,9 @@ mod tests {
     fn a_boost_that_kept_up_with_room_to_spare_teaches_the_demand() {
         let mut b = booster(Scale::FULL);
         b.last = Some(BurstSeen { bytes: 4 << 30, requests: 4096, peak_requests_per_s: 200.0, served_requests_per_s: Some(1_000.0) });
-        assert!((b.wanted_rate(MIB) - 220.0).abs() < 1e-9);
+        assert!((b.wanted_rate(MIB) - 250.0).abs() < 1e-9);
+        b.last = Some(BurstSeen { bytes: 4 << 30, requests: 4096, peak_requests_per_s: 600.0, served_requests_per_s: Some(1_000.0) });
+        assert!((b.wanted_rate(MIB) - 1_000.0).abs() < 1e-9, "60 %: maybe held back, keep the ceiling");
         b.last = Some(BurstSeen { bytes: 4 << 30, requests: 4096, peak_requests_per_s: 990.0, served_requests_per_s: Some(1_000.0) });
         assert!((b.wanted_rate(MIB) - 1_000.0).abs() < 1e-9, "saturated: the ceiling");
     }
