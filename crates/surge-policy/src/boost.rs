@@ -421,7 +421,7 @@ impl Candidate {
     fn brief(&self) -> String {
         let drain = self.drain_spec.as_ref().map_or(String::new(), |d| format!(", then {d} for the drain"));
         format!(
-            "{}{drain}: {} storage ({:.0} s + {:.0} s billed), burst {:.1} s{}",
+            "{}{drain}: {} storage ({:.0} s + {:.0} s, billed at least 60 s), burst {:.1} s{}",
             self.spec,
             usd(self.storage_usd),
             self.boost_s,

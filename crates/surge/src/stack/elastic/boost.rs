@@ -111,6 +111,8 @@ pub(super) struct Booster {
     last: Option<BurstSeen>,
     /// Mean request size seen over the latest full window with I/O.
     request: Option<u64>,
+    /// Cumulative application bytes at the latest observation.
+    last_bytes: u64,
     current: Option<Candidate>,
     /// This burst was declined already (log it once).
     declined: bool,
@@ -142,6 +144,7 @@ impl Booster {
             burst: None,
             last: None,
             request: None,
+            last_bytes: 0,
             current: None,
             declined: false,
             plans: Vec::new(),
@@ -155,6 +158,7 @@ impl Booster {
 
     /// Feed the application's cumulative bytes and requests.
     pub(super) fn observe(&mut self, now: Duration, bytes: u64, ops: u64) {
+        self.last_bytes = bytes;
         let (b0, o0) = (self.window.first_bytes(), self.window.first_ops());
         let Some(r) = self.window.push(now, bytes, ops) else { return };
         // Mean request size: over the burst so far, else the last window with I/O.
@@ -180,6 +184,12 @@ impl Booster {
             });
             self.declined = false;
         }
+    }
+
+    /// Full-scale bytes the burst running now has moved: it is expected to
+    /// last at least as long again (the median guess when only its start is known).
+    fn so_far(&self) -> u64 {
+        self.burst.as_ref().map_or(0, |b| self.full_amount(self.last_bytes.saturating_sub(b.bytes0)))
     }
 
     /// Requests per second the next burst is expected to want (full scale).
@@ -210,7 +220,7 @@ impl Booster {
             iops: rate,
             bps: rate * request as f64,
             request,
-            burst_bytes: self.last.map_or(footprint, |l| l.bytes.max(1)),
+            burst_bytes: self.last.map_or(footprint, |l| l.bytes.max(1)).max(2 * self.so_far()),
             footprint,
             pre_provisioned,
         };
@@ -332,7 +342,12 @@ impl ElasticVolume {
 
 #[cfg(test)]
 mod tests {
+    use super::super::ElasticParams;
     use super::*;
+    use std::sync::Arc;
+    use surge_block::cache::CacheConfig;
+    use surge_block::{BlockDev, VirtualClock};
+    use surge_cloud::Provider;
 
     fn settings() -> BoostSettings {
         BoostSettings::new(Worth::PerHour(0.34))
@@ -348,6 +363,7 @@ mod tests {
         assert_eq!(s.kinds, vec![Kind::Gp3, Kind::Io2]);
         assert_eq!((s.max_iops, s.max_bps, s.lower_for_drain), (32_000.0, 500.0 * MIB as f64, false));
         BoostSettings::parse_option(&mut s, "target", "90s").unwrap().unwrap();
+        assert!(BoostSettings::parse_option(&mut s, "max_throughput", "fast").unwrap().unwrap_err().contains("max_throughput"));
         assert_eq!(s.worth, Worth::Deadline(90.0));
         assert!(BoostSettings::parse_option(&mut s, "types", "gp9").unwrap().unwrap_err().contains("gp9"));
         assert!(BoostSettings::parse_option(&mut s, "value_per_hour", "-1").unwrap().is_err());
@@ -417,6 +433,90 @@ mod tests {
         assert_eq!(b.plans().len(), 1);
     }
 
+    /// An elastic volume with `cache=auto` on virtual time (no delays): a
+    /// gp3 backing at 125 MiB/s, 1 s windows, ID 2 s, first cache 8 GiB;
+    /// time worth `usd_h`.
+    fn auto_volume(dir: &std::path::Path, usd_h: f64) -> (Arc<VirtualClock>, Arc<dyn Provider>, Arc<ElasticVolume>) {
+        let clock = Arc::new(VirtualClock::new());
+        let mut cfg = surge_cloud::LocalConfig::new(dir);
+        cfg.delays = surge_cloud::Delays::none();
+        let prov: Arc<dyn Provider> = Arc::new(surge_cloud::LocalProvider::open(cfg, clock.clone()).unwrap());
+        let mib = 1u64 << 20;
+        let p = ElasticParams {
+            name: "v".into(),
+            backing: "gp3:16GiB".parse().unwrap(),
+            cache_bw: 0,
+            policy: ElasticConfig {
+                window: Duration::from_secs(1),
+                inactivity_delay: Duration::from_secs(2),
+                backing_bw: 125.0 * mib as f64,
+                backing_iops: Some(3_000.0),
+                initial_cache: 8192 * mib,
+                min_cache: 256 * mib,
+                granularity: 64 * mib,
+                attach_delay: Duration::ZERO,
+                ..ElasticConfig::default()
+            },
+            cache: CacheConfig::default(),
+            boost: Some(BoostSettings { kinds: vec![Kind::Gp3, Kind::Io2], max_bps: 250.0 * mib as f64, ..BoostSettings::new(Worth::PerHour(usd_h)) }),
+            tick: Duration::from_millis(100),
+            flusher_poll: Duration::from_millis(1),
+        };
+        let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
+        (clock, prov, v)
+    }
+
+    /// 4 MiB writes back to back over 512 MiB (the backing model moves
+    /// virtual time), a controller step after each.
+    fn burst(v: &ElasticVolume, writes: u64) {
+        for i in 0..writes {
+            v.write_at(&vec![i as u8 + 1; 4 << 20], (i % 128) * (4 << 20), false).unwrap();
+            v.step().unwrap();
+        }
+    }
+
+    #[test]
+    fn cache_auto_provisions_the_planned_volume_and_lowers_it_for_the_drain() {
+        let d = tempfile::tempdir().unwrap();
+        let (clock, prov, v) = auto_volume(d.path(), 100.0);
+        v.step().unwrap();
+        burst(&v, 128);
+        assert!(v.cache().is_attached(), "{:?}", v.decisions());
+        // 250 MiB/s in 64 KiB cache I/Os: 4,000 IOPS, 8 GiB at 500 IOPS/GiB.
+        let want = "gp3:8GiB,iops=4000,throughput=250MiB/s";
+        let vols: Vec<String> = prov.list().unwrap().into_iter().map(|v| v.spec).collect();
+        assert!(vols.contains(&want.to_string()), "{vols:?}");
+        assert!(v.decisions().iter().any(|d| d.reason.contains(&format!("boost {want}")) && d.reason.contains("also considered")), "{:?}", v.decisions());
+        // Idle: drain (8 GiB expected at 125 MiB/s: past the 60 s minimum, so
+        // the cache is modified to plain gp3 for it), flush, delete.
+        for _ in 0..100 {
+            clock.advance(Duration::from_millis(100));
+            v.step().unwrap();
+            v.cache().flush_step(usize::MAX).unwrap();
+        }
+        assert!(!v.cache().is_attached(), "{:?}", v.decisions());
+        assert!(v.decisions().iter().any(|d| d.reason.contains("modified to gp3:8GiB for the drain")), "{:?}", v.decisions());
+        let specs: Vec<String> = prov.cost().unwrap().volumes.iter().map(|c| c.spec.clone()).collect();
+        assert_eq!(specs, vec!["gp3:16GiB".to_string(), want.to_string(), "gp3:8GiB".to_string()], "billed at the boost spec, then the drain spec");
+        assert_eq!(v.boost_plans().len(), 1);
+        assert_eq!(v.boost_status()["plans"][0]["chosen"], want);
+    }
+
+    #[test]
+    fn cache_auto_declines_a_boost_not_worth_its_price_and_says_so_once() {
+        let d = tempfile::tempdir().unwrap();
+        let (_clock, prov, v) = auto_volume(d.path(), 0.01);
+        v.step().unwrap();
+        burst(&v, 64);
+        assert!(!v.cache().is_attached());
+        assert_eq!(prov.list().unwrap().len(), 1, "only the backing volume exists");
+        let declined: Vec<_> = v.decisions().into_iter().filter(|d| d.reason.contains("declined: no boost")).collect();
+        assert_eq!(declined.len(), 1, "logged once per burst: {:?}", v.decisions());
+        let mut buf = vec![0u8; 4 << 20];
+        v.read_at(&mut buf, 4 << 20).unwrap();
+        assert!(buf.iter().all(|&b| b == 2 || b == 66), "data went to the backing volume");
+    }
+
     #[test]
     fn a_boost_that_kept_up_with_room_to_spare_teaches_the_demand() {
         let mut b = booster(Scale::FULL);
@@ -426,5 +526,30 @@ mod tests {
         assert!((b.wanted_rate(MIB) - 1_000.0).abs() < 1e-9, "60 %: maybe held back, keep the ceiling");
         b.last = Some(BurstSeen { bytes: 4 << 30, requests: 4096, peak_requests_per_s: 990.0, served_requests_per_s: Some(1_000.0) });
         assert!((b.wanted_rate(MIB) - 1_000.0).abs() < 1e-9, "saturated: the ceiling");
+    }
+}
+
+#[cfg(test)]
+mod parse_props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any value for any option: an answer, never a panic; numbers that
+        /// parse are stored as given.
+        #[test]
+        fn options_never_panic(key in prop::sample::select(vec!["value_per_hour", "target", "types", "max_iops", "max_throughput", "lower", "other"]), v in ".{0,24}") {
+            let mut s = BoostSettings::new(Worth::PerHour(1.0));
+            let _ = BoostSettings::parse_option(&mut s, key, &v);
+        }
+
+        #[test]
+        fn numbers_round_trip(x in 0.0f64..1e9) {
+            let mut s = BoostSettings::new(Worth::PerHour(1.0));
+            BoostSettings::parse_option(&mut s, "max_iops", &x.to_string()).unwrap().unwrap();
+            prop_assert_eq!(s.max_iops, x);
+            BoostSettings::parse_option(&mut s, "value_per_hour", &x.to_string()).unwrap().unwrap();
+            prop_assert_eq!(s.worth, Worth::PerHour(x));
+        }
     }
 }
