@@ -501,6 +501,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     if let Some((j, r)) = replica_out {
         json = j;
         report = r;
+        report.push_str("The replica's application still runs in-process (4 writer threads): its first burst is smaller than the others, which one fio process (think-time loop) cannot express, and a fio process per burst starts with a delay of up to seconds on a loaded machine, which would blur the 0.25 s windows of the quick scale. The priced scenarios below run fio over NBD.\n\n");
         plots.extend(["io_activity.svg".to_string(), "cost.svg".to_string()]);
     }
     json["niced"] = serde_json::json!(niced);

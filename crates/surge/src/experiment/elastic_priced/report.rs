@@ -212,6 +212,17 @@ fn scenario_md(m: &mut String, s: &ScenarioResult, p: &Plan) {
     }
     let best = s.approaches.iter().min_by(|a, b| a.1.total_usd.median.total_cmp(&b.1.total_usd.median)).map(|x| x.0.name()).unwrap_or("-");
     let _ = writeln!(m, "\nLowest total: **{best}**. Medians{}; full-scale seconds and dollars.\n", if p.reps > 1 { " [min-max]" } else { "" });
+    if let (Some(ad), Some(f), Some(sl)) = (s.get(Approach::Adaptive), s.get(Approach::Fast), s.get(Approach::Slow)) {
+        let (ta, tf, ts) = (ad.completion_s.median, f.completion_s.median, sl.completion_s.median);
+        let (sa, sf, ss) = (ad.storage_usd.median, f.storage_usd.median, sl.storage_usd.median);
+        let vs_fast = if ta > tf { format!("while the waiting compute costs less than ${:.2}/h", (sf - sa) * 3_600.0 / (ta - tf)) } else { "at any compute price (it was not slower)".into() };
+        let vs_slow = if ts > ta { format!("once the compute costs more than ${:.3}/h", ((sa - ss) * 3_600.0 / (ts - ta)).max(0.0)) } else { "never (it was not faster)".into() };
+        let _ = writeln!(
+            m,
+            "*Computed* from these medians (same completion times, other instance prices): adaptive costs less than static-fast {vs_fast}, and less than static-slow {vs_slow}; the {} here costs ${inst}/h.\n",
+            sc.instance
+        );
+    }
     if let Some(ad) = s.get(Approach::Adaptive).map(|x| x.typical()) {
         let _ = writeln!(m, "Adaptive's decisions (run {}; the planner's estimates in them are *computed*):\n", ad.rep);
         for d in &ad.decisions {
