@@ -240,8 +240,7 @@ pub fn run(s: &Scaled, a: Approach, rep: usize, dir: &Path, reference: &MemoryDe
     let server = Server::start(ServerConfig::new(vec![Export::new("app", stack.dev.clone() as Arc<dyn BlockDev>)]))?;
     server.listen(&Listen::Unix(sock.clone()))?;
     // Compute: the instance the application runs on, billed while it runs.
-    let mut prices = PriceTable::default();
-    prices.time_scale = s.time;
+    let prices = PriceTable { time_scale: s.time, ..PriceTable::default() };
     let meter = Arc::new(CostMeter::new(prices, WallClock { clock: clock.clone(), epoch_unix_ns: 0 }));
     let t0 = clock.now();
     meter.start_compute("app", s.sc.instance, s.sc.nodes)?;
@@ -259,7 +258,7 @@ pub fn run(s: &Scaled, a: Approach, rep: usize, dir: &Path, reference: &MemoryDe
                 let t = (clock.now() - t0).as_secs_f64() / f;
                 let st = io.stats();
                 activity.push((t, st.read_bytes + st.write_bytes));
-                if n % coarse == 0 {
+                if n.is_multiple_of(coarse) {
                     let storage = prov.cost().map(|r| r.storage_usd).unwrap_or(f64::NAN);
                     out.push(Sample { t_s: t, storage_usd: storage, compute_usd: meter.report().compute_usd });
                 }

@@ -61,7 +61,10 @@ impl BoostSettings {
             "types" => v.split('+').map(|t| t.parse::<Kind>()).collect::<Result<Vec<_>, _>>().map(|k| s.kinds = k),
             "max_iops" => num(v).map(|x| s.max_iops = x),
             "max_throughput" => surge_cloud::spec::parse_rate(v).map(|r| s.max_bps = r as f64).map_err(|e| format!("max_throughput={v}: {e}")),
-            "lower" => Ok(s.lower_for_drain = matches!(v, "true" | "on" | "yes" | "1")),
+            "lower" => {
+                s.lower_for_drain = matches!(v, "true" | "on" | "yes" | "1");
+                Ok(())
+            }
             _ => return None,
         };
         Some(r)
