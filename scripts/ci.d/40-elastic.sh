@@ -14,16 +14,21 @@ BIN="${CARGO_TARGET_DIR:-target}/release/surge"
 [ -x "$BIN" ] || cargo build --release -p surge --locked 2>&1 | tail -2
 start=$(date +%s)
 
+# Serve export d=SPEC from a fresh data dir ($D), write SIZE of pattern P
+# through NBD, read it back, save `surge status --json` as $D/status.json.
+daemon_burst() {
+  D=$(mktemp -d /tmp/surge-elastic-d.XXXXXX)
+  "$BIN" --log warn serve --data-dir "$D" --listen "unix:$D/nbd.sock" --export "d=$1" &
+  SERVE=$!
+  trap 'kill $SERVE 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do [ -S "$D/control.sock" ] && [ -S "$D/nbd.sock" ] && break; sleep 0.1; done
+  qemu-io -f raw -c "write -P $2 0 $3" -c 'flush' "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
+  qemu-io -f raw -c "read -P $2 0 $3" "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
+  "$BIN" status --data-dir "$D" --json > "$D/status.json"
+}
+
 # 1. The daemon: an elastic export over the local cloud, I/O through NBD, status.
-D=$(mktemp -d /tmp/surge-elastic-d.XXXXXX)
-"$BIN" --log warn serve --data-dir "$D" --listen "unix:$D/nbd.sock" \
-  --export d=elastic:backing=reserved:256MiB,bw=33MB/s,cache=reserved,cache_bw=128MB/s,initial=64MiB,min=16MiB,granularity=16MiB,window=1s,id=2s,attach_delay=100ms &
-SERVE=$!
-trap 'kill $SERVE 2>/dev/null || true' EXIT
-for _ in $(seq 100); do [ -S "$D/control.sock" ] && [ -S "$D/nbd.sock" ] && break; sleep 0.1; done
-qemu-io -f raw -c 'write -P 7 0 48M' -c 'flush' "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
-qemu-io -f raw -c 'read -P 7 0 48M' "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
-"$BIN" status --data-dir "$D" --json > "$D/status.json"
+daemon_burst elastic:backing=reserved:256MiB,bw=33MB/s,cache=reserved,cache_bw=128MB/s,initial=64MiB,min=16MiB,granularity=16MiB,window=1s,id=2s,attach_delay=100ms 7 48M
 python3 - "$D/status.json" <<'PY'
 import json, sys
 t = {x["name"]: x["status"] for x in json.load(open(sys.argv[1]))}
@@ -36,23 +41,17 @@ kill $SERVE; wait $SERVE || true
 trap - EXIT
 
 # 1b. cache=auto: the planner prices each cache volume (gp3 backing, a burst of
-#     64 MiB at its 125 MiB/s baseline; time worth $2/h).
-D2=$(mktemp -d /tmp/surge-elastic-d2.XXXXXX)
-"$BIN" --log warn serve --data-dir "$D2" --listen "unix:$D2/nbd.sock" \
-  --export d=elastic:backing=gp3:1GiB,cache=auto,value_per_hour=2,initial=256MiB,min=64MiB,granularity=64MiB,window=500ms,id=1s,attach_delay=100ms &
-SERVE=$!
-trap 'kill $SERVE 2>/dev/null || true' EXIT
-for _ in $(seq 100); do [ -S "$D2/control.sock" ] && [ -S "$D2/nbd.sock" ] && break; sleep 0.1; done
-qemu-io -f raw -c 'write -P 9 0 256M' -c 'flush' "nbd+unix:///d?socket=$D2/nbd.sock" >/dev/null
-qemu-io -f raw -c 'read -P 9 0 256M' "nbd+unix:///d?socket=$D2/nbd.sock" >/dev/null
-"$BIN" status --data-dir "$D2" --json > "$D2/status.json"
-python3 - "$D2/status.json" <<'PY'
+#     256 MiB at its 125 MiB/s baseline; time worth $20/h buys a gp3 boost).
+daemon_burst elastic:backing=gp3:1GiB,cache=auto,value_per_hour=20,initial=256MiB,min=64MiB,granularity=64MiB,window=500ms,id=1s,attach_delay=100ms 9 256M
+python3 - "$D/status.json" <<'PY'
 import json, sys
 t = {x["name"]: x["status"] for x in json.load(open(sys.argv[1]))}
 b = t["d/elastic"]["boost"]
 assert b and b["plans"], f"a 256 MiB burst on a 125 MiB/s gp3 must be planned: {t['d/elastic']}"
 p = b["plans"][-1]
 assert p["reason"] and p["plan"]["candidates"], p
+assert (p["chosen"] or "").startswith("gp3:"), f"at $20/h a gp3 boost pays: {p['reason']}"
+assert any("boost gp3:" in d["reason"] for d in t["d/elastic"]["decisions"]), t["d/elastic"]["decisions"]
 print("daemon cache=auto check ok:", p["chosen"], "-", p["reason"][:160])
 PY
 kill $SERVE; wait $SERVE || true

@@ -289,10 +289,14 @@ pub struct ComputeCost {
     pub usd: f64,
 }
 
+/// Nanoseconds from `start` to `end` (or to now while it runs).
+fn lifetime_ns(start: u64, end: Option<u64>, now: u64) -> u64 {
+    end.unwrap_or(now).max(start) - start
+}
+
 /// Bill one compute record at `now_unix_ns` (per second, 60 s minimum).
 pub fn bill_compute(prices: &PriceTable, r: &ComputeRecord, now_unix_ns: u64) -> ComputeCost {
-    let end = r.end_unix_ns.unwrap_or(now_unix_ns).max(r.start_unix_ns);
-    let ns = end - r.start_unix_ns;
+    let ns = lifetime_ns(r.start_unix_ns, r.end_unix_ns, now_unix_ns);
     let billed_seconds = prices.billed_seconds(ns, prices.minimum_seconds);
     let usd_hour = prices.instance_usd_hour(&r.instance, r.count).unwrap_or(0.0);
     ComputeCost {
@@ -328,8 +332,7 @@ pub struct CostReport {
 
 /// Bill one record at `now_unix_ns`.
 pub fn bill(prices: &PriceTable, r: &UsageRecord, now_unix_ns: u64) -> VolumeCost {
-    let end = r.end_unix_ns.unwrap_or(now_unix_ns).max(r.start_unix_ns);
-    let ns = end - r.start_unix_ns;
+    let ns = lifetime_ns(r.start_unix_ns, r.end_unix_ns, now_unix_ns);
     let min = if r.continued { 0 } else { prices.minimum_seconds };
     let billed_seconds = prices.billed_seconds(ns, min);
     let usd_month = prices.usd_month(&r.spec);
