@@ -158,7 +158,7 @@ impl Priced {
         let _ = writeln!(m, "## How the priced runs are set up\n");
         let _ = writeln!(m, "- The application is fio (one process per burst, `--ioengine=nbd`) against the approach's volume exported by an in-process NBD server on a unix socket; compute phases are sleeps. Its data is seeded (refilled buffers, overlapping in-flight writes serialised) and every run's final bytes are compared with a run of the same bursts against a plain memory export.");
         let _ = writeln!(m, "- Scale: durations x {} (windows, ID, attach/detach delays, EBS's 6 h modification cooldown and 5 min optimizing ramp, compute phases), rates x {} (every volume's IOPS and MiB/s, the planner's observed demand divided back), amounts x {} (bytes written, cache sizes, volume files). Prices and limits are those of the full-scale specs.", p.time, p.rate, p.time * p.rate);
-        let _ = writeln!(m, "- Policy: the daemon's defaults (UT 30 %, window 5 s, ID 30 s, initial cache 10 GiB, granularity 1 GiB, attach/detach 3 s, idle gap 200 ms, all at scale), plus learn=true (burst-period learning, as in the paper replica).");
+        let _ = writeln!(m, "- Policy: the daemon's defaults (UT 30 %, window 5 s, ID 30 s, initial cache 10 GiB, min 1 GiB, granularity 1 GiB, attach/detach 3 s, idle gap 200 ms, all at scale; `cache=auto` with its defaults: every type, drain spec on). Deviations in every scenario: learn=true (burst-period learning, off by default; the paper replica uses it too); value_per_hour = the instance's list price (required with cache=auto, no default). Per-scenario deviations are listed with each scenario.");
         let _ = writeln!(m, "- Billing: the data volume is billed until the application completes (the user keeps it, at the spec it has then: modify-volume's raised spec stays, EBS would not lower it for 6 h); cache volumes until they are deleted after draining. Compute: the named instance from the application's start to its completion.");
         let _ = writeln!(m, "- modify-volume: the same utilization window, UT and ID decide; the local cloud enforces EBS's rules: one modification per 6 hours, type changes in place (gp3 to io2), new performance ramping linearly over 5 minutes (the short end of AWS's \"a few minutes to a few hours\"; a fully used 1 TiB volume takes about 6 hours), billed at the new spec from the request. AWS's 2025 rule (four modifications per rolling 24 h, each after the previous completed) is not modelled.");
         let _ = writeln!(m, "- After the last burst the run ends. A daemon left running would pre-provision one more cache for the burst the learned period predicts; it is released after attach delay + ID + window (about 38 s, billed 60 s) and is not in these figures.\n");
@@ -264,14 +264,20 @@ fn plot_dollars(path: &Path, s: &ScenarioResult) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (960, 720)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((2, 1));
-    let colors = [RED, BLUE, MAGENTA, GREEN];
-    let series: Vec<(&str, &[Sample])> = s.approaches.iter().map(|(a, sum)| (a.name(), sum.typical().samples.as_slice())).collect();
-    let tmax = series.iter().flat_map(|(_, v)| v.last()).map(|x| x.t_s).fold(1.0, f64::max);
+    let color = |a: Approach| match a {
+        Approach::Slow => RED,
+        Approach::Fast => BLUE,
+        Approach::Modify => MAGENTA,
+        Approach::Adaptive => GREEN,
+    };
+    let series: Vec<(&str, &[Sample], RGBColor)> = s.approaches.iter().map(|(a, sum)| (a.name(), sum.typical().samples.as_slice(), color(*a))).collect();
+    // Room on the right for the final figures.
+    let tmax = series.iter().flat_map(|(_, v, _)| v.last()).map(|x| x.t_s).fold(1.0, f64::max) * 1.15;
     for (panel, (title, f)) in panels.iter().zip([
         ("total dollars (storage + compute)", (|x: &Sample| x.storage_usd + x.compute_usd) as fn(&Sample) -> f64),
         ("storage dollars", |x: &Sample| x.storage_usd),
     ]) {
-        let ymax = series.iter().flat_map(|(_, v)| v.iter()).map(f).filter(|y| y.is_finite()).fold(1e-9, f64::max) * 1.05;
+        let ymax = series.iter().flat_map(|(_, v, _)| v.iter()).map(f).filter(|y| y.is_finite()).fold(1e-9, f64::max) * 1.05;
         let mut ch = ChartBuilder::on(panel)
             .caption(format!("{}: {title} over time", s.scaled.sc.key), ("sans-serif", 16))
             .margin(8)
@@ -279,10 +285,16 @@ fn plot_dollars(path: &Path, s: &ScenarioResult) -> anyhow::Result<()> {
             .y_label_area_size(70)
             .build_cartesian_2d(0.0..tmax, 0.0..ymax)?;
         ch.configure_mesh().x_desc("time (s, full scale)").y_desc("US$").draw()?;
-        for ((name, v), color) in series.iter().zip(colors) {
+        for &(name, v, color) in &series {
             ch.draw_series(LineSeries::new(v.iter().filter(|x| f(x).is_finite()).map(|x| (x.t_s, f(x))), color.stroke_width(2)))?
-                .label(*name)
+                .label(name)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
+            // Where each approach ends, with its final dollars.
+            if let Some(last) = v.iter().rev().find(|x| f(x).is_finite()) {
+                let (x, y) = (last.t_s, f(last));
+                ch.draw_series(std::iter::once(Circle::new((x, y), 4, color.filled())))?;
+                ch.draw_series(std::iter::once(Text::new(format!("${y:.4}"), (x, y), ("sans-serif", 12).into_font().color(&color))))?;
+            }
         }
         ch.configure_series_labels().position(SeriesLabelPosition::UpperLeft).background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
     }
