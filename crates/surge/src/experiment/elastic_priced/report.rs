@@ -301,3 +301,16 @@ fn plot_dollars(path: &Path, s: &ScenarioResult) -> anyhow::Result<()> {
     root.present()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_range() {
+        let s = Stat::of(vec![3.0, 1.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        assert_eq!(Stat::of(vec![4.0, 1.0, 2.0, 3.0]).median, 2.5);
+        assert!(Stat::of(vec![]).median.is_nan());
+    }
+}

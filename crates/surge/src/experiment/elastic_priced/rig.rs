@@ -340,3 +340,28 @@ pub fn run(s: &Scaled, a: Approach, rep: usize, dir: &Path, reference: &MemoryDe
         verified_bytes: verified,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bursts_are_the_intervals_with_io_short_gaps_merged() {
+        let a = [(0.0, 0), (1.0, 0), (2.0, 10), (3.0, 20), (4.0, 20), (5.0, 30), (20.0, 30), (21.0, 40)];
+        // 1-3 and 4-5 are one burst (a 1 s gap < 5 s); 20-21 another.
+        assert_eq!(bursts_of(&a, 5.0), vec![(1.0, 5.0), (20.0, 21.0)]);
+        assert!(bursts_of(&a[..2], 5.0).is_empty());
+    }
+
+    #[test]
+    fn the_policy_is_the_daemons_at_the_runs_scale() {
+        let s = super::super::scenarios(&super::super::Plan { quick: true, time: 0.05, rate: 1.0 / 16.0, reps: 1, parallel: true }).remove(1);
+        let p = policy(&s);
+        let d = ElasticConfig::default();
+        assert_eq!(p.window, d.window.mul_f64(0.05));
+        assert_eq!(p.inactivity_delay, d.inactivity_delay.mul_f64(0.05));
+        assert_eq!((p.ut, p.shrink), (d.ut, d.shrink));
+        assert_eq!(p.backing_iops, Some(3_000.0 / 16.0), "gp3's 3,000 IOPS at rate 1/16");
+        assert!(p.learn_period, "the one policy deviation, listed in the report");
+    }
+}
