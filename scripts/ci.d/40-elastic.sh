@@ -2,7 +2,11 @@
 # Issue 4 (elastic cache): an elastic export in the daemon (write, read back,
 # status), then the quick CM1-style experiment; thresholds from results.json:
 # adaptive within 3.3 % of static-fast completion, cost <= 35 % of static-fast
-# and below static-slow, every approach's data verified. Fails loudly otherwise.
+# and below static-slow, every approach's data verified. Issue 14 (dollars):
+# a cache=auto export in the daemon shows its priced plans; in both priced
+# scenarios adaptive's total dollars are the lowest of the four approaches,
+# its completion within 3.3 % of static-fast (goal 2 %), and in the iops
+# scenario its storage dollars <= 35 % of static-fast's. Fails loudly otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${ELASTIC_OUT:-$(mktemp -d /tmp/surge-elastic.XXXXXX)}"
@@ -10,16 +14,21 @@ BIN="${CARGO_TARGET_DIR:-target}/release/surge"
 [ -x "$BIN" ] || cargo build --release -p surge --locked 2>&1 | tail -2
 start=$(date +%s)
 
+# Serve export d=SPEC from a fresh data dir ($D), write SIZE of pattern P
+# through NBD, read it back, save `surge status --json` as $D/status.json.
+daemon_burst() {
+  D=$(mktemp -d /tmp/surge-elastic-d.XXXXXX)
+  "$BIN" --log warn serve --data-dir "$D" --listen "unix:$D/nbd.sock" --export "d=$1" &
+  SERVE=$!
+  trap 'kill $SERVE 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do [ -S "$D/control.sock" ] && [ -S "$D/nbd.sock" ] && break; sleep 0.1; done
+  qemu-io -f raw -c "write -P $2 0 $3" -c 'flush' "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
+  qemu-io -f raw -c "read -P $2 0 $3" "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
+  "$BIN" status --data-dir "$D" --json > "$D/status.json"
+}
+
 # 1. The daemon: an elastic export over the local cloud, I/O through NBD, status.
-D=$(mktemp -d /tmp/surge-elastic-d.XXXXXX)
-"$BIN" --log warn serve --data-dir "$D" --listen "unix:$D/nbd.sock" \
-  --export d=elastic:backing=reserved:256MiB,bw=33MB/s,cache=reserved,cache_bw=128MB/s,initial=64MiB,min=16MiB,granularity=16MiB,window=1s,id=2s,attach_delay=100ms &
-SERVE=$!
-trap 'kill $SERVE 2>/dev/null || true' EXIT
-for _ in $(seq 100); do [ -S "$D/control.sock" ] && [ -S "$D/nbd.sock" ] && break; sleep 0.1; done
-qemu-io -f raw -c 'write -P 7 0 48M' -c 'flush' "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
-qemu-io -f raw -c 'read -P 7 0 48M' "nbd+unix:///d?socket=$D/nbd.sock" >/dev/null
-"$BIN" status --data-dir "$D" --json > "$D/status.json"
+daemon_burst elastic:backing=reserved:256MiB,bw=33MB/s,cache=reserved,cache_bw=128MB/s,initial=64MiB,min=16MiB,granularity=16MiB,window=1s,id=2s,attach_delay=100ms 7 48M
 python3 - "$D/status.json" <<'PY'
 import json, sys
 t = {x["name"]: x["status"] for x in json.load(open(sys.argv[1]))}
@@ -27,6 +36,23 @@ e = t["d/elastic"]
 assert e["cache_sizes"], f"a 48 MiB burst at 33 MB/s must provision a cache: {e}"
 assert e["decisions"] and all(d["reason"] for d in e["decisions"]), e["decisions"]
 print("daemon elastic check ok: state", e["state"], "cache sizes", e["cache_sizes"], "cost", e["cost"])
+PY
+kill $SERVE; wait $SERVE || true
+trap - EXIT
+
+# 1b. cache=auto: the planner prices each cache volume (gp3 backing, a burst of
+#     256 MiB at its 125 MiB/s baseline; time worth $20/h buys a gp3 boost).
+daemon_burst elastic:backing=gp3:1GiB,cache=auto,value_per_hour=20,initial=256MiB,min=64MiB,granularity=64MiB,window=500ms,id=1s,attach_delay=100ms 9 256M
+python3 - "$D/status.json" <<'PY'
+import json, sys
+t = {x["name"]: x["status"] for x in json.load(open(sys.argv[1]))}
+b = t["d/elastic"]["boost"]
+assert b and b["plans"], f"a 256 MiB burst on a 125 MiB/s gp3 must be planned: {t['d/elastic']}"
+p = b["plans"][-1]
+assert p["reason"] and p["plan"]["candidates"], p
+assert (p["chosen"] or "").startswith("gp3:"), f"at $20/h a gp3 boost pays: {p['reason']}"
+assert any("boost gp3:" in d["reason"] for d in t["d/elastic"]["decisions"]), t["d/elastic"]["decisions"]
+print("daemon cache=auto check ok:", p["chosen"], "-", p["reason"][:160])
 PY
 kill $SERVE; wait $SERVE || true
 trap - EXIT
@@ -58,9 +84,24 @@ check("static-slow slower", slow["completion_s"] > fast["completion_s"], f'{slow
 for k, v in a.items():
     check(f"{k} verified", v["verified_bytes"] > 0, f'{v["verified_bytes"]} bytes')
 check("cache sizes", len(r["cache_sizes_gib"]) >= 4, f'{r["cache_sizes_gib"]} (one per burst)')
-for f in ("report.md", "io_activity.svg", "cost.svg"):
+for f in ("report.md", "io_activity.svg", "cost.svg", "priced_throughput.svg", "priced_iops.svg"):
     p = os.path.join(os.path.dirname(sys.argv[1]), f)
     check(f, os.path.exists(p) and os.path.getsize(p) > 0, "written")
+# Issue 14: the priced scenarios.
+for sc in ("throughput", "iops"):
+    p = r["priced"][sc]
+    names = ("static-slow", "static-fast", "modify-volume", "adaptive")
+    ad, fast = p["adaptive"], p["static-fast"]
+    others = {n: p[n]["total_usd"] for n in names if n != "adaptive"}
+    check(f"{sc}: adaptive total $ lowest", all(ad["total_usd"] < v for v in others.values()),
+          f'${ad["total_usd"]:.4f} vs ' + ", ".join(f"{n} ${v:.4f}" for n, v in others.items()))
+    oh = (ad["completion_s"] / fast["completion_s"] - 1) * 100
+    check(f"{sc}: adaptive completion", oh <= 3.3, f"{oh:+.2f} % vs static-fast (need <= 3.3 %, aim <= 2 %)")
+    for n in names:
+        check(f"{sc}: {n} verified", all(x["verified_bytes"] > 0 for x in p[n]["runs"]), f'{len(p[n]["runs"])} run(s)')
+    if sc == "iops":
+        sr = ad["storage_usd"] / fast["storage_usd"] * 100
+        check("iops: adaptive storage $", sr <= 35, f"{sr:.1f} % of static-fast (need <= 35 %)")
 if bad:
     print("ELASTIC THRESHOLDS NOT MET: " + "; ".join(bad), file=sys.stderr)
     sys.exit(1)

@@ -10,11 +10,20 @@ pub struct Attachment {
     id: String,
     dev: Arc<dyn BlockDev>,
     gone: AtomicBool,
+    /// Run before each request (the local cloud advances a modification's
+    /// performance ramp on the I/O path).
+    before_each: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Attachment {
     pub fn new(id: &str, dev: Arc<dyn BlockDev>) -> Self {
-        Attachment { id: id.to_string(), dev, gone: AtomicBool::new(false) }
+        Attachment { id: id.to_string(), dev, gone: AtomicBool::new(false), before_each: None }
+    }
+
+    /// Run `f` before each request reaches the device.
+    pub fn before_each_request(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.before_each = Some(Box::new(f));
+        self
     }
 
     /// Every request fails from now on.
@@ -26,6 +35,9 @@ impl Attachment {
         if self.gone.load(Ordering::Acquire) {
             Err(BlockError::Gone(format!("volume {} was detached", self.id)))
         } else {
+            if let Some(f) = &self.before_each {
+                f();
+            }
             Ok(())
         }
     }

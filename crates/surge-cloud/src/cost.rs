@@ -18,10 +18,21 @@
 //! gp3's provisioned throughput and IOPS for every unit reserved (an
 //! assumption, overridable). Azure premium is not priced by default.
 //! Every figure can be overridden from TOML ([`PriceTable::from_toml`]).
+//!
+//! Compute: the instances whose time the storage decides (the application's
+//! nodes, waiting during its I/O bursts) are priced too, so a slower, cheaper
+//! volume that prolongs a run pays for it. EC2 on-demand list prices, Linux,
+//! us-east-1, per hour, billed per second with a 60 s minimum (unchanged for
+//! these types since 2018; <https://aws.amazon.com/ec2/pricing/on-demand/>).
+//!
+//! Reduced-scale experiments run time `time_scale` times as fast as the
+//! cloud's (durations x f): billing stretches each emulated second back to
+//! 1/f seconds, so the 60 s minimum and per-second rounding apply at full scale.
 
 use crate::spec::VolumeSpec;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use surge_block::model::{VolumeModel, GIB, MIB};
 use surge_block::Clock;
@@ -62,6 +73,41 @@ pub struct PriceTable {
     pub sc1: Price,
     pub reserved: Price,
     pub azure_premium: Price,
+    /// Emulated seconds per billed second's 1/f: 1.0 bills real time; an
+    /// experiment at time scale f (durations x f) sets f.
+    #[serde(default = "one")]
+    pub time_scale: f64,
+    /// Compute instances, $ per hour (on-demand, Linux).
+    #[serde(default = "ec2_on_demand")]
+    pub instances: BTreeMap<String, f64>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// EC2 on-demand list prices, Linux, us-east-1, $/hour.
+fn ec2_on_demand() -> BTreeMap<String, f64> {
+    [
+        ("m5.large", 0.096),
+        ("m5.xlarge", 0.192),
+        ("m5.2xlarge", 0.384),
+        ("m5.4xlarge", 0.768),
+        ("c5.large", 0.085),
+        ("c5.xlarge", 0.17),
+        ("c5.2xlarge", 0.34),
+        ("c5.4xlarge", 0.68),
+        ("c5.9xlarge", 1.53),
+        ("r5.large", 0.126),
+        ("r5.xlarge", 0.252),
+        ("r5.2xlarge", 0.504),
+        ("r5.4xlarge", 1.008),
+        ("r5.8xlarge", 2.016),
+        ("r5.12xlarge", 3.024),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 fn storage(gb_month: f64) -> Price {
@@ -88,6 +134,8 @@ impl Default for PriceTable {
             sc1: storage(0.015),
             reserved: Price { iops: tiers(&[(0, 0.005)]), throughput: tiers(&[(0, 0.040)]), ..storage(0.08) },
             azure_premium: Price::default(),
+            time_scale: 1.0,
+            instances: ec2_on_demand(),
         }
     }
 }
@@ -96,6 +144,8 @@ impl Default for PriceTable {
 pub enum PriceError {
     #[error("price table TOML: {0}")]
     Toml(String),
+    #[error("no price for instance type {0:?}; known: {1} (add it under [instances] in a price table)")]
+    UnknownInstance(String, String),
 }
 
 fn merge(base: &mut toml::Value, over: toml::Value) {
@@ -125,7 +175,25 @@ impl PriceTable {
         if t.seconds_per_month == 0 {
             return Err(PriceError::Toml("seconds_per_month must be positive".into()));
         }
+        if !(t.time_scale > 0.0 && t.time_scale.is_finite()) {
+            return Err(PriceError::Toml("time_scale must be positive".into()));
+        }
         Ok(t)
+    }
+
+    /// $ per hour of `count` instances of `instance`.
+    pub fn instance_usd_hour(&self, instance: &str, count: u32) -> Result<f64, PriceError> {
+        match self.instances.get(instance) {
+            Some(p) => Ok(p * count as f64),
+            None => Err(PriceError::UnknownInstance(instance.to_string(), self.instances.keys().cloned().collect::<Vec<_>>().join(", "))),
+        }
+    }
+
+    /// Seconds billed for `ns` of emulated time: full-scale seconds, rounded
+    /// up, at least `minimum` (0 for a continuation).
+    pub fn billed_seconds(&self, ns: u64, minimum: u64) -> u64 {
+        let secs = if self.time_scale == 1.0 { ns.div_ceil(1_000_000_000) } else { (ns as f64 / 1e9 / self.time_scale - 1e-9).ceil().max(0.0) as u64 };
+        secs.max(minimum)
     }
 
     pub fn price(&self, model: &VolumeModel) -> &Price {
@@ -198,10 +266,64 @@ pub struct VolumeCost {
     pub priced: bool,
 }
 
+/// Instances running for an application: started at `start`, stopped at `end`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComputeRecord {
+    pub id: String,
+    pub instance: String,
+    pub count: u32,
+    pub start_unix_ns: u64,
+    pub end_unix_ns: Option<u64>,
+}
+
+/// What some instances cost so far.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComputeCost {
+    pub id: String,
+    pub instance: String,
+    pub count: u32,
+    pub stopped: bool,
+    pub seconds: f64,
+    pub billed_seconds: u64,
+    pub usd_hour: f64,
+    pub usd: f64,
+}
+
+/// Nanoseconds from `start` to `end` (or to now while it runs).
+fn lifetime_ns(start: u64, end: Option<u64>, now: u64) -> u64 {
+    end.unwrap_or(now).max(start) - start
+}
+
+/// Bill one compute record at `now_unix_ns` (per second, 60 s minimum).
+pub fn bill_compute(prices: &PriceTable, r: &ComputeRecord, now_unix_ns: u64) -> ComputeCost {
+    let ns = lifetime_ns(r.start_unix_ns, r.end_unix_ns, now_unix_ns);
+    let billed_seconds = prices.billed_seconds(ns, prices.minimum_seconds);
+    let usd_hour = prices.instance_usd_hour(&r.instance, r.count).unwrap_or(0.0);
+    ComputeCost {
+        id: r.id.clone(),
+        instance: r.instance.clone(),
+        count: r.count,
+        stopped: r.end_unix_ns.is_some(),
+        seconds: ns as f64 / 1e9,
+        billed_seconds,
+        usd_hour,
+        usd: usd_hour * billed_seconds as f64 / 3_600.0,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostReport {
     pub at_unix_ms: u64,
     pub volumes: Vec<VolumeCost>,
+    /// Instances priced with the storage (none unless someone starts them).
+    #[serde(default)]
+    pub compute: Vec<ComputeCost>,
+    /// Volumes only.
+    #[serde(default)]
+    pub storage_usd: f64,
+    #[serde(default)]
+    pub compute_usd: f64,
+    /// Storage + compute.
     pub total_usd: f64,
     pub total_agbs: f64,
     pub price_source: String,
@@ -210,10 +332,9 @@ pub struct CostReport {
 
 /// Bill one record at `now_unix_ns`.
 pub fn bill(prices: &PriceTable, r: &UsageRecord, now_unix_ns: u64) -> VolumeCost {
-    let end = r.end_unix_ns.unwrap_or(now_unix_ns).max(r.start_unix_ns);
-    let ns = end - r.start_unix_ns;
+    let ns = lifetime_ns(r.start_unix_ns, r.end_unix_ns, now_unix_ns);
     let min = if r.continued { 0 } else { prices.minimum_seconds };
-    let billed_seconds = ns.div_ceil(1_000_000_000).max(min);
+    let billed_seconds = prices.billed_seconds(ns, min);
     let usd_month = prices.usd_month(&r.spec);
     let seconds = ns as f64 / 1e9;
     let agbs = r.spec.model.reserved_bw().map(|bw| bw as f64 / 1e6 * (r.spec.size as f64 / GIB as f64) * seconds);
@@ -233,11 +354,22 @@ pub fn bill(prices: &PriceTable, r: &UsageRecord, now_unix_ns: u64) -> VolumeCos
 
 /// Bill every record at `now_unix_ns`.
 pub fn report(prices: &PriceTable, records: &[UsageRecord], now_unix_ns: u64) -> CostReport {
+    report_with_compute(prices, records, &[], now_unix_ns)
+}
+
+/// Bill every volume and compute record at `now_unix_ns`.
+pub fn report_with_compute(prices: &PriceTable, records: &[UsageRecord], compute: &[ComputeRecord], now_unix_ns: u64) -> CostReport {
     let volumes: Vec<VolumeCost> = records.iter().map(|r| bill(prices, r, now_unix_ns)).collect();
+    let compute: Vec<ComputeCost> = compute.iter().map(|r| bill_compute(prices, r, now_unix_ns)).collect();
+    let storage_usd: f64 = volumes.iter().map(|v| v.usd).sum();
+    let compute_usd: f64 = compute.iter().map(|c| c.usd).sum();
     CostReport {
         at_unix_ms: now_unix_ns / 1_000_000,
-        total_usd: volumes.iter().map(|v| v.usd).sum(),
+        storage_usd,
+        compute_usd,
+        total_usd: storage_usd + compute_usd,
         total_agbs: volumes.iter().filter_map(|v| v.agbs).sum(),
+        compute,
         volumes,
         price_source: prices.source.clone(),
         price_date: prices.date.clone(),
@@ -270,11 +402,33 @@ pub struct CostMeter {
     prices: PriceTable,
     wall: WallClock,
     records: Mutex<Vec<UsageRecord>>,
+    compute: Mutex<Vec<ComputeRecord>>,
 }
 
 impl CostMeter {
     pub fn new(prices: PriceTable, wall: WallClock) -> Self {
-        CostMeter { prices, wall, records: Mutex::new(Vec::new()) }
+        CostMeter { prices, wall, records: Mutex::new(Vec::new()), compute: Mutex::new(Vec::new()) }
+    }
+
+    /// Billing of `count` instances of type `instance` (e.g. `c5.2xlarge`) starts now.
+    pub fn start_compute(&self, id: &str, instance: &str, count: u32) -> Result<(), PriceError> {
+        self.prices.instance_usd_hour(instance, count)?;
+        let now = self.wall.now_unix_ns();
+        self.compute.lock().push(ComputeRecord { id: id.into(), instance: instance.into(), count, start_unix_ns: now, end_unix_ns: None });
+        Ok(())
+    }
+
+    /// Billing of the instances `id` stops now; false if they were not running.
+    pub fn stop_compute(&self, id: &str) -> bool {
+        let now = self.wall.now_unix_ns();
+        let mut recs = self.compute.lock();
+        match recs.iter_mut().find(|r| r.id == id && r.end_unix_ns.is_none()) {
+            Some(r) => {
+                r.end_unix_ns = Some(now);
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn prices(&self) -> &PriceTable {
@@ -301,7 +455,7 @@ impl CostMeter {
     }
 
     pub fn report(&self) -> CostReport {
-        report(&self.prices, &self.records.lock(), self.wall.now_unix_ns())
+        report_with_compute(&self.prices, &self.records.lock(), &self.compute.lock(), self.wall.now_unix_ns())
     }
 }
 
@@ -401,6 +555,46 @@ mod tests {
     }
 
     #[test]
+    fn compute_is_billed_per_second_with_a_minimum() {
+        let (clock, m) = meter();
+        m.start_compute("app", "c5.2xlarge", 4).unwrap();
+        m.start("v", None, spec("gp3:100GiB"));
+        clock.advance(Duration::from_secs(30));
+        let r = m.report();
+        // 4 x $0.34/h, 60 s minimum.
+        assert_eq!(r.compute[0].billed_seconds, 60);
+        assert!(close(r.compute_usd, 4.0 * 0.34 * 60.0 / 3_600.0));
+        clock.advance(Duration::from_millis(3_570_500));
+        assert!(m.stop_compute("app"));
+        assert!(!m.stop_compute("app"));
+        clock.advance(Duration::from_secs(100));
+        let r = m.report();
+        assert_eq!(r.compute[0].billed_seconds, 3_601, "3,600.5 s rounded up, stopped");
+        assert!(close(r.compute_usd, 1.36 * 3_601.0 / 3_600.0));
+        assert!(close(r.total_usd, r.storage_usd + r.compute_usd));
+        assert!(close(r.storage_usd, 8.0 * 3_700.5f64.ceil() / 2_592_000.0));
+        let e = m.start_compute("x", "z9.huge", 1).unwrap_err().to_string();
+        assert!(e.contains("z9.huge") && e.contains("c5.2xlarge"), "{e}");
+    }
+
+    #[test]
+    fn a_time_scale_bills_emulated_seconds_at_full_scale() {
+        let clock = Arc::new(VirtualClock::new());
+        let prices = PriceTable { time_scale: 0.05, ..PriceTable::default() };
+        let m = CostMeter::new(prices, WallClock { clock: clock.clone(), epoch_unix_ns: 0 });
+        m.start("c", None, spec("gp2:100GiB"));
+        m.start_compute("app", "r5.8xlarge", 1).unwrap();
+        // 2 s at scale 1/20 are 40 s: billed the 60 s minimum; 10 s are 200 s.
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(m.report().volumes[0].billed_seconds, 60);
+        clock.advance(Duration::from_secs(8));
+        let r = m.report();
+        assert_eq!(r.volumes[0].billed_seconds, 200);
+        assert!(close(r.compute_usd, 2.016 * 200.0 / 3_600.0));
+        assert!((r.volumes[0].seconds - 10.0).abs() < 1e-9, "seconds existed stay emulated");
+    }
+
+    #[test]
     fn prices_can_be_overridden_from_toml() {
         let t = PriceTable::from_toml("seconds_per_month = 2678400\n[gp2]\ngb_month = 0.12\n").unwrap();
         assert_eq!(t.gp2.gb_month, 0.12);
@@ -410,5 +604,9 @@ mod tests {
         let e = PriceTable::from_toml("[gp2]\ngb_month = \"cheap\"").unwrap_err().to_string();
         assert!(e.contains("gb_month") || e.contains("invalid type"), "{e}");
         assert!(PriceTable::from_toml("seconds_per_month = 0").is_err());
+        let t = PriceTable::from_toml("[instances]\n\"x1.tiny\" = 0.01\n").unwrap();
+        assert_eq!(t.instance_usd_hour("x1.tiny", 3).unwrap(), 0.03);
+        assert_eq!(t.instance_usd_hour("c5.2xlarge", 1).unwrap(), 0.34, "defaults kept");
+        assert!(PriceTable::from_toml("time_scale = 0").is_err());
     }
 }

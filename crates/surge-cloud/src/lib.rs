@@ -21,6 +21,6 @@ pub mod spec;
 
 pub use attachment::Attachment;
 pub use cost::{CostMeter, CostReport, PriceTable, VolumeCost, WallClock};
-pub use local::{Delays, LocalConfig, LocalProvider};
+pub use local::{Delays, LocalConfig, LocalProvider, ModifyRules};
 pub use provider::{Action, CloudError, CreateRequest, Provider, VolumeInfo, VolumeState};
 pub use spec::{SpecError, VolumeSpec};

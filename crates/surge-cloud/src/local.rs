@@ -30,8 +30,12 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use surge_block::model::{CreditBalance, ModelDev, Scheduler};
+use surge_block::model::{CreditBalance, ModelDev, Scale, Scheduler};
 use surge_block::{BlockDev, Clock, FileDev, FileOptions};
+
+mod emulate;
+pub use emulate::ModifyRules;
+use emulate::Optimizing;
 
 /// How long each provider call takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,18 +82,25 @@ pub struct LocalConfig {
     pub prices: PriceTable,
     /// UNIX time of the clock's zero; `None`: anchor to the system time at open.
     pub epoch_unix_ns: Option<u64>,
-    /// Reduced-scale emulation for experiments (1.0, the default: exact). A
-    /// volume's device holds `size x scale` bytes and its burst-credit buckets
-    /// `capacity x scale` credits, while rates stay as published; a run whose
-    /// durations are scaled by the same factor keeps every proportion (burst
-    /// length, rebuild time vs burst, cache warm-up). Billing and `describe`
-    /// use the full size.
-    pub scale: f64,
+    /// Reduced-scale emulation (experiments): volumes serve their type's rates
+    /// x `rate`, files hold `rate x time` of their size, and billing counts each
+    /// second as 1/`time` seconds. Specs, limits and prices stay full-scale.
+    pub scale: Scale,
+    /// EBS's elastic-volume modification rules (default: none).
+    pub modify_rules: ModifyRules,
 }
 
 impl LocalConfig {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        LocalConfig { dir: dir.into(), delays: Delays::default(), timeout: None, prices: PriceTable::default(), epoch_unix_ns: None, scale: 1.0 }
+        LocalConfig {
+            dir: dir.into(),
+            delays: Delays::default(),
+            timeout: None,
+            prices: PriceTable::default(),
+            epoch_unix_ns: None,
+            scale: Scale::FULL,
+            modify_rules: ModifyRules::default(),
+        }
     }
 
     /// `<user data dir>/surge/cloud`, e.g. `~/.local/share/surge/cloud`.
@@ -114,6 +125,9 @@ struct VolRec {
     /// Process that has it attached (stale if that process is gone).
     attached_pid: Option<u32>,
     credits: Option<SavedCredits>,
+    /// Last modification (for the cooldown rule).
+    #[serde(default)]
+    modified_unix_ns: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -128,6 +142,7 @@ struct State {
 struct Live {
     model: Arc<ModelDev>,
     attachment: Option<Arc<Attachment>>,
+    optimizing: Arc<Optimizing>,
 }
 
 /// The embedded emulated cloud.
@@ -150,7 +165,10 @@ fn pid_alive(pid: u32) -> bool {
 impl LocalProvider {
     /// Open (creating if needed) the provider directory, removing volume files
     /// that no state entry names.
-    pub fn open(cfg: LocalConfig, clock: Arc<dyn Clock>) -> Result<Self> {
+    pub fn open(mut cfg: LocalConfig, clock: Arc<dyn Clock>) -> Result<Self> {
+        if !cfg.scale.is_full() {
+            cfg.prices.time_scale = cfg.scale.time;
+        }
         let wall = match cfg.epoch_unix_ns {
             Some(epoch_unix_ns) => WallClock { clock, epoch_unix_ns },
             None => WallClock::anchored(clock),
@@ -199,27 +217,6 @@ impl LocalProvider {
     /// Make the next call of `action` take `extra` longer (test hook).
     pub fn inject_delay(&self, action: Action, extra: Duration) {
         self.slow.lock().push((action, extra));
-    }
-
-    /// Bytes of the device of a volume of `size` bytes (see [`LocalConfig::scale`]).
-    fn device_size(&self, size: u64) -> u64 {
-        if self.cfg.scale == 1.0 {
-            return size;
-        }
-        (((size as f64 * self.cfg.scale) as u64) / 4096).max(1) * 4096
-    }
-
-    /// The model shape of a volume, with credit buckets scaled.
-    fn shape_of(&self, spec: &VolumeSpec) -> std::result::Result<surge_block::model::Shape, surge_block::model::ModelError> {
-        let mut shape = spec.shape()?;
-        if self.cfg.scale != 1.0 {
-            let f = self.cfg.scale;
-            for c in [&mut shape.op_credits, &mut shape.byte_credits].into_iter().flatten() {
-                c.capacity = ((c.capacity as f64 * f) as u64).max(1);
-                c.initial = ((c.initial as f64 * f) as u64).min(c.capacity);
-            }
-        }
-        Ok(shape)
     }
 
     fn fault(&self, action: Action, volume: &str, step: u32) -> Result<()> {
@@ -309,7 +306,8 @@ impl LocalProvider {
     /// Credits of a volume this process does not serve: the saved balance plus
     /// what the baseline has earned since (the bucket keeps filling while idle).
     fn offline_credits(&self, v: &VolRec) -> CreditBalance {
-        let Ok(shape) = self.shape_of(&v.spec) else { return CreditBalance::default() };
+        let Ok(shape) = v.spec.shape() else { return CreditBalance::default() };
+        let shape = self.cfg.scale.shape(shape);
         let mut s = Scheduler::new(shape, Duration::ZERO);
         let Some(saved) = &v.credits else { return s.credits(Duration::ZERO) };
         s.set_credits(Duration::ZERO, saved.ops, saved.bytes);
@@ -442,7 +440,7 @@ impl Provider for LocalProvider {
                 .write(true)
                 .create_new(true)
                 .open(&path)
-                .and_then(|f| f.set_len(self.device_size(req.spec.size)).and_then(|_| f.sync_all()));
+                .and_then(|f| f.set_len(self.cfg.scale.size(req.spec.size)).and_then(|_| f.sync_all()));
             made.map_err(|source| {
                 let _ = fs::remove_file(&path);
                 self.io(a, &id, "creating", &path, source)
@@ -454,7 +452,15 @@ impl Provider for LocalProvider {
             };
             self.fault(a, &id, 1).map_err(undo)?;
             st.next_id += 1;
-            let rec = VolRec { id: id.clone(), name: req.name.clone(), spec: req.spec.clone(), created_unix_ns: now, attached_pid: None, credits: None };
+            let rec = VolRec {
+                id: id.clone(),
+                name: req.name.clone(),
+                spec: req.spec.clone(),
+                created_unix_ns: now,
+                attached_pid: None,
+                credits: None,
+                modified_unix_ns: None,
+            };
             st.volumes.push(rec.clone());
             st.billing.push(UsageRecord { id: id.clone(), name: req.name.clone(), spec: req.spec.clone(), start_unix_ns: now, end_unix_ns: None, continued: false });
             self.save(a, &id, st, 2).map_err(undo)?;
@@ -493,19 +499,20 @@ impl Provider for LocalProvider {
         let file = FileDev::open(&path, &FileOptions::default()).map_err(|source| release(self.io(a, &rec.id, "opening", &path, source)))?;
         self.fault(a, &rec.id, 1).map_err(release)?;
         let mut live = self.live.lock();
-        let model = match live.get(&rec.id) {
+        let (model, optimizing) = match live.get(&rec.id) {
             // Re-attach in this process: keep the model, and its credits.
-            Some(l) => l.model.clone(),
+            Some(l) => (l.model.clone(), l.optimizing.clone()),
             None => {
-                let shape = self.shape_of(&rec.spec).map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
-                let m = Arc::new(ModelDev::new(Arc::new(file), self.wall.clock.clone(), shape));
+                let shape = rec.spec.shape().map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
+                let m = Arc::new(ModelDev::new(Arc::new(file), self.wall.clock.clone(), self.cfg.scale.shape(shape)));
                 let c = self.offline_credits(&rec);
                 m.set_credits(c.ops, c.bytes);
-                m
+                (m, Arc::new(Optimizing::default()))
             }
         };
-        let att = Arc::new(Attachment::new(&rec.id, model.clone()));
-        live.insert(rec.id.clone(), Live { model, attachment: Some(att.clone()) });
+        let advance = (optimizing.clone(), model.clone(), self.wall.clock.clone());
+        let att = Arc::new(Attachment::new(&rec.id, model.clone()).before_each_request(move || advance.0.advance(&advance.1, advance.2.now())));
+        live.insert(rec.id.clone(), Live { model, attachment: Some(att.clone()), optimizing });
         tracing::info!(id = %rec.id, spec = %rec.spec, "attached volume");
         Ok(att)
     }
@@ -585,7 +592,7 @@ impl Provider for LocalProvider {
 
     fn modify(&self, key: &str, spec: VolumeSpec) -> Result<VolumeInfo> {
         let a = Action::Modify;
-        let shape = self.shape_of(&spec).map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
+        let shape = spec.shape().map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
         for w in spec.warnings() {
             tracing::warn!("{w}");
         }
@@ -594,8 +601,16 @@ impl Provider for LocalProvider {
         let info = self.locked(a, |st| {
             let v = Self::find(st, a, key)?;
             let busy = |why: String| CloudError::Busy { action: a, volume: v.id.clone(), why };
-            if spec.kind() != v.spec.kind() {
-                return Err(busy(format!("cannot change the type ({} to {}); create a new volume and copy", v.spec.kind(), spec.kind())));
+            // EBS changes the type in place too (gp3 to io2 and back, st1 from
+            // 125 GiB); `spec.shape()` above checked the new type's limits.
+            let now = self.wall.now_unix_ns();
+            let cooldown = self.cfg.modify_rules.cooldown.as_nanos() as u64;
+            if let Some(last) = v.modified_unix_ns.filter(|&t| now.saturating_sub(t) < cooldown) {
+                return Err(busy(format!(
+                    "modified {:.1} s ago; a volume may be modified once per {:?} (EBS's cooldown)",
+                    now.saturating_sub(last) as f64 / 1e9,
+                    self.cfg.modify_rules.cooldown
+                )));
             }
             if spec.size < v.spec.size {
                 return Err(busy("volumes only grow".into()));
@@ -607,7 +622,7 @@ impl Provider for LocalProvider {
                     return Err(busy("detach it to resize (an attached device keeps its size)".into()));
                 }
                 let path = self.vol_path(&v.id);
-                let grown = OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(self.device_size(spec.size)).and_then(|_| f.sync_all()));
+                let grown = OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(self.cfg.scale.size(spec.size)).and_then(|_| f.sync_all()));
                 grown.map_err(|source| self.io(a, &v.id, "resizing", &path, source))?;
                 // The next attach opens the file at its new size; keep the credits.
                 if let Some(l) = live.remove(&v.id) {
@@ -615,12 +630,12 @@ impl Provider for LocalProvider {
                     v.credits = Some(SavedCredits { ops: c.ops, bytes: c.bytes, at_unix_ns: self.wall.now_unix_ns() });
                 }
             } else if let Some(l) = live.get(&v.id) {
-                l.model.set_shape(shape.clone());
+                l.optimizing.start(&l.model, self.cfg.scale.shape(shape.clone()), self.wall.clock.now(), self.cfg.modify_rules.optimizing);
             }
             drop(live);
             v.spec = spec.clone();
+            v.modified_unix_ns = Some(now);
             let (id, name) = (v.id.clone(), v.name.clone());
-            let now = self.wall.now_unix_ns();
             for r in st.billing.iter_mut().filter(|r| r.id == id && r.end_unix_ns.is_none()) {
                 r.end_unix_ns = Some(now);
             }

@@ -151,9 +151,9 @@ pub trait Provider: Send + Sync {
     }
     /// Cost so far, per volume and in total (deleted volumes included).
     fn cost(&self) -> Result<CostReport>;
-    /// Change a volume's parameters (EBS ModifyVolume): IOPS, throughput,
-    /// bandwidth, latency; the size only grows, and only while detached.
-    /// Billing follows the new parameters from now on.
+    /// Change a volume's parameters (EBS ModifyVolume): type, IOPS,
+    /// throughput, bandwidth, latency; the size only grows, and only while
+    /// detached. Billing follows the new parameters from now on.
     fn modify(&self, id: &str, spec: VolumeSpec) -> Result<VolumeInfo> {
         let _ = spec;
         Err(CloudError::Busy { action: Action::Modify, volume: id.to_string(), why: "this provider cannot modify volumes".into() })

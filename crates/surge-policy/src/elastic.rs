@@ -5,7 +5,10 @@
 //! window. Utilization = application throughput over the window / the backing
 //! volume's reserved bandwidth (the paper's definition): with no cache the
 //! application cannot exceed the backing, so a saturating burst reads ~100 %.
+//! With `backing_iops` set, the busier of bytes and operations counts (a burst
+//! of small writes saturates a gp3 volume's IOPS long before its MB/s).
 
+use crate::window::UtilWindow;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -19,6 +22,9 @@ pub struct ElasticConfig {
     pub inactivity_delay: Duration,
     /// Reserved bandwidth of the backing volume, bytes/s.
     pub backing_bw: f64,
+    /// IOPS of the backing volume, if it has a limit (requests counted).
+    #[serde(default)]
+    pub backing_iops: Option<f64>,
     /// Size of the first cache (paper: 10 GB).
     pub initial_cache: u64,
     pub min_cache: u64,
@@ -42,6 +48,7 @@ impl Default for ElasticConfig {
             ut: 0.30,
             inactivity_delay: Duration::from_secs(30),
             backing_bw: 33e6,
+            backing_iops: None,
             initial_cache: 10 * GIB,
             min_cache: GIB,
             max_cache: 64 * GIB,
@@ -111,8 +118,7 @@ pub struct BurstRecord {
 pub struct ElasticPolicy {
     cfg: ElasticConfig,
     state: State,
-    /// (time, cumulative bytes) samples covering the last window.
-    samples: std::collections::VecDeque<(Duration, u64)>,
+    window: UtilWindow,
     below_since: Option<Duration>,
     cache_size: u64,
     next_size: u64,
@@ -143,9 +149,9 @@ impl ElasticPolicy {
     pub fn new(cfg: ElasticConfig) -> Self {
         let next = round_up(cfg.initial_cache, cfg.granularity).clamp(cfg.min_cache, cfg.max_cache);
         ElasticPolicy {
+            window: UtilWindow::new(cfg.window),
             cfg,
             state: State::Idle,
-            samples: Default::default(),
             below_since: None,
             cache_size: 0,
             next_size: next,
@@ -214,21 +220,20 @@ impl ElasticPolicy {
 
     /// Utilization over the sliding window ending at `now`; `None` until a
     /// full window of samples exists.
-    fn utilization(&mut self, now: Duration, app_bytes: u64) -> Option<f64> {
-        self.samples.push_back((now, app_bytes));
-        while self.samples.len() > 2 && now.saturating_sub(self.samples[1].0) >= self.cfg.window {
-            self.samples.pop_front();
-        }
-        let (t0, b0) = self.samples[0];
-        let span = now.saturating_sub(t0);
-        (span >= self.cfg.window && !span.is_zero())
-            .then(|| app_bytes.saturating_sub(b0) as f64 / span.as_secs_f64() / self.cfg.backing_bw)
+    fn utilization(&mut self, now: Duration, app_bytes: u64, app_ops: u64) -> Option<f64> {
+        Some(self.window.push(now, app_bytes, app_ops)?.utilization(self.cfg.backing_bw, self.cfg.backing_iops))
     }
 
     /// Feed cumulative application bytes (reads + writes) and the cache's state,
     /// as often as you like (each call evaluates the sliding window ending now).
     /// Returns the decisions to apply, each with its reason.
     pub fn tick(&mut self, now: Duration, app_bytes: u64, obs: CacheObs) -> Vec<Decision> {
+        self.tick_ops(now, app_bytes, 0, obs)
+    }
+
+    /// [`Self::tick`] with the cumulative count of application requests too,
+    /// for a backing volume with an IOPS limit (`backing_iops`).
+    pub fn tick_ops(&mut self, now: Duration, app_bytes: u64, app_ops: u64, obs: CacheObs) -> Vec<Decision> {
         let mut out = Vec::new();
         if matches!(self.state, State::Boost | State::Armed) {
             self.used_high = self.used_high.max(obs.used_high_bytes);
@@ -242,7 +247,7 @@ impl ElasticPolicy {
             out.push(self.decide(now, Action::Detach, "cache is clean after draining: detach and delete it".into()));
             self.go(State::Detaching, now);
         }
-        let Some(util) = self.utilization(now, app_bytes) else {
+        let Some(util) = self.utilization(now, app_bytes, app_ops) else {
             return out;
         };
         self.last_util = util;
@@ -316,7 +321,7 @@ impl ElasticPolicy {
         if self.burst_start.is_none() {
             self.burst_start = Some(at);
             self.burst_starts.push(at);
-            self.burst_bytes0 = self.samples.front().map_or(0, |s| s.1);
+            self.burst_bytes0 = self.window.first_bytes();
             self.end_candidate = None;
             self.saw_burst = true;
         }
@@ -472,6 +477,26 @@ mod tests {
         // Sliding 5 s window: 42 % two seconds into the burst.
         assert_eq!(sim.actions(), vec![(22, &Action::Provision { size: 10 * GIB })]);
         assert!(sim.log[0].reason.contains("UT"), "{}", sim.log[0].reason);
+    }
+
+    #[test]
+    fn small_writes_provision_by_operations_when_the_backing_has_an_iops_limit() {
+        // gp3 backing: 125 MiB/s, 3,000 IOPS. 2,400 writes/s of 8 KiB: 15 % of
+        // its bytes but 80 % of its operations.
+        let cfg = ElasticConfig { backing_bw: 125.0 * 1_048_576.0, backing_iops: Some(3_000.0), ..ElasticConfig::default() };
+        let mut p = ElasticPolicy::new(cfg.clone());
+        let (mut bytes, mut ops) = (0u64, 0u64);
+        let mut got = vec![];
+        for t in 1..=10u64 {
+            bytes += 2_400 * 8_192;
+            ops += 2_400;
+            got.extend(p.tick_ops(s(t as f64), bytes, ops, CacheObs::default()));
+        }
+        assert!(matches!(got.first().map(|d| &d.action), Some(Action::Provision { .. })), "{got:?}");
+        // Without the IOPS limit the same burst is invisible.
+        let mut p = ElasticPolicy::new(ElasticConfig { backing_iops: None, ..cfg });
+        let quiet: Vec<Decision> = (1..=10u64).flat_map(|t| p.tick_ops(s(t as f64), t * 2_400 * 8_192, t * 2_400, CacheObs::default())).collect();
+        assert!(quiet.is_empty(), "{quiet:?}");
     }
 
     #[test]

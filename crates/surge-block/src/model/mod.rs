@@ -18,10 +18,12 @@
 //! ```
 
 mod bucket;
+mod scale;
 mod sched;
 mod types;
 
 pub use bucket::Bucket;
+pub use scale::Scale;
 pub use sched::{Charge, CreditBalance, Credits, IoKind, Scheduler, Shape};
 pub use types::{azure_tier, with_latency, ModelError, VolumeModel, GIB, GP2_BURST_IOPS, GP2_CREDITS, KIB, MB, MIB, SSD_OP, TIB};
 

@@ -1,5 +1,5 @@
 use super::*;
-use surge_block::model::{GIB, GP2_CREDITS, MIB};
+use surge_block::model::{Scale, GIB, GP2_CREDITS, MIB};
 use surge_block::{BlockError, VirtualClock};
 
 fn provider(dir: &Path, clock: &Arc<VirtualClock>) -> LocalProvider {
@@ -266,7 +266,6 @@ fn modify_changes_parameters_live_and_bills_the_new_ones() {
     assert_eq!(clock.now() - t0, Duration::from_nanos((1_999 * 1_000_000_000u64).div_ceil(2_000)));
     let e = p.modify(&v.id, "io1:200GiB,iops=2000".parse().unwrap()).unwrap_err().to_string();
     assert!(e.contains("detach it to resize"), "{e}");
-    assert!(p.modify(&v.id, "gp2:100GiB".parse().unwrap()).unwrap_err().to_string().contains("cannot change the type"));
     assert!(p.modify(&v.id, "io1:50GiB,iops=2000".parse().unwrap()).unwrap_err().to_string().contains("only grow"));
     p.detach(&v.id).unwrap();
     let info = p.modify(&v.id, "io1:200GiB,iops=2000".parse().unwrap()).unwrap();
@@ -283,24 +282,87 @@ fn modify_changes_parameters_live_and_bills_the_new_ones() {
 }
 
 #[test]
-fn a_scaled_cloud_shrinks_devices_and_credit_buckets_but_bills_full_sizes() {
+fn a_scaled_cloud_shrinks_devices_and_credit_buckets_but_bills_full_sizes_and_full_scale_seconds() {
     let d = tempfile::tempdir().unwrap();
     let clock = Arc::new(VirtualClock::new());
     let mut cfg = LocalConfig::new(d.path());
     cfg.epoch_unix_ns = Some(0);
     cfg.delays = Delays::none();
-    cfg.scale = 1.0 / 1024.0;
+    cfg.scale = Scale { rate: 1.0, time: 1.0 / 1024.0 };
     let p = LocalProvider::open(cfg, clock.clone()).unwrap();
     let v = p.create(req("gp2:10GiB", Some("m"))).unwrap();
     assert_eq!(v.size, 10 * GIB, "describe keeps the full size");
     let dev = p.attach("m").unwrap();
     assert_eq!(dev.size(), 10 * MIB);
     let c = p.credits("m").unwrap();
-    assert_eq!((c.ops, c.ops_capacity), (Some(GP2_CREDITS / 1024), Some(GP2_CREDITS / 1024)));
+    assert_eq!((c.ops, c.ops_capacity), (Some(GP2_CREDITS.div_ceil(1024)), Some(GP2_CREDITS.div_ceil(1024))));
     // Rates are not scaled: 3,000 IOPS burst, 100 baseline for 10 GiB.
     assert_eq!(p.model(&v.id).unwrap().shape().iops, Some(3_000));
     clock.advance(Duration::from_secs(600));
     let cost = p.cost().unwrap();
-    let want = 10.0 * 0.10 * 600.0 / (30.0 * 86_400.0);
-    assert!((cost.total_usd - want).abs() < 1e-9, "billed as 10 GiB: {} vs {want}", cost.total_usd);
+    // 600 s at time scale 1/1024 stand for 614,400 s of the full-scale cloud.
+    let want = 10.0 * 0.10 * 614_400.0 / (30.0 * 86_400.0);
+    assert!((cost.total_usd - want).abs() < 1e-9, "billed as 10 GiB for 614,400 s: {} vs {want}", cost.total_usd);
+}
+
+#[test]
+fn modify_changes_the_type_in_place_ramps_and_keeps_the_cooldown() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.epoch_unix_ns = Some(0);
+    cfg.delays = Delays::none();
+    cfg.modify_rules = ModifyRules { cooldown: Duration::from_secs(6 * 3_600), optimizing: Duration::from_secs(100) };
+    let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+    let v = p.create(req("gp3:32GiB", None)).unwrap();
+    let dev = p.attach(&v.id).unwrap();
+    let iops = |clock: &VirtualClock| {
+        dev.read_at(&mut [0u8; 4096], 0).unwrap();
+        let _ = clock;
+        p.model(&v.id).unwrap().shape().iops
+    };
+    clock.advance(Duration::from_secs(10));
+    let info = p.modify(&v.id, "io2:32GiB,iops=32000".parse().unwrap()).unwrap();
+    assert_eq!(info.kind, "io2", "EBS changes the type in place");
+    assert_eq!(iops(&clock), Some(3_000), "optimizing: not yet faster");
+    clock.advance(Duration::from_secs(50));
+    assert_eq!(iops(&clock), Some(17_500), "halfway through the ramp");
+    clock.advance(Duration::from_secs(50));
+    assert_eq!(iops(&clock), Some(32_000));
+    // A second modification within 6 hours is refused, then allowed.
+    let e = p.modify(&v.id, "gp3:32GiB".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("once per") && e.contains("100.0 s ago"), "{e}");
+    clock.advance(Duration::from_secs(6 * 3_600 - 100));
+    p.modify(&v.id, "gp3:32GiB".parse().unwrap()).unwrap();
+    // Billed: gp3 for 10 s (60 s minimum), io2 for 6 h, then gp3 on.
+    let r = p.cost().unwrap();
+    let secs: Vec<u64> = r.volumes.iter().map(|v| v.billed_seconds).collect();
+    assert_eq!(secs, vec![60, 6 * 3_600, 0]);
+    assert_eq!(r.volumes[1].spec, "io2:32GiB,iops=32000");
+}
+
+#[test]
+fn a_scaled_cloud_serves_scaled_rates_and_bills_full_scale_seconds() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.epoch_unix_ns = Some(0);
+    cfg.delays = Delays::none();
+    cfg.scale = Scale { rate: 0.1, time: 0.5 };
+    let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+    let v = p.create(req("gp3:10GiB", None)).unwrap();
+    assert_eq!(v.size, 10 * GIB, "the spec stays full-scale");
+    let dev = p.attach(&v.id).unwrap();
+    assert_eq!(dev.size(), 512 * MIB, "10 GiB x 0.1 x 0.5");
+    // 3,000 IOPS x 0.1: 300 4 KiB reads take 299/300 s.
+    let t0 = clock.now();
+    for _ in 0..300 {
+        dev.read_at(&mut [0u8; 4096], 0).unwrap();
+    }
+    assert_eq!(clock.now() - t0, Duration::from_nanos((299 * 1_000_000_000u64).div_ceil(300)));
+    // 100 emulated seconds are 200 billed ones.
+    clock.advance(Duration::from_secs(100) - (clock.now() - t0));
+    let r = p.cost().unwrap();
+    assert_eq!(r.volumes[0].billed_seconds, 200);
+    assert!((r.total_usd - 0.8 * 200.0 / 2_592_000.0).abs() < 1e-12);
 }

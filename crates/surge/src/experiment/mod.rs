@@ -5,3 +5,4 @@ pub mod fairshare;
 pub mod elastic;
 pub mod progress;
 pub mod streaming;
+pub mod elastic_priced;

@@ -1040,7 +1040,7 @@ mod tests {
         let mut cfg = LocalConfig::new(dir.join("cloud"));
         cfg.delays = Delays::none();
         cfg.epoch_unix_ns = Some(0);
-        cfg.scale = 1.0 / 1024.0; // 1 GiB members hold 1 MiB
+        cfg.scale = surge_block::model::Scale { rate: 1.0, time: 1.0 / 1024.0 }; // 1 GiB members hold 1 MiB
         Arc::new(LocalProvider::open(cfg, clock).unwrap())
     }
 

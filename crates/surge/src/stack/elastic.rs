@@ -8,6 +8,10 @@
 //!
 //! Spec form (one line): `elastic:backing=reserved:50GiB,bw=33MB/s,cache=reserved,cache_bw=128MB/s`
 //! plus optional `ut=0.3,window=5s,id=30s,initial=10GiB,min=1GiB,max=64GiB,block=64KiB,learn=true`.
+//! `cache=auto` lets the price-aware planner (`boost.rs`) choose each cache volume.
+
+mod boost;
+pub use boost::{BoostSettings, LoggedPlan};
 
 use crate::control::Controllable;
 use parking_lot::Mutex;
@@ -30,6 +34,8 @@ pub struct ElasticParams {
     pub cache_bw: u64,
     pub policy: ElasticConfig,
     pub cache: CacheConfig,
+    /// `cache=auto`: the planner chooses each cache volume (`cache_bw` unused).
+    pub boost: Option<BoostSettings>,
     /// How often the controller feeds the policy.
     pub tick: Duration,
     /// How often the background flusher looks for work when idle.
@@ -62,7 +68,11 @@ pub struct ElasticVolume {
     /// Device bytes of cache volumes already deleted.
     old_cache_bytes: AtomicU64,
     app_bytes: AtomicU64,
+    app_ops: AtomicU64,
     policy: Mutex<ElasticPolicy>,
+    booster: Option<Mutex<boost::Booster>>,
+    /// The planner's volume for the provisioning being applied.
+    next_spec: Mutex<Option<VolumeSpec>>,
     log: Mutex<Vec<LoggedDecision>>,
     sizes: Mutex<Vec<u64>>,
     cache_seq: AtomicU64,
@@ -107,6 +117,7 @@ impl ElasticVolume {
             let _ = provider.detach(&v.id);
             provider.delete(&v.id)?;
         }
+        let booster = p.boost.clone().map(|b| Mutex::new(boost::Booster::new(b, &p.policy, p.cache.block_size, p.backing.clone())));
         let mut policy = ElasticPolicy::new(p.policy.clone());
         if let Some(v) = &vol {
             policy.resume_drain(clock.now(), v.size);
@@ -118,7 +129,10 @@ impl ElasticVolume {
             vol: Mutex::new(vol),
             old_cache_bytes: AtomicU64::new(0),
             app_bytes: AtomicU64::new(0),
+            app_ops: AtomicU64::new(0),
             policy: Mutex::new(policy),
+            booster,
+            next_spec: Mutex::new(None),
             log: Mutex::new(Vec::new()),
             sizes: Mutex::new(Vec::new()),
             cache_seq: AtomicU64::new(0),
@@ -173,7 +187,9 @@ impl ElasticVolume {
     pub fn step(&self) -> anyhow::Result<()> {
         self.drop_failed_cache()?;
         let now = self.clock.now();
-        let decisions = self.policy.lock().tick(now, self.app_bytes.load(Relaxed), self.obs());
+        let (bytes, ops) = (self.app_bytes.load(Relaxed), self.app_ops.load(Relaxed));
+        self.boost_observe(now, bytes, ops);
+        let decisions = self.policy.lock().tick_ops(now, bytes, ops, self.obs());
         for d in decisions {
             self.apply(d)?;
         }
@@ -186,6 +202,7 @@ impl ElasticVolume {
     }
 
     fn apply(&self, d: Decision) -> anyhow::Result<()> {
+        let Some(d) = self.boost_decision(d) else { return Ok(()) };
         self.record(&d);
         match d.action {
             Action::Provision { size } => match self.provision(size) {
@@ -195,14 +212,19 @@ impl ElasticVolume {
                     self.policy.lock().attached(self.clock.now(), size, obs);
                 }
                 Err(e) => {
+                    self.boost_released();
                     self.policy.lock().provision_failed(self.clock.now());
                     return Err(e.context("provisioning a cache volume"));
                 }
             },
-            Action::StartDrain => self.cache.set_phase(Phase::Drain),
+            Action::StartDrain => {
+                self.cache.set_phase(Phase::Drain);
+                self.boost_drain();
+            }
             Action::Resume => self.cache.set_phase(Phase::Boost),
             Action::Detach => {
                 self.release()?;
+                self.boost_released();
                 self.policy.lock().detached(self.clock.now());
             }
         }
@@ -211,7 +233,8 @@ impl ElasticVolume {
 
     fn provision(&self, size: u64) -> anyhow::Result<()> {
         let n = self.cache_seq.fetch_add(1, Relaxed);
-        let spec = VolumeSpec { model: VolumeModel::Reserved { bw: Some(self.p.cache_bw), iops: None }, size, latency: Duration::ZERO };
+        let planned = self.next_spec.lock().take();
+        let spec = planned.unwrap_or(VolumeSpec { model: VolumeModel::Reserved { bw: Some(self.p.cache_bw), iops: None }, size, latency: Duration::ZERO });
         let name = format!("{}-cache-{n}", self.p.name);
         let info = self.provider.create(CreateRequest { spec, name: Some(name) })?;
         let dev = match self.provider.attach(&info.id) {
@@ -242,6 +265,7 @@ impl ElasticVolume {
         }
         let Some(v) = self.vol.lock().take() else { return Ok(()) };
         tracing::error!(volume = %v.id, "cache volume failed over to backing; deleting it");
+        self.boost_released();
         self.old_cache_bytes.fetch_add(io_total(&v.io), Relaxed);
         self.policy.lock().detached(self.clock.now());
         let _ = self.provider.detach(&v.id);
@@ -299,6 +323,7 @@ impl ElasticVolume {
 
     fn count(&self, n: usize) {
         self.app_bytes.fetch_add(n as u64, Relaxed);
+        self.app_ops.fetch_add(1, Relaxed);
     }
 }
 
@@ -361,6 +386,7 @@ impl Controllable for ElasticVolume {
             "cost": {"agbs": agbs, "usd": usd},
             "cache_sizes": *self.sizes.lock(),
             "decisions": log.iter().rev().take(8).collect::<Vec<_>>(),
+            "boost": self.boost_status(),
         })
     }
     fn set(&self, key: &str, value: &str) -> Result<(), String> {
@@ -378,6 +404,9 @@ impl Controllable for ElasticVolume {
 /// id=30s,initial=10GiB,min=1GiB,max=64GiB,granularity=1GiB,block=64KiB,learn=true,attach_delay=3s,
 /// mode=writeback,seq_bypass=SIZE]`. Keys after `backing=` that describe a volume (`bw`, `iops`,
 /// `lat`) belong to the backing volume. Volumes live in the local cloud of the data directory.
+/// `cache=auto,value_per_hour=USD` (or `target=DURATION`) lets the planner choose each cache
+/// volume by price (`types=gp3+io2+gp2+st1,max_iops=N,max_throughput=RATE,lower=true`); the
+/// backing may then be any type with a throughput limit (e.g. `gp3:100GiB`).
 pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -> Result<crate::stack::Built, crate::stack::SpecError> {
     use surge_cloud::spec::{parse_duration, parse_rate, parse_size};
     let err = |msg: String| crate::stack::SpecError::Args { kind: "elastic".into(), msg };
@@ -385,11 +414,19 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
     let mut pol = ElasticConfig::default();
     let mut cache = CacheConfig::default();
     let mut attach_delay = None;
+    let mut boost = BoostSettings::new(surge_policy::Worth::PerHour(0.0));
+    let (mut boost_keys, mut worth_given) = (Vec::new(), false);
     let ratio = |v: &str| v.parse::<f64>().map_err(|_| err(format!("ut={v}: expected a fraction like 0.3")));
     for item in args.split(',').filter(|s| !s.is_empty()) {
         let (k, v) = item.split_once('=').ok_or_else(|| err(format!("{item:?} is not key=value")))?;
         let size = || parse_size(v).map_err(|e| err(format!("{k}={v}: {e}")));
         let dur = || parse_duration(v).map_err(|e| err(format!("{k}={v}: {e}")));
+        if let Some(r) = BoostSettings::parse_option(&mut boost, k, v) {
+            r.map_err(err)?;
+            worth_given |= matches!(k, "value_per_hour" | "target");
+            boost_keys.push(k.to_string());
+            continue;
+        }
         match k {
             "backing" => backing = Some(v.to_string()),
             "bw" | "iops" | "lat" => match &mut backing {
@@ -414,14 +451,28 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
         }
     }
     let backing: VolumeSpec = backing.ok_or_else(|| err("backing=TYPE:SIZE is required".into()))?.parse().map_err(|e| err(format!("backing: {e}")))?;
-    if cache_kind.as_deref().unwrap_or("reserved") != "reserved" {
-        return Err(err("cache volumes are of type reserved (cache=reserved,cache_bw=RATE)".into()));
+    let auto = match cache_kind.as_deref().unwrap_or("reserved") {
+        "reserved" => false,
+        "auto" => true,
+        other => return Err(err(format!("cache={other}: cache volumes are cache=reserved,cache_bw=RATE or cache=auto (chosen by price)"))),
+    };
+    if !auto && !boost_keys.is_empty() {
+        return Err(err(format!("{} only apply with cache=auto", boost_keys.join(", "))));
     }
-    let cache_bw = cache_bw.ok_or_else(|| err("cache_bw=RATE is required (e.g. 128MB/s)".into()))?;
+    if auto && !worth_given {
+        return Err(err("cache=auto needs value_per_hour=USD (what an hour of the application's time costs) or target=DURATION (how long a burst may take)".into()));
+    }
+    let cache_bw = match (auto, cache_bw) {
+        (_, Some(bw)) => bw,
+        (true, None) => 0,
+        (false, None) => return Err(err("cache_bw=RATE is required (e.g. 128MB/s)".into())),
+    };
     if !cache.block_size.is_power_of_two() || cache.block_size < 4096 {
         return Err(err("block must be a power of two >= 4KiB".into()));
     }
-    pol.backing_bw = backing.model.reserved_bw().ok_or_else(|| err("the backing volume needs a reserved bandwidth (bw=RATE) to measure utilization".into()))? as f64;
+    let shape = backing.shape().map_err(|e| err(format!("backing: {e}")))?;
+    pol.backing_bw = shape.bps.ok_or_else(|| err("the backing volume needs a throughput limit (e.g. bw=RATE) to measure utilization".into()))? as f64;
+    pol.backing_iops = shape.iops.map(|i| i as f64);
     let mut cfg = surge_cloud::LocalConfig::new(crate::stack::volume::cloud_dir(&ctx.data_dir));
     if let Some(d) = attach_delay {
         cfg.delays.attach = d;
@@ -430,13 +481,14 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
     pol.attach_delay = cfg.delays.attach;
     let provider = Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);
     let tick = pol.window / 10;
-    let p = ElasticParams { name: name.to_string(), backing: backing.clone(), cache_bw, policy: pol, cache, tick, flusher_poll: Duration::from_millis(20) };
+    let boost = auto.then_some(boost);
+    let p = ElasticParams { name: name.to_string(), backing: backing.clone(), cache_bw, policy: pol, cache, boost, tick, flusher_poll: Duration::from_millis(20) };
     let vol = ElasticVolume::open(p, provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
     vol.start();
     let detail = serde_json::json!({ "backing": backing.to_string(), "backing_volume": vol.backing_id(), "cache_bw": cache_bw });
     Ok(crate::stack::Built {
         dev: vol.clone(),
-        description: format!("elastic volume over {backing} with {} MB/s caches", cache_bw / 1_000_000),
+        description: if auto { format!("elastic volume over {backing} with caches chosen by price") } else { format!("elastic volume over {backing} with {} MB/s caches", cache_bw / 1_000_000) },
         detail,
         controls: vec![vol],
     })
@@ -471,7 +523,9 @@ mod tests {
         let e = |a: &str| build_elastic("d", a, &ctx(d.path())).err().unwrap().to_string();
         assert!(e("cache=reserved,cache_bw=128MB/s").contains("backing="));
         assert!(e("backing=reserved:64MiB,bw=33MB/s").contains("cache_bw"));
-        assert!(e("backing=gp2:64GiB,cache_bw=128MB/s").contains("reserved bandwidth"));
+        assert!(e("backing=reserved:64MiB,iops=100,cache_bw=128MB/s").contains("throughput limit"));
+        assert!(e("backing=gp3:1GiB,cache=auto").contains("value_per_hour"));
+        assert!(e("backing=gp3:1GiB,cache_bw=1MB/s,value_per_hour=1").contains("only apply with cache=auto"));
         assert!(e("backing=reserved:64MiB,bw=33MB/s,cache_bw=1MB/s,bogus=1").contains("bogus"));
     }
 
@@ -491,6 +545,7 @@ mod tests {
             cache_bw: 128_000_000,
             policy: ElasticConfig { backing_bw: 33e6, initial_cache: 16 * mib, min_cache: 4 * mib, granularity: 4 * mib, attach_delay: Duration::ZERO, ..ElasticConfig::default() },
             cache: CacheConfig::default(),
+            boost: None,
             tick: Duration::from_secs(1),
             flusher_poll: Duration::from_millis(1),
         };

@@ -51,6 +51,11 @@ impl Controllable for VolumeControl {
         if new.size != cur.size {
             return Err(format!("only the parameters can change while served, not the size (now {})", cur.spec));
         }
+        // The export was declared with its type; the provider could change it
+        // (as EBS does), but a served export keeps what its spec says.
+        if new.kind() != cur.kind {
+            return Err(format!("a served volume cannot change the type ({} to {})", cur.kind, new.kind()));
+        }
         self.provider.modify(&self.id, new).map(|_| ()).map_err(|e| e.to_string())
     }
 }

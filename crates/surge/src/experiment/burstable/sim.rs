@@ -22,7 +22,7 @@ pub fn provider(dir: &Path, clock: Arc<dyn Clock>, f: f64, attach_delay: Duratio
         delays: Delays { create: Duration::ZERO, attach: attach_delay, detach: Duration::ZERO, delete: Duration::ZERO },
         prices: PriceTable::default(),
         epoch_unix_ns: Some(0),
-        scale: f,
+        scale: surge_block::model::Scale { rate: 1.0, time: f },
         ..LocalConfig::new(dir)
     };
     Ok(Arc::new(LocalProvider::open(cfg, clock)?))

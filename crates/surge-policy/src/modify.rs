@@ -1,0 +1,176 @@
+//! The `modify-volume` policy: one volume whose IOPS and throughput are raised
+//! in place when a burst starts and lowered when the bursts stop, as the
+//! cloud's elastic-volume modification allows: at most once per cooldown
+//! (EBS: 6 hours between modifications of a volume).
+//!
+//! Demand is measured as the elastic-cache policy measures it (a sliding
+//! window, utilization of the volume's base capacity against UT, inactivity
+//! delay ID), so the two approaches see bursts alike.
+
+use crate::window::UtilWindow;
+use serde::Serialize;
+use std::time::Duration;
+
+/// The cloud's rule for modifying a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ModifyRules {
+    /// Least time between two modifications of one volume.
+    pub cooldown: Duration,
+}
+
+impl ModifyRules {
+    /// EBS: after modifying a volume, wait at least six hours.
+    pub fn ebs() -> Self {
+        ModifyRules { cooldown: Duration::from_secs(6 * 3_600) }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModifyConfig {
+    pub window: Duration,
+    pub ut: f64,
+    pub inactivity_delay: Duration,
+    /// Base (unraised) capacity of the volume: bytes/s and operations/s.
+    pub base_bw: f64,
+    pub base_iops: Option<f64>,
+    pub rules: ModifyRules,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModifyAction {
+    /// Modify the volume to its peak spec.
+    Raise,
+    /// Modify it back to its base spec.
+    Lower,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModifyDecision {
+    pub at: Duration,
+    pub action: ModifyAction,
+    pub reason: String,
+}
+
+#[derive(Debug)]
+pub struct ModifyPolicy {
+    cfg: ModifyConfig,
+    window: UtilWindow,
+    raised: bool,
+    last_modified: Option<Duration>,
+    below_since: Option<Duration>,
+    /// A wanted modification refused by the cooldown was logged already.
+    waiting_logged: bool,
+}
+
+impl ModifyPolicy {
+    pub fn new(cfg: ModifyConfig) -> Self {
+        let window = UtilWindow::new(cfg.window);
+        ModifyPolicy { cfg, window, raised: false, last_modified: None, below_since: None, waiting_logged: false }
+    }
+
+    pub fn raised(&self) -> bool {
+        self.raised
+    }
+
+    fn allowed(&self, now: Duration) -> bool {
+        self.last_modified.is_none_or(|t| now.saturating_sub(t) >= self.cfg.rules.cooldown)
+    }
+
+    /// Feed cumulative application bytes and operations; a modification to
+    /// apply now, if any. Once the cooldown refuses one, it is logged once
+    /// (as a decision with no action taken: `None` is returned) and retried.
+    pub fn tick(&mut self, now: Duration, bytes: u64, ops: u64) -> Option<ModifyDecision> {
+        let util = self.window.push(now, bytes, ops)?.utilization(self.cfg.base_bw, self.cfg.base_iops);
+        let pct = |u: f64| format!("{:.0} %", u * 100.0);
+        let above = util > self.cfg.ut;
+        if above {
+            self.below_since = None;
+        } else {
+            self.below_since.get_or_insert(now);
+        }
+        let want = match (self.raised, above) {
+            (false, true) => Some((ModifyAction::Raise, format!("utilization {} of the base spec > UT {}: raise to the peak", pct(util), pct(self.cfg.ut)))),
+            (true, false) if now.saturating_sub(self.below_since.unwrap_or(now)) >= self.cfg.inactivity_delay => {
+                Some((ModifyAction::Lower, format!("utilization below UT for ID {:?}: lower to the base spec", self.cfg.inactivity_delay)))
+            }
+            _ => None,
+        };
+        let (action, reason) = want?;
+        if !self.allowed(now) {
+            if !self.waiting_logged {
+                self.waiting_logged = true;
+                tracing::info!(?action, "modification wanted but the cooldown refuses it");
+            }
+            return None;
+        }
+        self.waiting_logged = false;
+        self.raised = action == ModifyAction::Raise;
+        self.last_modified = Some(now);
+        Some(ModifyDecision { at: now, action, reason })
+    }
+
+    /// When the next modification is allowed.
+    pub fn next_allowed(&self) -> Option<Duration> {
+        self.last_modified.map(|t| t + self.cfg.rules.cooldown)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(cooldown_s: u64) -> ModifyPolicy {
+        ModifyPolicy::new(ModifyConfig {
+            window: Duration::from_secs(5),
+            ut: 0.3,
+            inactivity_delay: Duration::from_secs(30),
+            base_bw: 125e6,
+            base_iops: Some(3_000.0),
+            rules: ModifyRules { cooldown: Duration::from_secs(cooldown_s) },
+        })
+    }
+
+    /// Drive second by second at `bps` bytes/s and `iops`; the decisions.
+    fn run(p: &mut ModifyPolicy, t: &mut u64, secs: u64, bps: u64, iops: u64, c: &mut (u64, u64)) -> Vec<(u64, ModifyAction)> {
+        let mut out = vec![];
+        for _ in 0..secs {
+            *t += 1;
+            c.0 += bps;
+            c.1 += iops;
+            if let Some(d) = p.tick(Duration::from_secs(*t), c.0, c.1) {
+                assert!(!d.reason.is_empty());
+                out.push((*t, d.action));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn raises_on_a_burst_and_lowers_only_after_the_cooldown() {
+        let mut p = policy(6 * 3_600);
+        let (mut t, mut c) = (0, (0, 0));
+        assert!(run(&mut p, &mut t, 10, 1_000_000, 10, &mut c).is_empty());
+        // An IOPS burst: 2,400 of 3,000 IOPS is 80 %, though only 10 MB/s.
+        assert_eq!(run(&mut p, &mut t, 5, 10_000_000, 2_400, &mut c), vec![(12, ModifyAction::Raise)]);
+        // Quiet for an hour: lowering is wanted after ID but refused for 6 h.
+        assert!(run(&mut p, &mut t, 3_600, 0, 0, &mut c).is_empty());
+        assert!(p.raised());
+        assert_eq!(p.next_allowed(), Some(Duration::from_secs(12 + 6 * 3_600)));
+        let d = run(&mut p, &mut t, 6 * 3_600, 0, 0, &mut c);
+        assert_eq!(d, vec![(12 + 6 * 3_600, ModifyAction::Lower)]);
+    }
+
+    #[test]
+    fn with_no_cooldown_it_follows_every_burst() {
+        let mut p = policy(0);
+        let (mut t, mut c) = (0, (0, 0));
+        let mut all = vec![];
+        for _ in 0..2 {
+            all.extend(run(&mut p, &mut t, 10, 100_000_000, 100, &mut c));
+            all.extend(run(&mut p, &mut t, 60, 0, 0, &mut c));
+        }
+        let acts: Vec<ModifyAction> = all.iter().map(|d| d.1).collect();
+        assert_eq!(acts, vec![ModifyAction::Raise, ModifyAction::Lower, ModifyAction::Raise, ModifyAction::Lower]);
+    }
+}
