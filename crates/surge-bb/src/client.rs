@@ -172,6 +172,9 @@ pub struct Client {
 
 pub type Result<T> = std::result::Result<T, DataError>;
 
+/// How often a read follows a chunk replaced under it before giving up.
+const SUPERSEDED_RETRIES: usize = 50;
+
 /// An error a background flush hit, reported to the next call on the file.
 fn stored_error(ino: Ino, errno: i32, why: String) -> DataError {
     if errno == libc::ENOSPC {
@@ -572,14 +575,35 @@ impl Client {
 
     // ---- reads ----------------------------------------------------------------
 
+    /// The bytes of chunk version `e`, or of a newer version of the chunk if
+    /// `e` was superseded and discarded from the nodes before we read it (a
+    /// concurrent commit: either version is a valid answer to a read, and a
+    /// read-modify-write based on the newer one fails its compare-and-set and
+    /// retries).
     fn chunk_data(&self, ino: Ino, idx: u64, e: &ChunkEntry) -> Result<Arc<Vec<u8>>> {
-        let id = ChunkId { ino, idx, ver: e.ver };
-        if let Some(d) = self.cache.lock().get(&id) {
-            return Ok(d);
+        let mut e = e.clone();
+        for _ in 0..SUPERSEDED_RETRIES {
+            let id = ChunkId { ino, idx, ver: e.ver };
+            if let Some(d) = self.cache.lock().get(&id) {
+                return Ok(d);
+            }
+            match self.tier.read_chunk(ino, idx, &e) {
+                Ok(d) => {
+                    let d = Arc::new(d);
+                    self.cache.lock().insert(id, d.clone());
+                    return Ok(d);
+                }
+                Err(err @ DataError::Unreadable { .. }) => {
+                    let (_, cur) = self.tier.meta.chunks(ino, &[idx])?;
+                    match cur.into_iter().next().flatten() {
+                        Some(newer) if newer.ver != e.ver => e = newer,
+                        _ => return Err(err),
+                    }
+                }
+                Err(err) => return Err(err),
+            }
         }
-        let d = Arc::new(self.tier.read_chunk(ino, idx, e)?);
-        self.cache.lock().insert(id, d.clone());
-        Ok(d)
+        Err(DataError::Unreadable { chunk: format!("{idx} of inode {ino}"), why: format!("superseded {SUPERSEDED_RETRIES} times while being read") })
     }
 
     fn imported_data(&self, ino: Ino, view: &FileView, idx: u64) -> Result<Arc<Vec<u8>>> {
