@@ -43,6 +43,8 @@ cargo test --release --workspace --features surge/etcd,surge/aws --locked
 for step in scripts/ci.d/*.sh; do
   [ -e "$step" ] || continue
   echo "== $step"
+  started=$(date +%s)
   bash "$step"
+  echo "== $step: $(( $(date +%s) - started )) s"
 done
 echo "== all tests passed"
