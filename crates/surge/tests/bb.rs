@@ -184,7 +184,10 @@ fn read_after_write_between_two_mounts() {
 #[test]
 fn sigkill_of_a_node_during_write_back_loses_nothing() {
     let mut bb = Bb::new("kill", "256KiB");
-    bb.node_args = vec!["--writeback-delay".into(), "3s".into()];
+    // The delay must outlast the victim's lease (3 s) and the survivors'
+    // 1 s maintenance pass: a survivor that writes a chunk back first has
+    // nothing left to re-replicate (the run is safe, but the path untested).
+    bb.node_args = vec!["--writeback-delay".into(), "10s".into()];
     let mut nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
     let m = bb.mount("m", &[]);
     let mut want = Vec::new();
