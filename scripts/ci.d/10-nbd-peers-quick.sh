@@ -6,4 +6,6 @@
 # real figures from full runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bash bench/nbd-peers.sh --quick --min-ratio 0.25
+# The binary scripts/test-all.sh built (its feature set): building here
+# without those features would recompile surge and replace it.
+bash bench/nbd-peers.sh --quick --min-ratio 0.25 --surge "${CARGO_TARGET_DIR:-target}/release/surge"
