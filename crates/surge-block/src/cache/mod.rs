@@ -207,10 +207,16 @@ impl State {
     }
 
     /// Forget a clean block; its slot is free at once unless metadata still names it.
+    /// A dirty block is never forgotten (its slot holds the only copy): refused
+    /// with `None`, in release builds too.
     fn unmap(&mut self, block: u64, reuse_now: bool) -> Option<u32> {
-        let slot = self.map.remove(&block)?;
+        let slot = *self.map.get(&block)?;
+        if self.slots[slot as usize].dirty {
+            tracing::error!(block, slot, "refused to unmap a dirty cache block (bug: the caller saw it clean)");
+            return None;
+        }
+        self.map.remove(&block);
         let s = &mut self.slots[slot as usize];
-        debug_assert!(!s.dirty);
         s.block = None;
         self.lru.remove(&s.tick);
         if s.persisted.is_none() && !s.unsynced && !reuse_now {
@@ -238,6 +244,53 @@ impl State {
         self.slots[slot as usize].dirty = true;
         self.slots[slot as usize].gen += 1;
         self.dirty.insert(block);
+    }
+
+    /// Every dirty block has a slot (a commit persists them): checked before
+    /// each commit, so a broken invariant fails the FLUSH instead of panicking.
+    fn check_dirty_mapped(&self) -> std::result::Result<(), String> {
+        match self.dirty.iter().find(|b| !self.map.contains_key(b)) {
+            Some(b) => {
+                tracing::error!(block = b, "cache state corrupt: a dirty block has no slot");
+                Err(format!("cache state corrupt: dirty block {b} has no slot; refusing to commit"))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The invariants every operation keeps; a description of the first broken one.
+    fn check(&self) -> std::result::Result<(), String> {
+        for (&block, &slot) in &self.map {
+            let s = self.slots.get(slot as usize).ok_or(format!("block {block} mapped to slot {slot} out of range"))?;
+            if s.block != Some(block) || s.free {
+                return Err(format!("block {block} maps to slot {slot}, which holds {:?} (free: {})", s.block, s.free));
+            }
+        }
+        for (i, s) in self.slots.iter().enumerate() {
+            match s.block {
+                Some(b) if self.map.get(&b) != Some(&(i as u32)) => return Err(format!("slot {i} holds block {b}, which is not mapped to it")),
+                Some(b) if s.dirty != self.dirty.contains(&b) => return Err(format!("slot {i} (block {b}) dirty flag {} disagrees with the dirty set", s.dirty)),
+                None if s.dirty => return Err(format!("slot {i} is dirty but holds no block")),
+                _ => {}
+            }
+        }
+        if let Some(b) = self.dirty.iter().find(|b| !self.map.contains_key(b)) {
+            return Err(format!("dirty block {b} has no slot"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for &f in &self.free {
+            let s = &self.slots[f as usize];
+            if !seen.insert(f) || !s.free || s.block.is_some() {
+                return Err(format!("free list entry {f} is duplicated, unflagged or in use"));
+            }
+        }
+        if self.slots.iter().filter(|s| s.free).count() != self.free.len() {
+            return Err("free flags disagree with the free list".into());
+        }
+        if self.lru.len() != self.map.len() {
+            return Err(format!("{} LRU entries for {} mapped blocks", self.lru.len(), self.map.len()));
+        }
+        Ok(())
     }
 
     /// A backing flush failed and may have dropped every write-back pending
@@ -551,6 +604,15 @@ impl ElasticCache {
         s
     }
 
+    /// Check the cache's internal invariants (mapping, dirty set, free list, LRU):
+    /// for tests and diagnostics; `Err` describes the first broken one.
+    pub fn check_consistency(&self) -> std::result::Result<(), String> {
+        match self.attached.read().as_ref() {
+            Some(att) => att.state.lock().check(),
+            None => Ok(()),
+        }
+    }
+
     /// Reset the high-water mark of used slots (at the start of a burst).
     pub fn reset_used_high(&self) {
         if let Some(att) = self.attached.read().as_ref() {
@@ -769,6 +831,9 @@ impl ElasticCache {
         // The snapshot, and the (slot, generation) of blocks written back before it.
         let (entries, written_back) = {
             let mut st = att.state.lock();
+            if let Err(e) = st.check_dirty_mapped() {
+                return Err(Fault::Other(BlockError::Corrupt(e)));
+            }
             let entries: Vec<(u64, u32)> = st.dirty.iter().map(|b| (*b, st.map[b])).collect();
             // From now on the snapshot may become durable at any moment: its
             // slots count as persisted (R1) until the commit settles.
@@ -837,7 +902,10 @@ impl ElasticCache {
         // not be durable yet.
         let unsynced = st.slots.iter().filter(|s| s.unsynced && !s.dirty).filter_map(|s| s.block);
         for b in st.dirty.iter().copied().chain(unsynced) {
-            let slot = st.map[&b];
+            let Some(&slot) = st.map.get(&b) else {
+                lost.push(b);
+                continue;
+            };
             let mut buf = vec![0u8; self.block_len(b) as usize];
             let ok = att.dev.read_at(&mut buf, att.layout.slot_offset(slot)).is_ok()
                 && self.backing.write_at(&buf, b * self.block_size, false).is_ok();
@@ -946,9 +1014,21 @@ impl ElasticCache {
             other_err(self.backing.write_at(data, pos, false))?;
             return self.clear_lost(block, at, data.len());
         };
+        // Look up and, for a bypassing write, invalidate a clean copy under one
+        // acquisition: a failed backing flush may re-dirty a written-back block
+        // at any moment (it does not take block locks), and a dirty block must
+        // never be unmapped.
         let cached = {
-            let st = att.state.lock();
-            st.map.get(&block).map(|&s| (s, st.slots[s as usize].dirty))
+            let mut st = att.state.lock();
+            match st.map.get(&block).copied() {
+                Some(s) if st.slots[s as usize].dirty => Some((s, true)),
+                Some(_) if place == Place::Around => {
+                    st.unmap(block, false);
+                    None
+                }
+                Some(s) => Some((s, false)),
+                None => None,
+            }
         };
         match (cached, place) {
             // A cached dirty copy is always updated in place (never left stale).
@@ -959,16 +1039,11 @@ impl ElasticCache {
                 st.touch(slot);
                 self.c.hits.fetch_add(1, Relaxed);
             }
-            (Some((slot, _)), Place::Through) => {
+            (Some((slot, _)), _) => {
+                // Write-through of a clean copy: backing, then the copy.
                 other_err(self.backing.write_at(data, pos, false))?;
                 cache_err(att.dev.write_at(data, att.layout.slot_offset(slot) + at, false))?;
                 att.state.lock().touch(slot);
-            }
-            (Some(_), _) => {
-                // Invalidate the clean copy, then write around it.
-                att.state.lock().unmap(block, false);
-                other_err(self.backing.write_at(data, pos, false))?;
-                self.c.bypassed_bytes.fetch_add(data.len() as u64, Relaxed);
             }
             (None, Place::Cache) => {
                 self.c.misses.fetch_add(1, Relaxed);
