@@ -205,6 +205,7 @@ impl ElasticVolume {
                 self.release()?;
                 self.policy.lock().detached(self.clock.now());
             }
+            Action::DetachFailed { .. } => {}
         }
         Ok(())
     }
