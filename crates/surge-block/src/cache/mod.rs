@@ -154,6 +154,10 @@ pub struct CacheStats {
     pub rescue_pending_blocks: u64,
     /// Why every FLUSH fails until the loss is acknowledged, if it does.
     pub loss: Option<String>,
+    /// Measured flush throughput (bytes/s, smoothed over flush steps): how fast
+    /// dirty data drains while the flusher runs.
+    pub drain_rate_bytes_per_s: Option<f64>,
+    /// Time until clean at that rate (0 when clean).
     pub drain_eta_s: Option<f64>,
 }
 
@@ -696,7 +700,8 @@ impl ElasticCache {
             s.used_bytes = st.map.len() as u64 * self.block_size;
             s.used_high_bytes = st.used_high as u64 * self.block_size;
             s.dirty_bytes = st.dirty.len() as u64 * self.block_size;
-            s.drain_eta_s = match *att.flush_rate.lock() {
+            s.drain_rate_bytes_per_s = *att.flush_rate.lock();
+            s.drain_eta_s = match s.drain_rate_bytes_per_s {
                 _ if s.dirty_bytes == 0 => Some(0.0),
                 Some(rate) if rate > 0.0 => Some(s.dirty_bytes as f64 / rate),
                 _ => None,
