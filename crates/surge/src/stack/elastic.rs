@@ -438,6 +438,8 @@ impl ElasticVolume {
     fn delete_doomed(&self) {
         let ids: Vec<String> = self.doomed.lock().clone();
         for id in ids {
+            // A detach that failed earlier leaves it attached here (else this is refused at once).
+            let _ = self.provider.detach(&id);
             match self.provider.delete(&id) {
                 Ok(()) => {}
                 Err(e) if self.provider.list().is_ok_and(|l| !l.iter().any(|v| v.id == id)) => {
