@@ -374,3 +374,65 @@ fn no_flush_is_acknowledged_until_a_failed_cache_device_is_fenced_durably() {
     assert!(matches!(ElasticCache::open(backing.clone(), cdev.clone(), cfg_with(&store), clock()), Err(CacheError::Fenced { .. })));
     assert!(read_block(backing.as_ref(), 0) == fill(0xA2), "the FLUSHed rewrite of block 0 is on backing");
 }
+
+// ---------------------------------------------------------------------------
+// Found by the stress test (cache_stress.rs): a write that supersedes a block
+// still only on a failed device is itself lost by a failed backing flush.
+
+/// The failed device holds block 0 (FLUSHed) and the backing flush fails, so
+/// the rescue is pending. Block 0 is rewritten (on backing) and a failed flush
+/// drops the rewrite: block 0 must read the device's copy again (or the
+/// rewrite), never the older data backing held before.
+#[test]
+fn a_rescued_block_whose_rewrite_is_lost_by_a_failed_flush_reads_its_device_copy_not_older_data() {
+    let store = Arc::new(MemoryFences::new());
+    let medium = Arc::new(MemoryDev::new(64 * BS));
+    let backing = faulty(medium.clone(), "volatile");
+    let cdev = faulty(cache_mem(8), "");
+    let c = ElasticCache::new(backing.clone(), cfg_with(&store), clock());
+    c.attach(cdev.clone()).unwrap();
+    c.write_at(&fill(0xA1), 0, false).unwrap();
+    c.flush().unwrap();
+    cdev.set_rules("write.fail_every=1,flush.fail_every=1".parse().unwrap());
+    backing.set_rules("volatile,flush.fail_every=1,flush.fail_loses".parse().unwrap());
+    let _ = c.write_at(&fill(0x11), 8 * BS, false); // fail-over; the rescue stays pending
+    c.write_at(&fill(0xA2), 0, false).unwrap(); // supersedes the device's copy, on backing
+    assert!(c.flush().is_err(), "the backing flush fails and drops the rewrite");
+    let got = read_block(&c, 0);
+    assert!(got == fill(0xA1) || got == fill(0xA2), "block 0 reads {:#x}: older than its last FLUSH", got[0]);
+    backing.set_rules("volatile".parse().unwrap());
+    let _ = c.flush();
+    assert_eq!(c.stats().rescue_pending_blocks, 0);
+    let on_medium = read_block(medium.as_ref(), 0);
+    assert!(on_medium == fill(0xA1) || on_medium == fill(0xA2), "block 0 on the medium is {:#x}", on_medium[0]);
+    assert!(c.stats().loss.is_some(), "the dropped rewrite is reported");
+}
+
+/// Block 0's rewrite supersedes the failed device's copy and a backing flush
+/// makes it durable (block 1 keeps the rescue pending: the device is gone). A
+/// later failed backing flush must not bring the device's older copy back.
+#[test]
+fn a_durable_rewrite_of_a_rescued_block_is_never_replaced_by_the_device_copy() {
+    let store = Arc::new(MemoryFences::new());
+    let medium = Arc::new(MemoryDev::new(64 * BS));
+    let backing = faulty(medium.clone(), "volatile");
+    let cdev = faulty(cache_mem(8), "");
+    let c = ElasticCache::new(backing.clone(), cfg_with(&store), clock());
+    c.attach(cdev.clone()).unwrap();
+    c.write_at(&fill(0xA1), 0, false).unwrap();
+    c.write_at(&fill(0xB1), BS, false).unwrap();
+    c.flush().unwrap();
+    cdev.set_rules("vanish_after=0".parse().unwrap());
+    let _ = c.write_at(&fill(0x11), 8 * BS, false); // fail-over; blocks 0 and 1 unreadable
+    c.write_at(&fill(0xA2), 0, false).unwrap(); // block 0 superseded
+    // The FLUSH's first backing flush succeeds (block 0's rewrite is durable),
+    // the second (after copying what the rescue can) fails.
+    backing.set_rules("volatile,flush.fail_nth=2,flush.fail_loses".parse().unwrap());
+    assert!(c.flush().is_err(), "block 1 is still only on the failed device");
+    assert!(c.flush().is_err());
+    cdev.set_rules(FaultRules::default()); // the device is back
+    let _ = c.flush();
+    assert_eq!(c.stats().rescue_pending_blocks, 0);
+    assert!(read_block(&c, 0) == fill(0xA2), "the FLUSHed rewrite of block 0 was replaced by the failed device's older copy");
+    assert!(read_block(medium.as_ref(), 0) == fill(0xA2) && read_block(medium.as_ref(), 1) == fill(0xB1));
+}

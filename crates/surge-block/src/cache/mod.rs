@@ -395,6 +395,8 @@ pub struct ElasticCache {
     direct_started: AtomicU64,
     direct_done: AtomicU64,
     direct_synced: AtomicU64,
+    /// Serializes backing flushes (their outcomes settle rescue supersedes in order).
+    backing_flush: Mutex<()>,
     clock: Arc<dyn Clock>,
     last_io_ns: AtomicU64,
     seq_run: Mutex<(u64, u64)>,
@@ -460,6 +462,7 @@ impl ElasticCache {
             direct_started: AtomicU64::new(0),
             direct_done: AtomicU64::new(0),
             direct_synced: AtomicU64::new(0),
+            backing_flush: Mutex::new(()),
             clock,
             last_io_ns: AtomicU64::new(0),
             seq_run: Mutex::new((u64::MAX, 0)),
@@ -1056,7 +1059,11 @@ impl ElasticCache {
             let mut st = att.state.lock();
             match st.map.get(&block).copied() {
                 Some(s) if st.slots[s as usize].dirty => Some((s, true)),
-                Some(_) if place == Place::Around => {
+                // A clean copy whose write-back is not yet durable (unsynced) is
+                // written through instead: if the backing flush fails, it is
+                // dirty again with this write's data; invalidated, the block
+                // would revert to data older than its last FLUSH.
+                Some(s) if place == Place::Around && !st.slots[s as usize].unsynced => {
                     st.unmap(block, false);
                     None
                 }
@@ -1074,7 +1081,8 @@ impl ElasticCache {
                 self.c.hits.fetch_add(1, Relaxed);
             }
             (Some((slot, _)), _) => {
-                // Write-through of a clean copy: backing, then the copy. Until a
+                // Write-through of a clean copy (or a bypassing write of an
+                // unsynced one): backing, then the copy. Until a
                 // backing flush succeeds the copy is "unsynced" (kept, and dirty
                 // again if a backing flush fails), like a write-back: a failed
                 // flush may drop the backing write, and evicting the copy would

@@ -43,13 +43,26 @@ pub(super) struct Rescue {
     recorded: bool,
 }
 
+/// A write of a whole rescued block to backing, and its fate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Supersede {
+    /// Being written.
+    Writing,
+    /// Written; `direct_done` was `done` just after. A backing flush that
+    /// fails before one succeeds with a start mark >= `done` voids it (the
+    /// write may be dropped: the device's copy is again the newest that can
+    /// exist, and the loss flag is up); one that succeeds confirms it.
+    Written { done: u64 },
+    Confirmed,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     /// Its slot on the failed device (unknown until the device is read).
     slot: Option<u32>,
     /// Fully written on backing since the failure: never copied from the
-    /// device again (the copy would be older).
-    superseded: bool,
+    /// device again (its copy is older). See [`Supersede`].
+    sup: Option<Supersede>,
     /// The last attempt to read it from the device failed.
     unreadable: bool,
 }
@@ -89,7 +102,7 @@ impl ElasticCache {
         let f = store.get();
         let mut rescues = self.rescues.lock();
         for (&id, fc) in f.failed.iter().filter(|(_, fc)| !fc.pending.is_empty()) {
-            let blocks = fc.pending.iter().map(|&b| (b, Pending { slot: None, superseded: false, unreadable: true })).collect();
+            let blocks = fc.pending.iter().map(|&b| (b, Pending { slot: None, sup: None, unreadable: true })).collect();
             rescues.insert(id, Rescue { label: fc.label.clone(), dev: None, meta: (0, 0), blocks, recorded: true });
         }
         self.rescuing.store(!rescues.is_empty(), SeqCst);
@@ -117,7 +130,7 @@ impl ElasticCache {
                 .iter()
                 .filter(|s| s.dirty || s.unsynced)
                 .filter_map(|s| s.block)
-                .map(|b| (b, Pending { slot: st.map.get(&b).copied(), superseded: false, unreadable: false }))
+                .map(|b| (b, Pending { slot: st.map.get(&b).copied(), sup: None, unreadable: false }))
                 .collect()
         };
         let meta = {
@@ -151,7 +164,7 @@ impl ElasticCache {
         let mut copied: BTreeSet<(u64, u64)> = BTreeSet::new();
         for (&id, r) in rescues.iter_mut() {
             let Some((dev, layout)) = r.dev.clone() else { continue };
-            for (&b, p) in r.blocks.iter_mut().filter(|(_, p)| !p.superseded) {
+            for (&b, p) in r.blocks.iter_mut().filter(|(_, p)| p.sup.is_none()) {
                 let Some(slot) = p.slot else {
                     p.unreadable = true;
                     continue;
@@ -163,7 +176,7 @@ impl ElasticCache {
                 }
             }
         }
-        let synced = match self.flush_backing() {
+        let synced = match self.flush_backing_locked(Some(&mut rescues)) {
             Ok(()) => true,
             Err(e) => {
                 // Like any failed backing flush: write-backs of an attached cache may be gone.
@@ -178,7 +191,7 @@ impl ElasticCache {
         for (&id, r) in rescues.iter_mut() {
             // Durable on backing now: blocks copied or superseded before the flush.
             let keep: BTreeSet<u64> = if synced {
-                r.blocks.iter().filter(|&(&b, p)| !p.superseded && !copied.contains(&(id, b))).map(|(&b, _)| b).collect()
+                r.blocks.iter().filter(|&(&b, p)| p.sup != Some(Supersede::Confirmed) && !copied.contains(&(id, b))).map(|(&b, _)| b).collect()
             } else {
                 r.blocks.keys().copied().collect()
             };
@@ -313,12 +326,14 @@ impl ElasticCache {
             buf[at as usize..at as usize + data.len()].copy_from_slice(data);
             &buf[..]
         };
+        // Marked before the write, so that a backing flush failing meanwhile voids it.
+        self.set_supersede(block, |_| Some(Supersede::Writing));
         if let Err(e) = self.write_direct(whole, block * self.block_size) {
+            self.set_supersede(block, |_| None);
             return Some(Err(Fault::Other(e)));
         }
-        if let Some(p) = self.rescues.lock().values_mut().find_map(|r| r.blocks.get_mut(&block)) {
-            p.superseded = true;
-        }
+        let done = self.direct_done.load(SeqCst);
+        self.set_supersede(block, |s| (s == Some(Supersede::Writing)).then_some(Supersede::Written { done }));
         self.c.bypassed_bytes.fetch_add(data.len() as u64, Relaxed);
         Some(Ok(()))
     }
@@ -330,7 +345,27 @@ impl ElasticCache {
             return None;
         }
         let rescues = self.rescues.lock();
-        rescues.values().find_map(|r| r.blocks.get(&block).filter(|p| !p.superseded).map(|p| (r.dev.clone(), p.slot)))
+        rescues.values().find_map(|r| r.blocks.get(&block).filter(|p| p.sup.is_none()).map(|p| (r.dev.clone(), p.slot)))
+    }
+
+    fn set_supersede(&self, block: u64, f: impl FnOnce(Option<Supersede>) -> Option<Supersede>) {
+        if let Some(p) = self.rescues.lock().values_mut().find_map(|r| r.blocks.get_mut(&block)) {
+            p.sup = f(p.sup);
+        }
+    }
+
+    /// After a backing flush (started when `direct_done` was `done0`): a
+    /// success confirms the supersedes written before it started; a failure
+    /// voids those not yet confirmed.
+    fn settle_supersedes(rescues: &mut BTreeMap<u64, Rescue>, ok: bool, done0: u64) {
+        for p in rescues.values_mut().flat_map(|r| r.blocks.values_mut()) {
+            p.sup = match (p.sup, ok) {
+                (Some(Supersede::Written { done }), true) if done <= done0 => Some(Supersede::Confirmed),
+                (Some(Supersede::Confirmed), _) => Some(Supersede::Confirmed),
+                (s, true) => s,
+                (_, false) => None,
+            };
+        }
     }
 
     fn mark_unreadable(&self, block: u64) {
@@ -345,7 +380,7 @@ impl ElasticCache {
             .lock()
             .iter()
             .map(|(&id, r)| {
-                let live: Vec<&Pending> = r.blocks.values().filter(|p| !p.superseded).collect();
+                let live: Vec<&Pending> = r.blocks.values().filter(|p| p.sup.is_none()).collect();
                 RescueInfo {
                     cache_id: id,
                     label: r.label.clone(),
@@ -371,7 +406,7 @@ impl ElasticCache {
             // A pending block the metadata does not name was never in a
             // committed snapshot in this version: its acknowledged version is
             // on backing already. (Slots known from before the failure stay.)
-            r.blocks.retain(|b, p| p.superseded || p.slot.is_some() || slots.contains_key(b));
+            r.blocks.retain(|b, p| p.sup.is_some() || p.slot.is_some() || slots.contains_key(b));
             for (b, p) in r.blocks.iter_mut() {
                 if p.slot.is_none() {
                     p.slot = slots.get(b).copied();
@@ -445,7 +480,7 @@ impl ElasticCache {
             })?;
         }
         let mut rescues = self.rescues.lock();
-        let (given_up, lost): (usize, Option<String>) = (rescues.values().map(|r| r.blocks.values().filter(|p| !p.superseded).count()).sum(), self.loss.lock().take());
+        let (given_up, lost): (usize, Option<String>) = (rescues.values().map(|r| r.blocks.values().filter(|p| p.sup.is_none()).count()).sum(), self.loss.lock().take());
         for (&id, r) in rescues.iter() {
             let _ = self.clear_metadata(id, r);
         }
@@ -468,19 +503,33 @@ impl ElasticCache {
     /// Flush backing. A success covers every direct write completed before it
     /// started; a failure, with a direct write not covered by an earlier
     /// success, may have dropped it (fsyncgate): the loss flag goes up.
+    /// Backing flushes are serialized, so their outcomes have an order.
+    /// Callers hold the attach lock (read or write), so this never waits on
+    /// `resolve_locked`, which holds `rescues` while it flushes.
     pub(super) fn flush_backing(&self) -> Result<()> {
+        self.flush_backing_locked(None)
+    }
+
+    fn flush_backing_locked(&self, held: Option<&mut BTreeMap<u64, Rescue>>) -> Result<()> {
+        let _serial = self.backing_flush.lock();
         let done = self.direct_done.load(SeqCst);
-        match self.backing.flush() {
+        let r = self.backing.flush();
+        match &r {
             Ok(()) => {
                 self.direct_synced.fetch_max(done, SeqCst);
-                Ok(())
             }
             Err(e) => {
                 if self.direct_started.load(SeqCst) > self.direct_synced.load(SeqCst) {
                     self.flag_loss(format!("a backing flush failed ({e}) after writes that went straight to backing; they may be lost"));
                 }
-                Err(e)
             }
         }
+        if self.rescuing.load(SeqCst) {
+            match held {
+                Some(rescues) => Self::settle_supersedes(rescues, r.is_ok(), done),
+                None => Self::settle_supersedes(&mut self.rescues.lock(), r.is_ok(), done),
+            }
+        }
+        r
     }
 }
