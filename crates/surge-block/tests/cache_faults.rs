@@ -3,6 +3,8 @@
 //!
 //! Each test is named for the invariant it protects and failed before its fix.
 
+mod common;
+use common::image;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -88,7 +90,7 @@ fn bypassing_write_racing_failed_backing_flush_never_leaves_a_dirty_block_unmapp
             }
         }
     });
-    let (n, deadline) = race_bounds(200_000, 8);
+    let (n, deadline) = race_bounds(200_000, 6);
     let mut done = 0;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         while done < n && Instant::now() < deadline {
@@ -193,12 +195,7 @@ fn a_write_through_copy_never_reverts_to_old_data_after_a_failed_backing_flush()
 /// backing heals a FLUSH puts it there.
 #[test]
 fn fail_over_with_a_failing_backing_flush_keeps_the_rescued_blocks_until_they_are_on_backing() {
-    let store = Arc::new(MemoryFences::new());
-    let medium = Arc::new(MemoryDev::new(64 * BS));
-    let backing = faulty(medium.clone(), "volatile");
-    let cdev = faulty(cache_mem(8), "");
-    let c = ElasticCache::new(backing.clone(), cfg_with(&store), clock());
-    c.attach(cdev.clone()).unwrap();
+    let Rig { store, medium, backing, cdev, c } = Rig::new();
     c.write_at(&fill(0xA1), 0, false).unwrap();
     c.flush().unwrap(); // acked: block 0 durable in the cache
     cdev.set_rules("write.fail_every=1,flush.fail_every=1".parse().unwrap());
@@ -245,14 +242,27 @@ fn copy_of(store: &MemoryFences) -> Arc<MemoryFences> {
     copy
 }
 
-/// A copy of a device's bytes: the state a crash at this instant leaves
-/// (`MemoryDev` has no volatile cache).
-fn image(dev: &dyn BlockDev) -> Arc<dyn BlockDev> {
-    let mut buf = vec![0u8; dev.size() as usize];
-    dev.read_at(&mut buf, 0).unwrap();
-    let copy = MemoryDev::new(dev.size());
-    copy.write_at(&buf, 0, false).unwrap();
-    Arc::new(copy)
+
+/// A cache with a fence record, over a volatile backing device (a medium
+/// behind a fault layer) and an 8-slot cache device behind a fault layer.
+struct Rig {
+    store: Arc<MemoryFences>,
+    medium: Arc<MemoryDev>,
+    backing: Arc<FaultDev>,
+    cdev: Arc<FaultDev>,
+    c: ElasticCache,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let store = Arc::new(MemoryFences::new());
+        let medium = Arc::new(MemoryDev::new(64 * BS));
+        let backing = faulty(medium.clone(), "volatile");
+        let cdev = faulty(cache_mem(8), "");
+        let c = ElasticCache::new(backing.clone(), cfg_with(&store), clock());
+        c.attach(cdev.clone()).unwrap();
+        Rig { store, medium, backing, cdev, c }
+    }
 }
 
 fn cfg_with(store: &Arc<MemoryFences>) -> CacheConfig {
@@ -385,12 +395,7 @@ fn no_flush_is_acknowledged_until_a_failed_cache_device_is_fenced_durably() {
 /// rewrite), never the older data backing held before.
 #[test]
 fn a_rescued_block_whose_rewrite_is_lost_by_a_failed_flush_reads_its_device_copy_not_older_data() {
-    let store = Arc::new(MemoryFences::new());
-    let medium = Arc::new(MemoryDev::new(64 * BS));
-    let backing = faulty(medium.clone(), "volatile");
-    let cdev = faulty(cache_mem(8), "");
-    let c = ElasticCache::new(backing.clone(), cfg_with(&store), clock());
-    c.attach(cdev.clone()).unwrap();
+    let Rig { medium, backing, cdev, c, .. } = Rig::new();
     c.write_at(&fill(0xA1), 0, false).unwrap();
     c.flush().unwrap();
     cdev.set_rules("write.fail_every=1,flush.fail_every=1".parse().unwrap());
@@ -413,12 +418,7 @@ fn a_rescued_block_whose_rewrite_is_lost_by_a_failed_flush_reads_its_device_copy
 /// later failed backing flush must not bring the device's older copy back.
 #[test]
 fn a_durable_rewrite_of_a_rescued_block_is_never_replaced_by_the_device_copy() {
-    let store = Arc::new(MemoryFences::new());
-    let medium = Arc::new(MemoryDev::new(64 * BS));
-    let backing = faulty(medium.clone(), "volatile");
-    let cdev = faulty(cache_mem(8), "");
-    let c = ElasticCache::new(backing.clone(), cfg_with(&store), clock());
-    c.attach(cdev.clone()).unwrap();
+    let Rig { medium, backing, cdev, c, .. } = Rig::new();
     c.write_at(&fill(0xA1), 0, false).unwrap();
     c.write_at(&fill(0xB1), BS, false).unwrap();
     c.flush().unwrap();

@@ -13,6 +13,8 @@
 //! Tests that show a bug are `#[ignore = "bug: ..."]` so CI stays green; run them
 //! with `cargo test -p surge-block --test cache_review -- --include-ignored`.
 
+mod common;
+use common::image;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -44,14 +46,6 @@ fn cache_mem(slots: u64) -> Arc<MemoryDev> {
     Arc::new(MemoryDev::new(2 * 4096 + slots * BS))
 }
 
-/// A copy of a device's bytes: the state a crash at this instant leaves.
-fn image(dev: &dyn BlockDev) -> Arc<dyn BlockDev> {
-    let mut buf = vec![0u8; dev.size() as usize];
-    dev.read_at(&mut buf, 0).unwrap();
-    let copy = MemoryDev::new(dev.size());
-    copy.write_at(&buf, 0, false).unwrap();
-    Arc::new(copy)
-}
 
 fn block(dev: &dyn BlockDev, b: u64) -> Vec<u8> {
     let mut buf = vec![0u8; BS as usize];

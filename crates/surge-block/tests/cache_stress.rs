@@ -23,7 +23,7 @@
 //! durable or later value). A read may fail only after a fault. Acknowledging a
 //! loss makes every sector "any value ever written" until rewritten.
 //!
-//! `SURGE_STRESS_ITERS` (default 300) and `SURGE_STRESS_SECS` (default 40)
+//! `SURGE_STRESS_ITERS` (default 300) and `SURGE_STRESS_SECS` (default 30)
 //! bound the run; `SURGE_STRESS_SEED` picks the first seed.
 
 use parking_lot::{Mutex, RwLock};
@@ -479,7 +479,7 @@ fn iteration(seed: u64) -> Result<(), String> {
 #[test]
 fn cache_keeps_every_flushed_sector_through_faults_racing_io_and_a_power_cut() {
     let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let (iters, secs, first) = (env("SURGE_STRESS_ITERS", 300), env("SURGE_STRESS_SECS", 40), env("SURGE_STRESS_SEED", 1));
+    let (iters, secs, first) = (env("SURGE_STRESS_ITERS", 300), env("SURGE_STRESS_SECS", 30), env("SURGE_STRESS_SEED", 1));
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut done = 0;
     // SURGE_STRESS_REPEAT=1: the same seed again and again (thread timing differs).

@@ -81,6 +81,19 @@ pub trait FenceStore: Send + Sync + Debug {
     fn update(&self, change: &mut dyn FnMut(&mut Fences)) -> Result<()>;
 }
 
+/// Apply `change` to a copy of `cur`; if it changed anything, `persist` it and
+/// only then make it current.
+fn update_with(cur: &Mutex<Fences>, change: &mut dyn FnMut(&mut Fences), persist: impl FnOnce(&Fences) -> std::io::Result<()>) -> Result<()> {
+    let mut cur = cur.lock();
+    let mut next = cur.clone();
+    change(&mut next);
+    if next != *cur {
+        persist(&next).map_err(|e| BlockError::io("write of the cache fence record", 0, 0, e))?;
+        *cur = next;
+    }
+    Ok(())
+}
+
 /// A JSON file, replaced atomically (write a temporary file, fsync, rename,
 /// fsync the directory). The daemon keeps one per elastic volume in its data
 /// directory.
@@ -127,15 +140,7 @@ impl FenceStore for FileFences {
     }
 
     fn update(&self, change: &mut dyn FnMut(&mut Fences)) -> Result<()> {
-        let mut cur = self.cur.lock();
-        let mut next = cur.clone();
-        change(&mut next);
-        if next == *cur {
-            return Ok(());
-        }
-        self.store(&next).map_err(|e| BlockError::io("write of the cache fence record", 0, 0, e))?;
-        *cur = next;
-        Ok(())
+        update_with(&self.cur, change, |next| self.store(next))
     }
 }
 
@@ -164,17 +169,10 @@ impl FenceStore for MemoryFences {
     }
 
     fn update(&self, change: &mut dyn FnMut(&mut Fences)) -> Result<()> {
-        let mut cur = self.cur.lock();
-        let mut next = cur.clone();
-        change(&mut next);
-        if next == *cur {
-            return Ok(());
-        }
-        if self.failing.load(Relaxed) {
-            return Err(BlockError::io("write of the cache fence record", 0, 0, std::io::Error::from_raw_os_error(libc::EIO)));
-        }
-        *cur = next;
-        Ok(())
+        update_with(&self.cur, change, |_| match self.failing.load(Relaxed) {
+            true => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+            false => Ok(()),
+        })
     }
 }
 
