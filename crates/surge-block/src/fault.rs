@@ -432,11 +432,14 @@ impl FaultDev {
         if rules.vanish_after.is_none() {
             self.vanished.store(false, Relaxed);
         }
+        // The buffer lock orders this switch with every write (see do_write).
+        let mut b = self.buffer.lock();
         if !rules.volatile {
             // Leaving volatile mode: what was buffered must not be lost by it.
-            let _ = self.drain();
+            let _ = self.drain_locked(&mut b);
         }
         *self.active.write() = Arc::new(Active::new(rules));
+        drop(b);
         tracing::info!(rules = %self.rules(), "fault rules changed");
     }
 
@@ -547,7 +550,10 @@ impl FaultDev {
 
     /// Write the volatile buffer to the device below, oldest first.
     fn drain(&self) -> Result<()> {
-        let mut buf = self.buffer.lock();
+        self.drain_locked(&mut self.buffer.lock())
+    }
+
+    fn drain_locked(&self, buf: &mut Vec<(u64, Vec<u8>)>) -> Result<()> {
         while !buf.is_empty() {
             let (off, data) = &buf[0];
             self.below(self.inner.write_at(data, *off, false))?;
@@ -558,39 +564,44 @@ impl FaultDev {
     }
 
     fn do_write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        // The mode is read under the buffer lock, which `set_rules` holds while
+        // it drains and switches: a write can never land in the buffer after
+        // the switch out of volatile mode (it would shadow newer writes).
+        let mut b = self.buffer.lock();
         if self.volatile() && !fua {
-            let over = {
-                let mut b = self.buffer.lock();
-                b.push((offset, buf.to_vec()));
-                self.buffered.fetch_add(buf.len() as u64, Relaxed) + buf.len() as u64 > VOLATILE_LIMIT
-            };
+            b.push((offset, buf.to_vec()));
+            let over = self.buffered.fetch_add(buf.len() as u64, Relaxed) + buf.len() as u64 > VOLATILE_LIMIT;
+            drop(b);
             return if over { self.drain() } else { Ok(()) };
         }
-        if fua && self.buffered.load(Relaxed) > 0 {
-            // FUA makes only this write durable (as on a disk): cut its range out
-            // of older buffered writes so a later drain cannot overwrite it.
-            let mut b = self.buffer.lock();
-            self.below(self.inner.write_at(buf, offset, true))?;
-            let end = offset + buf.len() as u64;
-            let mut kept = Vec::with_capacity(b.len());
-            for (off, data) in b.drain(..) {
-                let e = off + data.len() as u64;
-                if e <= offset || off >= end {
-                    kept.push((off, data));
-                    continue;
-                }
-                if off < offset {
-                    kept.push((off, data[..(offset - off) as usize].to_vec()));
-                }
-                if e > end {
-                    kept.push((end, data[(end - off) as usize..].to_vec()));
-                }
-            }
-            self.buffered.store(kept.iter().map(|(_, d)| d.len() as u64).sum(), Relaxed);
-            *b = kept;
-            return Ok(());
+        if b.is_empty() {
+            drop(b);
+            return self.below(self.inner.write_at(buf, offset, fua));
         }
-        self.below(self.inner.write_at(buf, offset, fua))
+        // Straight to the device while older writes are buffered (a FUA write,
+        // or rules that left volatile mode with a drain that failed): cut its
+        // range out of them, so that neither reads (which overlay the buffer)
+        // nor a later drain bring the older data back. A FUA write makes only
+        // itself durable, as on a disk.
+        self.below(self.inner.write_at(buf, offset, fua))?;
+        let end = offset + buf.len() as u64;
+        let mut kept = Vec::with_capacity(b.len());
+        for (off, data) in b.drain(..) {
+            let e = off + data.len() as u64;
+            if e <= offset || off >= end {
+                kept.push((off, data));
+                continue;
+            }
+            if off < offset {
+                kept.push((off, data[..(offset - off) as usize].to_vec()));
+            }
+            if e > end {
+                kept.push((end, data[(end - off) as usize..].to_vec()));
+            }
+        }
+        self.buffered.store(kept.iter().map(|(_, d)| d.len() as u64).sum(), Relaxed);
+        *b = kept;
+        Ok(())
     }
 }
 
@@ -953,6 +964,43 @@ mod tests {
         assert!(f.flush().is_err());
         f.flush().unwrap();
         assert_eq!(read(mem.as_ref(), 0, 512), vec![7; 512]);
+    }
+
+    /// Writers racing live switches in and out of volatile mode: a write that
+    /// returned never reads back older data (a write buffered just after the
+    /// switch out of volatile mode used to shadow every later one).
+    #[test]
+    fn switching_volatile_mode_while_writes_run_never_shadows_a_newer_write() {
+        let (_, f) = dev_with("volatile");
+        let f = Arc::new(f);
+        let stop = Arc::new(AtomicBool::new(false));
+        let toggler = std::thread::spawn({
+            let (f, stop) = (f.clone(), stop.clone());
+            move || {
+                let mut on = false;
+                while !stop.load(Relaxed) {
+                    f.set_rules(if on { "volatile" } else { "" }.parse().unwrap());
+                    on = !on;
+                }
+            }
+        });
+        let writers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let f = f.clone();
+                std::thread::spawn(move || {
+                    for v in 1..=100_000u32 {
+                        let data = [(v % 251) as u8 + 1; 512];
+                        f.write_at(&data, t * 512, false).unwrap();
+                        assert_eq!(read(f.as_ref(), t * 512, 512), data.to_vec(), "writer {t}, write {v}: an older write shadows it");
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, Relaxed);
+        toggler.join().unwrap();
     }
 
     #[test]
