@@ -23,7 +23,7 @@
 //! durable or later value). A read may fail only after a fault. Acknowledging a
 //! loss makes every sector "any value ever written" until rewritten.
 //!
-//! `SURGE_STRESS_ITERS` (default 300) and `SURGE_STRESS_SECS` (default 30)
+//! `SURGE_STRESS_ITERS` (default 5000) and `SURGE_STRESS_SECS` (default 30)
 //! bound the run; `SURGE_STRESS_SEED` picks the first seed.
 
 use parking_lot::{Mutex, RwLock};
@@ -121,6 +121,29 @@ fn sector_data(tag: u32) -> [u8; SECTOR as usize] {
 fn decode(b: &[u8]) -> Option<u32> {
     let t = u32::from_le_bytes(b[..4].try_into().unwrap());
     b.chunks(4).all(|w| w == t.to_le_bytes()).then_some(t)
+}
+
+/// What the iterations exercised (printed at the end, so that a passing run
+/// says what it covered).
+#[derive(Default)]
+struct Tally {
+    iterations: AtomicU64,
+    power_cut_mid_run: AtomicU64,
+    cache_failed_over: AtomicU64,
+    loss_flagged: AtomicU64,
+    losses_acknowledged: AtomicU64,
+    backing_flushes_failed: AtomicU64,
+    reopened_with_dirty_blocks: AtomicU64,
+    reopened_fenced: AtomicU64,
+    reopened_rescue: AtomicU64,
+}
+
+static TALLY: std::sync::LazyLock<Tally> = std::sync::LazyLock::new(Tally::default);
+
+fn count(c: &AtomicU64, yes: bool) {
+    if yes {
+        c.fetch_add(1, SeqCst);
+    }
 }
 
 /// What every thread shares in one iteration.
@@ -369,7 +392,7 @@ fn control(w: &World, seed: u64, rng_rules: &mut StdRng) {
 fn iteration(seed: u64) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let slots = [4u64, 8, 64, 256][rng.gen_range(0..4)];
-    let events = rng.gen_range(50..3000u64);
+    let events = rng.gen_range(20..1500u64);
     let power = Power::new(PowerConfig { crash_at: Some(events), volatile: Volatile::RandomSectors, seed, ..PowerConfig::default() });
     let back_raw: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(REGION * BS));
     let cache_raw: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(2 * 4096 + slots * BS));
@@ -435,6 +458,13 @@ fn iteration(seed: u64) -> Result<(), String> {
     if let Some(f) = w.failure.lock().take() {
         return Err(show(f));
     }
+    let t = &*TALLY;
+    count(&t.iterations, true);
+    count(&t.power_cut_mid_run, power.is_dead());
+    count(&t.cache_failed_over, !fences.get().failed.is_empty() || !cache.rescue_info().is_empty());
+    count(&t.loss_flagged, cache.stats().loss.is_some() || w.acks.load(SeqCst) > 0);
+    count(&t.losses_acknowledged, w.acks.load(SeqCst) > 0);
+    count(&t.backing_flushes_failed, w.backing_f.stats().injected[2] > 0);
     drop(w);
     drop(cache);
     power.cut();
@@ -445,9 +475,14 @@ fn iteration(seed: u64) -> Result<(), String> {
     let cfg = CacheConfig { fences: Some(record.clone() as Arc<dyn FenceStore>), ..cfg };
     let r = match ElasticCache::open(back_raw.clone(), cache_raw.clone(), cfg.clone(), clock.clone()) {
         Ok(r) => r,
-        Err(CacheError::Fenced { .. }) => ElasticCache::new(back_raw.clone(), cfg.clone(), clock.clone()),
+        Err(CacheError::Fenced { .. }) => {
+            count(&t.reopened_fenced, true);
+            ElasticCache::new(back_raw.clone(), cfg.clone(), clock.clone())
+        }
         Err(e) => return Err(format!("reopen after the cut: {e}")),
     };
+    count(&t.reopened_with_dirty_blocks, r.stats().dirty_bytes > 0);
+    count(&t.reopened_rescue, !r.is_attached() && !record.get().failed.is_empty());
     let mut got = vec![0u8; (REGION * BS) as usize];
     r.read_at(&mut got, 0).map_err(|e| format!("read after restart: {e}"))?;
     for (t, model) in models.iter().enumerate() {
@@ -479,7 +514,7 @@ fn iteration(seed: u64) -> Result<(), String> {
 #[test]
 fn cache_keeps_every_flushed_sector_through_faults_racing_io_and_a_power_cut() {
     let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let (iters, secs, first) = (env("SURGE_STRESS_ITERS", 300), env("SURGE_STRESS_SECS", 30), env("SURGE_STRESS_SEED", 1));
+    let (iters, secs, first) = (env("SURGE_STRESS_ITERS", 5000), env("SURGE_STRESS_SECS", 30), env("SURGE_STRESS_SEED", 1));
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut done = 0;
     // SURGE_STRESS_REPEAT=1: the same seed again and again (thread timing differs).
@@ -495,5 +530,12 @@ fn cache_keeps_every_flushed_sector_through_faults_racing_io_and_a_power_cut() {
         done += 1;
     }
     eprintln!("cache stress: {done} iterations passed (first seed {first})");
+    let t = &*TALLY;
+    let n = |c: &AtomicU64| c.load(SeqCst);
+    eprintln!(
+        "  power cut mid-run {}, cache failed over {}, backing flushes failed {}, loss flagged {} (acknowledged {}), reopened with dirty blocks {}, reopened a fenced device {}, reopened as a rescue {}",
+        n(&t.power_cut_mid_run), n(&t.cache_failed_over), n(&t.backing_flushes_failed), n(&t.loss_flagged), n(&t.losses_acknowledged),
+        n(&t.reopened_with_dirty_blocks), n(&t.reopened_fenced), n(&t.reopened_rescue)
+    );
     assert!(done > 0);
 }
