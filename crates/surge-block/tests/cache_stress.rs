@@ -82,11 +82,14 @@ struct Sector {
     /// A failed write covered it: it may hold anything (a torn write lands
     /// partly, even inside a sector) until a later write of it is durable.
     torn_ok: bool,
+    /// A failed write ever covered it (after an acknowledged loss, what backing
+    /// held back then may come back).
+    ever_torn: bool,
 }
 
 impl Sector {
     fn new() -> Self {
-        Sector { dur: vec![0], since: vec![], cur: Some(0), hist: vec![0], torn_ok: false }
+        Sector { dur: vec![0], since: vec![], cur: Some(0), hist: vec![0], torn_ok: false, ever_torn: false }
     }
     fn allowed_after_crash(&self, v: Option<u32>) -> bool {
         match v {
@@ -198,6 +201,7 @@ fn apply_acks(w: &World, model: &mut [Vec<Sector>], seen: u64) -> u64 {
             s.dur = s.hist.clone();
             s.since.clear();
             s.cur = None;
+            s.torn_ok = s.ever_torn;
         }
     }
     acks
@@ -247,6 +251,7 @@ fn writer(w: &World, t: u64, seed: u64, ops: u64) -> (Vec<Vec<Sector>>, u64) {
                     push_unique(&mut s.since, tag);
                     s.cur = ok.then_some(tag);
                     s.torn_ok |= !ok;
+                    s.ever_torn |= !ok;
                     if ok && fua {
                         s.dur = vec![tag];
                         s.since.clear();
