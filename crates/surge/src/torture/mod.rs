@@ -210,6 +210,9 @@ struct Runner<'a> {
     report: Report,
     buf: Vec<u8>,
     scratch: Vec<u8>,
+    /// A wait for a rescue timed out since the last restart: do not wait again
+    /// (the device it needs is gone until the server restarts).
+    rescue_wait_expired: bool,
 }
 
 const MAX_LOSS_EXAMPLES: usize = 20;
@@ -332,13 +335,14 @@ impl Runner<'_> {
     fn settle_failed_flush(&mut self, c: &mut Client) -> anyhow::Result<bool> {
         let Some(target) = self.cfg.ack_losses.clone() else { return Ok(false) };
         let socket = self.cfg.data_dir.join("control.sock");
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(if self.rescue_wait_expired { 0 } else { 10 });
         loop {
             let resp = crate::control::call(&socket, &crate::control::Request::Status)?;
             let status = resp.targets.unwrap_or_default().into_iter().find(|t| t.name == target).map(|t| t.status);
             let Some(status) = status else { bail!("control target {target} not found (--ack-losses needs an elastic export)") };
             let stats = &status["stats"];
-            if stats["rescue_pending_blocks"].as_u64() == Some(0) && !stats["loss"].is_null() {
+            let rescuing = stats["rescue_pending_blocks"].as_u64() != Some(0);
+            if !rescuing && !stats["loss"].is_null() {
                 let set = crate::control::Request::Set { target: target.clone(), key: "ack_lost".into(), value: "true".into() };
                 let r = crate::control::call(&socket, &set)?;
                 anyhow::ensure!(r.ok, "acknowledging the loss failed: {:?}", r.error);
@@ -350,7 +354,13 @@ impl Runner<'_> {
                 self.model.flushed();
                 return Ok(true);
             }
+            // Only a rescue in progress is worth waiting for; a device that
+            // keeps failing fails the next FLUSH too.
+            if !rescuing {
+                return Ok(false);
+            }
             if Instant::now() > deadline {
+                self.rescue_wait_expired = true;
                 return Ok(false);
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -494,6 +504,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&Report)) -> anyhow::Result<Re
         report: Report { spec: cfg.spec.clone(), seed: cfg.seed, ..Report::default() },
         buf: Vec::new(),
         scratch: Vec::new(),
+        rescue_wait_expired: false,
     };
     r.format(&mut client)?;
 
@@ -502,6 +513,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&Report)) -> anyhow::Result<Re
             r.report.stopped_by_time_limit = true;
             break;
         }
+        r.rescue_wait_expired = false;
         r.verify(&mut client, cycle - 1)?;
         r.workload(&mut client, &mut server, deadline)?;
         drop(client);
