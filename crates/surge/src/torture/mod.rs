@@ -56,8 +56,10 @@ pub struct Config {
     pub surge_exe: PathBuf,
     /// After a failed FLUSH, settle it through this control target (the
     /// export's `NAME/elastic`): wait while blocks of a failed cache are being
-    /// rescued, acknowledge a reported loss (`ack_lost=true`; writes since the
-    /// last completed FLUSH become unspecified in the model), and FLUSH again.
+    /// rescued (at most 10 s once per server run: a device that stays away
+    /// only comes back after a restart), acknowledge a reported loss
+    /// (`ack_lost=true`; writes since the last completed FLUSH become
+    /// unspecified in the model), and FLUSH again.
     pub ack_losses: Option<String>,
 }
 
