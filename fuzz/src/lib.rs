@@ -178,6 +178,6 @@ fn request_seeds() -> Vec<Vec<u8>> {
 }
 
 fn meta_seeds() -> Vec<Vec<u8>> {
-    let m = |entries: Vec<(u64, u32)>| meta::Meta { seq: 3, block_size: 65536, nslots: 64, backing_size: 1 << 30, entries }.encode();
+    let m = |entries: Vec<(u64, u32)>| meta::Meta { seq: 3, block_size: 65536, nslots: 64, backing_size: 1 << 30, cache_id: 7, entries }.encode();
     vec![m(vec![]), m(vec![(0, 0), (5, 63), (16383, 7)]), m((0..40).map(|i| (i * 3, i as u32)).collect())]
 }

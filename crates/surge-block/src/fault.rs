@@ -103,6 +103,13 @@ pub struct KindRule {
     pub errno: FaultErrno,
     /// Acknowledge without doing it (a lying device). Not for reads.
     pub drop: bool,
+    /// Busy-wait a random real time in `[0, spin)` before deciding the op's fate:
+    /// widens race windows in threaded tests (real time, not the [`Clock`]).
+    pub spin: Duration,
+    /// Flush only, volatile mode: a failed flush loses every buffered write
+    /// (Linux after a writeback error: the pages count as clean, later reads
+    /// may return the old data, a later flush does not write them).
+    pub fail_loses: bool,
 }
 
 impl KindRule {
@@ -121,6 +128,8 @@ impl KindRule {
 /// | `KIND.latency=DUR` | add latency to KIND (`5ms`, `200us`, `1s`) |
 /// | `KIND.errno=eio\|enospc` | errno of KIND's injected failures |
 /// | `KIND.drop` | acknowledge KIND without doing it (not read) |
+/// | `KIND.spin=DUR` | busy-wait a random real time below DUR before KIND (widens races; not the clock) |
+/// | `flush.fail_loses` | volatile mode: a failed flush loses every buffered write (a writeback error) |
 /// | `latency=DUR` | add latency to every op |
 /// | `tear_nth=N` | the N-th write lands only partly (first half, sector-rounded), then fails |
 /// | `vanish_after=N` | after N ops, every op fails with "device is gone" |
@@ -184,6 +193,13 @@ impl FaultRules {
                         }
                         r.drop = parse_flag(&key, value)?;
                     }
+                    "spin" => r.spin = parse_duration(need("a duration like 50us")?)?,
+                    "fail_loses" => {
+                        if kind != OpKind::Flush {
+                            return Err(format!("{key}: only a flush loses buffered writes when it fails; use flush.fail_loses"));
+                        }
+                        r.fail_loses = parse_flag(&key, value)?;
+                    }
                     _ => return Err(unknown_key(&key)),
                 }
             }
@@ -194,8 +210,8 @@ impl FaultRules {
 
 fn unknown_key(key: &str) -> String {
     format!(
-        "unknown fault rule {key:?}; known: KIND.fail_nth, KIND.fail_every, KIND.fail_prob, KIND.latency, KIND.errno, KIND.drop \
-         (KIND = read|write|flush|discard|zeroes), latency, tear_nth, vanish_after, volatile, seed"
+        "unknown fault rule {key:?}; known: KIND.fail_nth, KIND.fail_every, KIND.fail_prob, KIND.latency, KIND.errno, KIND.drop, \
+         KIND.spin (KIND = read|write|flush|discard|zeroes), flush.fail_loses, latency, tear_nth, vanish_after, volatile, seed"
     )
 }
 
@@ -288,6 +304,12 @@ impl fmt::Display for FaultRules {
             if r.drop {
                 items.push(format!("{n}.drop"));
             }
+            if !r.spin.is_zero() {
+                items.push(format!("{n}.spin={}", format_duration(r.spin)));
+            }
+            if r.fail_loses {
+                items.push(format!("{n}.fail_loses"));
+            }
         }
         if !self.latency.is_zero() {
             items.push(format!("latency={}", format_duration(self.latency)));
@@ -325,6 +347,8 @@ pub struct FaultStats {
     pub vanished: bool,
     /// Bytes held in the volatile buffer now.
     pub buffered_bytes: u64,
+    /// Buffered bytes lost by failed flushes (`flush.fail_loses`).
+    pub lost_bytes: u64,
 }
 
 #[derive(Default)]
@@ -335,6 +359,7 @@ struct Counters {
     torn: AtomicU64,
     gone: AtomicU64,
     passthrough_errors: AtomicU64,
+    lost_bytes: AtomicU64,
 }
 
 /// State that restarts when rules change.
@@ -407,11 +432,14 @@ impl FaultDev {
         if rules.vanish_after.is_none() {
             self.vanished.store(false, Relaxed);
         }
+        // The buffer lock orders this switch with every write (see do_write).
+        let mut b = self.buffer.lock();
         if !rules.volatile {
             // Leaving volatile mode: what was buffered must not be lost by it.
-            let _ = self.drain();
+            let _ = self.drain_locked(&mut b);
         }
         *self.active.write() = Arc::new(Active::new(rules));
+        drop(b);
         tracing::info!(rules = %self.rules(), "fault rules changed");
     }
 
@@ -434,6 +462,7 @@ impl FaultDev {
             passthrough_errors: self.c.passthrough_errors.load(Relaxed),
             vanished: self.vanished.load(Relaxed),
             buffered_bytes: self.buffered.load(Relaxed),
+            lost_bytes: self.c.lost_bytes.load(Relaxed),
         }
     }
 
@@ -453,6 +482,13 @@ impl FaultDev {
         }
         let n = active.seen[i].fetch_add(1, Relaxed) + 1;
         let rule = &rules.kinds[i];
+        if !rule.spin.is_zero() {
+            let spin = Duration::from_nanos(active.rng.lock().gen_range(0..rule.spin.as_nanos().max(1) as u64));
+            let start = std::time::Instant::now();
+            while start.elapsed() < spin {
+                std::hint::spin_loop();
+            }
+        }
         let latency = rules.latency + rule.latency;
         if !latency.is_zero() {
             self.clock.sleep_until(self.clock.now() + latency);
@@ -503,9 +539,21 @@ impl FaultDev {
         r
     }
 
+    /// A failed flush with `flush.fail_loses`: the buffered writes are gone.
+    fn lose_buffer(&self) {
+        let mut b = self.buffer.lock();
+        let lost: u64 = b.iter().map(|(_, d)| d.len() as u64).sum();
+        b.clear();
+        self.buffered.store(0, Relaxed);
+        self.c.lost_bytes.fetch_add(lost, Relaxed);
+    }
+
     /// Write the volatile buffer to the device below, oldest first.
     fn drain(&self) -> Result<()> {
-        let mut buf = self.buffer.lock();
+        self.drain_locked(&mut self.buffer.lock())
+    }
+
+    fn drain_locked(&self, buf: &mut Vec<(u64, Vec<u8>)>) -> Result<()> {
         while !buf.is_empty() {
             let (off, data) = &buf[0];
             self.below(self.inner.write_at(data, *off, false))?;
@@ -516,39 +564,44 @@ impl FaultDev {
     }
 
     fn do_write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        // The mode is read under the buffer lock, which `set_rules` holds while
+        // it drains and switches: a write can never land in the buffer after
+        // the switch out of volatile mode (it would shadow newer writes).
+        let mut b = self.buffer.lock();
         if self.volatile() && !fua {
-            let over = {
-                let mut b = self.buffer.lock();
-                b.push((offset, buf.to_vec()));
-                self.buffered.fetch_add(buf.len() as u64, Relaxed) + buf.len() as u64 > VOLATILE_LIMIT
-            };
+            b.push((offset, buf.to_vec()));
+            let over = self.buffered.fetch_add(buf.len() as u64, Relaxed) + buf.len() as u64 > VOLATILE_LIMIT;
+            drop(b);
             return if over { self.drain() } else { Ok(()) };
         }
-        if fua && self.buffered.load(Relaxed) > 0 {
-            // FUA makes only this write durable (as on a disk): cut its range out
-            // of older buffered writes so a later drain cannot overwrite it.
-            let mut b = self.buffer.lock();
-            self.below(self.inner.write_at(buf, offset, true))?;
-            let end = offset + buf.len() as u64;
-            let mut kept = Vec::with_capacity(b.len());
-            for (off, data) in b.drain(..) {
-                let e = off + data.len() as u64;
-                if e <= offset || off >= end {
-                    kept.push((off, data));
-                    continue;
-                }
-                if off < offset {
-                    kept.push((off, data[..(offset - off) as usize].to_vec()));
-                }
-                if e > end {
-                    kept.push((end, data[(end - off) as usize..].to_vec()));
-                }
-            }
-            self.buffered.store(kept.iter().map(|(_, d)| d.len() as u64).sum(), Relaxed);
-            *b = kept;
-            return Ok(());
+        if b.is_empty() {
+            drop(b);
+            return self.below(self.inner.write_at(buf, offset, fua));
         }
-        self.below(self.inner.write_at(buf, offset, fua))
+        // Straight to the device while older writes are buffered (a FUA write,
+        // or rules that left volatile mode with a drain that failed): cut its
+        // range out of them, so that neither reads (which overlay the buffer)
+        // nor a later drain bring the older data back. A FUA write makes only
+        // itself durable, as on a disk.
+        self.below(self.inner.write_at(buf, offset, fua))?;
+        let end = offset + buf.len() as u64;
+        let mut kept = Vec::with_capacity(b.len());
+        for (off, data) in b.drain(..) {
+            let e = off + data.len() as u64;
+            if e <= offset || off >= end {
+                kept.push((off, data));
+                continue;
+            }
+            if off < offset {
+                kept.push((off, data[..(offset - off) as usize].to_vec()));
+            }
+            if e > end {
+                kept.push((end, data[(end - off) as usize..].to_vec()));
+            }
+        }
+        self.buffered.store(kept.iter().map(|(_, d)| d.len() as u64).sum(), Relaxed);
+        *b = kept;
+        Ok(())
     }
 }
 
@@ -606,7 +659,12 @@ impl BlockDev for FaultDev {
     fn flush(&self) -> Result<()> {
         match self.admit(OpKind::Flush) {
             Verdict::Gone => Err(Self::gone()),
-            Verdict::Fail(e) => Err(Self::injected(OpKind::Flush, 0, 0, e)),
+            Verdict::Fail(e) => {
+                if self.active.read().rules.kind(OpKind::Flush).fail_loses {
+                    self.lose_buffer();
+                }
+                Err(Self::injected(OpKind::Flush, 0, 0, e))
+            }
             Verdict::Drop => Ok(()),
             Verdict::Pass | Verdict::Tear => {
                 self.drain()?;
@@ -702,7 +760,7 @@ mod tests {
         assert_eq!(r.vanish_after, Some(1000));
         let again: FaultRules = r.to_string().parse().unwrap();
         assert_eq!(again, r);
-        let all = "read.fail_every=7,flush.errno=enospc,flush.fail_nth=2,discard.drop,zeroes.latency=250us,volatile,seed=9";
+        let all = "read.fail_every=7,flush.errno=enospc,flush.fail_nth=2,flush.spin=40us,flush.fail_loses,discard.drop,zeroes.latency=250us,volatile,seed=9";
         let r: FaultRules = all.parse().unwrap();
         assert_eq!(r.to_string().parse::<FaultRules>().unwrap(), r);
         assert_eq!("".parse::<FaultRules>().unwrap(), FaultRules::default());
@@ -718,6 +776,7 @@ mod tests {
             ("latency=5 parsecs", "unknown unit"),
             ("read.drop", "cannot be acknowledged"),
             ("write.errno=eperm", "eio or enospc"),
+            ("write.fail_loses", "only a flush"),
             ("latency", "needs a value"),
             ("write.fail_nth=1,,latency=1ms", "stray comma"),
         ] {
@@ -888,6 +947,72 @@ mod tests {
         f.flush().unwrap();
         assert_eq!(read(mem.as_ref(), 0, 512), vec![0; 512], "the lie: acknowledged, not persisted");
         assert_eq!(f.stats().dropped, 1);
+    }
+
+    #[test]
+    fn a_failed_flush_with_fail_loses_loses_the_buffered_writes() {
+        let (mem, f) = dev_with("volatile,flush.fail_nth=1,flush.fail_loses");
+        f.write_at(&[7; 512], 0, false).unwrap();
+        assert!(f.flush().is_err());
+        assert_eq!(read(&f, 0, 512), vec![0; 512], "after the failed flush the write is gone, as after a writeback error");
+        f.flush().unwrap();
+        assert_eq!(read(mem.as_ref(), 0, 512), vec![0; 512], "a later flush does not bring it back");
+        assert_eq!((f.stats().lost_bytes, f.stats().buffered_bytes), (512, 0));
+        // Without the flag a failed flush keeps the buffer for the next one.
+        let (mem, f) = dev_with("volatile,flush.fail_nth=1");
+        f.write_at(&[7; 512], 0, false).unwrap();
+        assert!(f.flush().is_err());
+        f.flush().unwrap();
+        assert_eq!(read(mem.as_ref(), 0, 512), vec![7; 512]);
+    }
+
+    /// Writers racing live switches in and out of volatile mode: a write that
+    /// returned never reads back older data (a write buffered just after the
+    /// switch out of volatile mode used to shadow every later one).
+    #[test]
+    fn switching_volatile_mode_while_writes_run_never_shadows_a_newer_write() {
+        let (_, f) = dev_with("volatile");
+        let f = Arc::new(f);
+        let stop = Arc::new(AtomicBool::new(false));
+        let toggler = std::thread::spawn({
+            let (f, stop) = (f.clone(), stop.clone());
+            move || {
+                let mut on = false;
+                while !stop.load(Relaxed) {
+                    f.set_rules(if on { "volatile" } else { "" }.parse().unwrap());
+                    on = !on;
+                }
+            }
+        });
+        let writers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let f = f.clone();
+                std::thread::spawn(move || {
+                    for v in 1..=100_000u32 {
+                        let data = [(v % 251) as u8 + 1; 512];
+                        f.write_at(&data, t * 512, false).unwrap();
+                        assert_eq!(read(f.as_ref(), t * 512, 512), data.to_vec(), "writer {t}, write {v}: an older write shadows it");
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, Relaxed);
+        toggler.join().unwrap();
+    }
+
+    #[test]
+    fn spin_waits_in_real_time_and_leaves_the_clock_alone() {
+        let clock = Arc::new(VirtualClock::new());
+        let f = FaultDev::new(Arc::new(MemoryDev::new(4096)), "flush.spin=2ms,seed=4".parse().unwrap(), clock.clone());
+        let start = std::time::Instant::now();
+        for _ in 0..20 {
+            f.flush().unwrap();
+        }
+        assert!(start.elapsed() >= Duration::from_millis(5), "20 random spins below 2 ms: {:?}", start.elapsed());
+        assert_eq!(clock.now(), Duration::ZERO);
     }
 
     #[test]

@@ -13,10 +13,13 @@
 //! Tests that show a bug are `#[ignore = "bug: ..."]` so CI stays green; run them
 //! with `cargo test -p surge-block --test cache_review -- --include-ignored`.
 
+mod common;
+use common::image;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use surge_block::cache::{CacheConfig, CacheMode, ElasticCache, Flusher, Phase};
+use surge_block::cache::fence::{FenceStore, MemoryFences};
+use surge_block::cache::{CacheConfig, CacheError, CacheMode, ElasticCache, Flusher, Phase};
 use surge_block::fault::{FaultDev, FaultRules};
 use surge_block::{BlockDev, BlockError, Clock, MemoryDev, Result, VirtualClock};
 
@@ -30,6 +33,7 @@ fn cfg() -> CacheConfig {
         // Phase-1 background flushing never starts by itself in these tests.
         idle_gap: Duration::from_secs(3600),
         flush_batch: 64,
+        fences: None,
     }
 }
 
@@ -42,14 +46,6 @@ fn cache_mem(slots: u64) -> Arc<MemoryDev> {
     Arc::new(MemoryDev::new(2 * 4096 + slots * BS))
 }
 
-/// A copy of a device's bytes: the state a crash at this instant leaves.
-fn image(dev: &dyn BlockDev) -> Arc<dyn BlockDev> {
-    let mut buf = vec![0u8; dev.size() as usize];
-    dev.read_at(&mut buf, 0).unwrap();
-    let copy = MemoryDev::new(dev.size());
-    copy.write_at(&buf, 0, false).unwrap();
-    Arc::new(copy)
-}
 
 fn block(dev: &dyn BlockDev, b: u64) -> Vec<u8> {
     let mut buf = vec![0u8; BS as usize];
@@ -281,14 +277,16 @@ fn fail_writes(dev: &FaultDev) {
 /// Scenario: block 0 dirty and FLUSHed in the cache; the cache device starts
 /// failing writes, the layer falls back to backing (saving block 0 there); the
 /// application rewrites block 0 and FLUSHes (acked, on backing). The process
-/// restarts and the daemon reopens the newest leftover cache volume (this one:
-/// after a fail-over `ElasticVolume` keeps it and the policy, stuck in Drain
-/// waiting for `obs.attached`, never detaches or deletes it). `open` trusts the
-/// stale metadata: block 0 reads the old data, and draining writes it over the
-/// newer, flushed data on backing.
+/// restarts and reopens the failed device (the daemon reopens the newest
+/// leftover cache volume). The device refused the write that would have
+/// cleared its metadata, so only the fence record (`CacheConfig::fences`,
+/// a file in the daemon's data directory) can say it failed: `open` must
+/// refuse it, never trust its stale metadata, and draining must never write
+/// old data over the newer, FLUSHed data on backing.
 #[test]
-#[ignore = "bug: fail_over leaves the failed cache's metadata naming dirty blocks; reopening it resurrects stale data over newer FLUSHed writes (the layer now clears the metadata when the device still takes a write, and the daemon deletes failed-over volumes; a device refusing every write cannot be fixed here)"]
 fn reopening_a_failed_over_cache_must_not_resurrect_stale_dirty_blocks() {
+    let fences: Arc<dyn FenceStore> = Arc::new(MemoryFences::new());
+    let cfg = || CacheConfig { fences: Some(fences.clone()), ..cfg() };
     let backing: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(64 * BS));
     let dev = faulty_cache(8);
     let c = ElasticCache::new(backing.clone(), cfg(), clock());
@@ -306,18 +304,24 @@ fn reopening_a_failed_over_cache_must_not_resurrect_stale_dirty_blocks() {
 
     // Restart; the device works again (or only its writes had failed).
     dev.set_rules(FaultRules::default());
-    let r = ElasticCache::open(backing.clone(), dev.clone(), cfg(), clock()).unwrap();
+    let r = match ElasticCache::open(backing.clone(), dev.clone(), cfg(), clock()) {
+        // The failed device is never used again: run on backing alone.
+        Err(CacheError::Fenced { .. }) => ElasticCache::new(backing.clone(), cfg(), clock()),
+        other => other.unwrap(),
+    };
     let got = block(&r, 0);
     assert!(got == fill(0xA2), "block 0 was rewritten and FLUSHed after the fail-over, but reads {} after a restart", describe(&got));
-    r.drain_and_detach().unwrap();
+    if r.is_attached() {
+        r.drain_and_detach().unwrap();
+    }
     let on_backing = block(backing.as_ref(), 0);
     assert!(on_backing == fill(0xA2), "draining wrote {} over the flushed data", describe(&on_backing));
 }
 
-/// The part of bug 2 the cache layer can fix alone: when the failed device still
-/// takes the metadata write, fail-over leaves an empty, newer table behind and a
-/// reopen finds nothing to resurrect. (When it takes no write at all, as in the
-/// test above, only the daemon deleting the volume helps.)
+/// Without a fence record, when the failed device still takes the metadata
+/// write, fail-over leaves an empty, newer table behind and a reopen finds
+/// nothing to resurrect. (When it takes no write at all, as in the test above,
+/// only the fence record helps: without one, no FLUSH is acknowledged.)
 #[test]
 fn fail_over_clears_the_metadata_of_a_device_that_still_takes_writes() {
     let backing: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(64 * BS));
@@ -720,4 +724,49 @@ fn detach_while_writers_run_loses_nothing() {
         let got = block(backing.as_ref(), b);
         assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), want, "block {b}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// Found by the stress test: a bypassing write of a block written back but not
+// yet covered by a backing flush.
+
+/// Block 0 is dirty and FLUSHed in the cache. A FLUSH parks in its backing
+/// flush; the flusher writes block 0 back (clean, "unsynced": the backing copy
+/// is not durable yet) and waits for the commit lock. A write-around write of
+/// block 0 follows. The parked backing flush then fails and loses both the
+/// write-back and the write. Block 0 must not read older than its last FLUSH
+/// (here: the zeroes backing held before the cache).
+#[test]
+fn a_bypassing_write_of_an_unsynced_block_never_reverts_it_when_the_backing_flush_fails() {
+    let medium = Arc::new(MemoryDev::new(64 * BS));
+    let volatile = Arc::new(FaultDev::new(medium.clone(), "volatile".parse().unwrap(), clock()));
+    let gate = Gated::new(volatile.clone());
+    let c = Arc::new(ElasticCache::new(gate.clone(), cfg(), clock()));
+    c.attach(cache_mem(8)).unwrap();
+    c.write_at(&fill(0xA1), 0, false).unwrap();
+    c.flush().unwrap();
+    c.write_at(&fill(0xD1), BS, false).unwrap(); // so the next FLUSH has something to commit
+    gate.hold();
+    let user_flush = std::thread::spawn({
+        let c = c.clone();
+        move || c.flush()
+    });
+    gate.wait_parked(1);
+    let flusher = std::thread::spawn({
+        let c = c.clone();
+        move || c.flush_step(1)
+    });
+    wait_until("block 0 is written back", || c.stats().flushed_bytes >= BS);
+    c.set_mode(CacheMode::WriteAround);
+    c.write_at(&fill(0xA2), 0, false).unwrap();
+    volatile.set_rules("volatile,flush.fail_nth=1,flush.fail_loses".parse().unwrap());
+    gate.open();
+    assert!(user_flush.join().unwrap().is_err(), "the parked backing flush failed");
+    let _ = flusher.join().unwrap();
+    let got = block(c.as_ref(), 0);
+    assert!(got == fill(0xA1) || got == fill(0xA2), "block 0 reads {} after the failed flush", describe(&got));
+    c.set_mode(CacheMode::WriteBack);
+    c.drain_and_detach().unwrap();
+    let on_medium = block(medium.as_ref(), 0);
+    assert!(on_medium == fill(0xA1) || on_medium == fill(0xA2), "drained block 0 is {}", describe(&on_medium));
 }

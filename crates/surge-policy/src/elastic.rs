@@ -83,6 +83,10 @@ pub enum Action {
     Resume,
     /// Cache is clean: detach and delete it.
     Detach,
+    /// The last detach failed (the daemon reported why); it is retried after
+    /// a backoff, meanwhile the cache keeps draining (or, if it is already
+    /// detached, a new one may be provisioned).
+    DetachFailed { attempt: u32, retry_in_s: f64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -114,6 +118,15 @@ pub struct BurstRecord {
     pub next_size: u64,
 }
 
+/// Most burst records kept in [`ElasticPolicy::history`] (the oldest go first):
+/// a daemon runs for months.
+pub const HISTORY_CAP: usize = 256;
+/// Burst starts and ends kept for period learning (only the last two matter).
+const BURST_TIMES_CAP: usize = 8;
+/// First and largest wait before a failed detach is retried.
+const DETACH_RETRY_FIRST: Duration = Duration::from_secs(1);
+const DETACH_RETRY_MAX: Duration = Duration::from_secs(300);
+
 #[derive(Debug)]
 pub struct ElasticPolicy {
     cfg: ElasticConfig,
@@ -137,8 +150,12 @@ pub struct ElasticPolicy {
     burst_bytes0: u64,
     /// The cache saw a burst since it was attached.
     saw_burst: bool,
+    /// What the last bursts taught (at most [`HISTORY_CAP`], oldest first).
     pub history: Vec<BurstRecord>,
     last_util: f64,
+    /// Detach attempts that failed in a row, and when the next may start.
+    detach_failures: u32,
+    detach_retry_at: Duration,
 }
 
 fn round_up(v: u64, g: u64) -> u64 {
@@ -167,6 +184,8 @@ impl ElasticPolicy {
             saw_burst: false,
             history: Vec::new(),
             last_util: 0.0,
+            detach_failures: 0,
+            detach_retry_at: Duration::ZERO,
         }
     }
 
@@ -215,7 +234,40 @@ impl ElasticPolicy {
     pub fn detached(&mut self, now: Duration) {
         self.cache_size = 0;
         self.burst_start = None;
+        self.detach_failures = 0;
+        self.detach_retry_at = Duration::ZERO;
         self.go(State::Idle, now);
+    }
+
+    /// Applying [`Action::Detach`] failed (`error` says why): never stay in
+    /// `Detaching`. A cache still attached goes back to `Drain` (it keeps
+    /// draining, demand may resume it, and detach is retried once clean after
+    /// a backoff: 1 s, 2 s, 4 s ... up to 5 min); one already detached (only
+    /// the provider's detach or delete failed, which the daemon retries) goes
+    /// to `Idle`, so a new cache can be provisioned. Returns the decision that
+    /// reports it.
+    pub fn detach_failed(&mut self, now: Duration, obs: CacheObs, error: &str) -> Decision {
+        self.detach_failures += 1;
+        let backoff = DETACH_RETRY_FIRST.saturating_mul(1 << (self.detach_failures - 1).min(16)).min(DETACH_RETRY_MAX);
+        self.detach_retry_at = now + backoff;
+        let next = if obs.attached { State::Drain } else { State::Idle };
+        if next == State::Idle {
+            self.cache_size = 0;
+            self.burst_start = None;
+        }
+        self.go(next, now);
+        self.decide(
+            now,
+            Action::DetachFailed { attempt: self.detach_failures, retry_in_s: backoff.as_secs_f64() },
+            format!(
+                "detach failed ({error}); {}",
+                if obs.attached {
+                    format!("still draining, retrying in {:.0} s (attempt {})", backoff.as_secs_f64(), self.detach_failures)
+                } else {
+                    "the cache is detached; its volume is deleted later, a new cache may be provisioned".into()
+                }
+            ),
+        )
     }
 
     /// Utilization over the sliding window ending at `now`; `None` until a
@@ -242,7 +294,7 @@ impl ElasticPolicy {
             self.evicted_in_boost = obs.evicted_bytes.saturating_sub(self.evicted_at_attach);
         }
         // Drain completes whenever it completes.
-        if self.state == State::Drain && obs.attached && obs.dirty_bytes == 0 {
+        if self.state == State::Drain && obs.attached && obs.dirty_bytes == 0 && now >= self.detach_retry_at {
             self.finish_burst();
             out.push(self.decide(now, Action::Detach, "cache is clean after draining: detach and delete it".into()));
             self.go(State::Detaching, now);
@@ -321,6 +373,11 @@ impl ElasticPolicy {
         if self.burst_start.is_none() {
             self.burst_start = Some(at);
             self.burst_starts.push(at);
+            // Bounded: drop the oldest (start, end) pairs; only the last two count.
+            while self.burst_starts.len() > BURST_TIMES_CAP && !self.burst_ends.is_empty() {
+                self.burst_starts.remove(0);
+                self.burst_ends.remove(0);
+            }
             self.burst_bytes0 = self.window.first_bytes();
             self.end_candidate = None;
             self.saw_burst = true;
@@ -359,6 +416,9 @@ impl ElasticPolicy {
             evicted,
             next_size: self.next_size,
         });
+        if self.history.len() > HISTORY_CAP {
+            self.history.remove(0);
+        }
     }
 
     /// The compute gap between the last burst's end and the next one's start,
@@ -433,13 +493,15 @@ mod tests {
         bytes: u64,
         obs: CacheObs,
         log: Vec<Decision>,
+        /// The next this many detaches fail (the cache stays attached).
+        fail_detaches: u32,
     }
 
     impl Sim {
         fn new(cfg: ElasticConfig) -> Self {
             let mut p = ElasticPolicy::new(cfg);
             assert!(p.tick(Duration::ZERO, 0, CacheObs::default()).is_empty());
-            Sim { p, now: 0.0, bytes: 0, obs: CacheObs::default(), log: vec![] }
+            Sim { p, now: 0.0, bytes: 0, obs: CacheObs::default(), log: vec![], fail_detaches: 0 }
         }
         fn run(&mut self, secs: f64, rate: f64) {
             let end = self.now + secs;
@@ -452,6 +514,13 @@ mod tests {
                         Action::Provision { size } => {
                             self.obs.attached = true;
                             self.p.attached(s(self.now), size, self.obs);
+                        }
+                        Action::Detach if self.fail_detaches > 0 => {
+                            self.fail_detaches -= 1;
+                            self.log.push(d);
+                            let f = self.p.detach_failed(s(self.now), self.obs, "injected");
+                            self.log.push(f);
+                            continue;
                         }
                         Action::Detach => {
                             self.obs = CacheObs { evicted_bytes: self.obs.evicted_bytes, ..CacheObs::default() };
@@ -659,6 +728,71 @@ mod tests {
         // Burst 1 ends when utilization last fell below UT (31 s), not at the dip;
         // burst 2 is detected 1 s into it (127 s).
         assert_eq!(sim.p.gap(), Some(s(127.0 - 31.0)), "{:?}", sim.p.history);
+    }
+
+    /// `release()` can fail (a backing flush error, the cache re-dirtied, the
+    /// provider's detach or delete): the policy must not wait in `Detaching`
+    /// forever (every write bypassing, no cache ever again). The failure is
+    /// reported, detach is retried with a doubling backoff while the cache
+    /// stays attached, and a detached cache lets a new burst provision again.
+    #[test]
+    fn a_failed_detach_is_retried_with_backoff_and_never_blocks_provisioning() {
+        let mut sim = Sim::new(ElasticConfig::default());
+        sim.fail_detaches = 2;
+        sim.run(10.0, 100.0 * MB);
+        sim.obs.dirty_bytes = GIB;
+        sim.run(40.0, 0.0);
+        sim.obs.dirty_bytes = 0;
+        sim.run(10.0, 0.0);
+        let at = |want: fn(&Action) -> bool| sim.log.iter().filter(|d| want(&d.action)).map(|d| d.at.as_secs()).collect::<Vec<_>>();
+        let detaches = at(|a| *a == Action::Detach);
+        let failures = at(|a| matches!(a, Action::DetachFailed { .. }));
+        // Clean at 51 s: detach fails, retried 1 s later, fails, retried 2 s later, works.
+        assert_eq!(detaches, vec![51, 52, 54], "{:?}", sim.log);
+        assert_eq!(failures, vec![51, 52]);
+        assert!(sim.log.iter().any(|d| d.reason.contains("detach failed (injected)") && d.reason.contains("retrying in 2 s")), "{:?}", sim.log);
+        assert_eq!(sim.p.state(), State::Idle);
+        // The next burst gets a cache.
+        sim.run(10.0, 100.0 * MB);
+        assert_eq!(sim.p.state(), State::Boost);
+    }
+
+    /// Only the provider's delete failed (the cache itself is detached): the
+    /// policy is `Idle` at once and provisions for the next burst.
+    #[test]
+    fn a_failed_volume_delete_after_detach_lets_the_next_burst_provision() {
+        let mut p = ElasticPolicy::new(ElasticConfig::default());
+        let obs = CacheObs { attached: true, ..CacheObs::default() };
+        p.attached(s(1.0), GIB, obs);
+        p.go(State::Detaching, s(2.0));
+        let d = p.detach_failed(s(2.0), CacheObs::default(), "delete: provider unavailable");
+        assert!(matches!(d.action, Action::DetachFailed { attempt: 1, .. }), "{d:?}");
+        assert_eq!(p.state(), State::Idle);
+        let mut bytes = 0;
+        let mut out = vec![];
+        for t in 3..12 {
+            bytes += 100_000_000;
+            out.extend(p.tick(s(t as f64), bytes, CacheObs::default()));
+        }
+        assert!(out.iter().any(|d| matches!(d.action, Action::Provision { .. })), "{out:?}");
+    }
+
+    /// A long-running daemon: the burst history and the burst times stay bounded.
+    #[test]
+    fn burst_history_is_bounded() {
+        let cfg = ElasticConfig { learn_period: true, inactivity_delay: s(5.0), ..ElasticConfig::default() };
+        let mut sim = Sim::new(cfg);
+        for _ in 0..(HISTORY_CAP + 40) {
+            sim.run(8.0, 100.0 * MB);
+            sim.obs.dirty_bytes = GIB;
+            sim.run(12.0, 0.0);
+            sim.obs.dirty_bytes = 0;
+            sim.run(3.0, 0.0);
+        }
+        assert_eq!(sim.p.history.len(), HISTORY_CAP, "oldest burst records dropped");
+        assert!(sim.p.history.last().unwrap().start > s(23.0 * HISTORY_CAP as f64), "the newest are kept");
+        assert!(sim.p.burst_starts.len() <= BURST_TIMES_CAP && sim.p.burst_ends.len() <= BURST_TIMES_CAP);
+        assert!(sim.p.gap().is_some(), "period learning still works on the kept times");
     }
 
     #[test]

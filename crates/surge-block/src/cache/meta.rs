@@ -15,7 +15,9 @@
 //! 28  nslots     4
 //! 32  backing    8  backing device size in bytes
 //! 40  crc32c     4  over bytes [0, 64 + 12 * nentries) with this field zero
-//! 44  reserved  20  zero
+//! 44  cache_id   8  random identity of this cache, set when it is formatted
+//!                   (0 in metadata written before ids existed)
+//! 52  reserved  12  zero
 //! 64  entries       nentries x { block u64, slot u32 }
 //! ```
 
@@ -77,6 +79,8 @@ pub struct Meta {
     pub block_size: u32,
     pub nslots: u32,
     pub backing_size: u64,
+    /// Identity of the cache (fences name failed devices by it); 0 = none.
+    pub cache_id: u64,
     /// (backing block, slot), each block and each slot at most once.
     pub entries: Vec<(u64, u32)>,
 }
@@ -113,6 +117,7 @@ impl Meta {
         b[24..28].copy_from_slice(&self.block_size.to_le_bytes());
         b[28..32].copy_from_slice(&self.nslots.to_le_bytes());
         b[32..40].copy_from_slice(&self.backing_size.to_le_bytes());
+        b[44..52].copy_from_slice(&self.cache_id.to_le_bytes());
         for (i, &(block, slot)) in self.entries.iter().enumerate() {
             let at = HEADER_LEN + i * ENTRY_LEN;
             b[at..at + 8].copy_from_slice(&block.to_le_bytes());
@@ -153,6 +158,7 @@ pub fn decode(bytes: &[u8]) -> Result<Meta, DecodeError> {
         block_size: u32_at(bytes, 24),
         nslots: u32_at(bytes, 28),
         backing_size: u64_at(bytes, 32),
+        cache_id: u64_at(bytes, 44),
         entries: (0..n)
             .map(|i| {
                 let at = HEADER_LEN + i * ENTRY_LEN;
@@ -185,7 +191,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn sample() -> Meta {
-        Meta { seq: 7, block_size: 65536, nslots: 100, backing_size: 1 << 30, entries: vec![(3, 0), (9, 99), (16383, 5)] }
+        Meta { seq: 7, block_size: 65536, nslots: 100, backing_size: 1 << 30, cache_id: 0x5eed_cafe, entries: vec![(3, 0), (9, 99), (16383, 5)] }
     }
 
     #[test]

@@ -21,16 +21,20 @@
 //! new writes bypass the cache (a clean cached copy is invalidated, a dirty one is
 //! updated in place so no stale read is possible) and reads may still hit.
 
+pub mod fence;
 pub mod meta;
+mod rescue;
 
 use crate::clock::Clock;
 use crate::dev::{check_range, BlockDev, Caps};
 use crate::error::{BlockError, Result};
 use meta::{decode, Layout, Meta};
+pub use rescue::RescueInfo;
+use rescue::Rescue;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,6 +87,10 @@ pub struct CacheConfig {
     pub idle_gap: Duration,
     /// Blocks flushed per flush step (one metadata commit each).
     pub flush_batch: usize,
+    /// Durable record of failed cache devices and of lost writes, honoured on
+    /// restart ([`fence`]); `None`: fenced only by clearing the failed device's
+    /// metadata, which a dead device may refuse.
+    pub fences: Option<Arc<dyn fence::FenceStore>>,
 }
 
 impl Default for CacheConfig {
@@ -93,6 +101,7 @@ impl Default for CacheConfig {
             seq_bypass: None,
             idle_gap: Duration::from_millis(200),
             flush_batch: 64,
+            fences: None,
         }
     }
 }
@@ -109,6 +118,10 @@ pub enum CacheError {
     TooSmall(u64),
     #[error("cache device holds dirty data of a cache (seq {0}); open it for recovery instead")]
     HoldsDirtyData(u64),
+    #[error("cache device {id:#x} failed earlier and is fenced: it is never reopened (delete it)")]
+    Fenced { id: u64 },
+    #[error("{blocks} blocks of a failed cache device are not yet safe on backing; no new cache until they are")]
+    RescuePending { blocks: u64 },
     #[error(transparent)]
     Block(#[from] BlockError),
 }
@@ -134,8 +147,17 @@ pub struct CacheStats {
     pub flushed_bytes: u64,
     pub bypassed_bytes: u64,
     pub commits: u64,
-    /// Blocks whose dirty data was lost when the cache device failed (reads fail).
+    /// Blocks whose only copy is on a failed cache device that cannot be read
+    /// (reads of them fail with EIO until rewritten or the loss is acknowledged).
     pub lost_blocks: u64,
+    /// Blocks of failed cache devices not yet safe on backing (lost ones included).
+    pub rescue_pending_blocks: u64,
+    /// Why every FLUSH fails until the loss is acknowledged, if it does.
+    pub loss: Option<String>,
+    /// Measured flush throughput (bytes/s, smoothed over flush steps): how fast
+    /// dirty data drains while the flusher runs.
+    pub drain_rate_bytes_per_s: Option<f64>,
+    /// Time until clean at that rate (0 when clean).
     pub drain_eta_s: Option<f64>,
 }
 
@@ -207,10 +229,16 @@ impl State {
     }
 
     /// Forget a clean block; its slot is free at once unless metadata still names it.
+    /// A dirty block is never forgotten (its slot holds the only copy): refused
+    /// with `None`, in release builds too.
     fn unmap(&mut self, block: u64, reuse_now: bool) -> Option<u32> {
-        let slot = self.map.remove(&block)?;
+        let slot = *self.map.get(&block)?;
+        if self.slots[slot as usize].dirty {
+            tracing::error!(block, slot, "refused to unmap a dirty cache block (bug: the caller saw it clean)");
+            return None;
+        }
+        self.map.remove(&block);
         let s = &mut self.slots[slot as usize];
-        debug_assert!(!s.dirty);
         s.block = None;
         self.lru.remove(&s.tick);
         if s.persisted.is_none() && !s.unsynced && !reuse_now {
@@ -238,6 +266,53 @@ impl State {
         self.slots[slot as usize].dirty = true;
         self.slots[slot as usize].gen += 1;
         self.dirty.insert(block);
+    }
+
+    /// Every dirty block has a slot (a commit persists them): checked before
+    /// each commit, so a broken invariant fails the FLUSH instead of panicking.
+    fn check_dirty_mapped(&self) -> std::result::Result<(), String> {
+        match self.dirty.iter().find(|b| !self.map.contains_key(b)) {
+            Some(b) => {
+                tracing::error!(block = b, "cache state corrupt: a dirty block has no slot");
+                Err(format!("cache state corrupt: dirty block {b} has no slot; refusing to commit"))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The invariants every operation keeps; a description of the first broken one.
+    fn check(&self) -> std::result::Result<(), String> {
+        for (&block, &slot) in &self.map {
+            let s = self.slots.get(slot as usize).ok_or(format!("block {block} mapped to slot {slot} out of range"))?;
+            if s.block != Some(block) || s.free {
+                return Err(format!("block {block} maps to slot {slot}, which holds {:?} (free: {})", s.block, s.free));
+            }
+        }
+        for (i, s) in self.slots.iter().enumerate() {
+            match s.block {
+                Some(b) if self.map.get(&b) != Some(&(i as u32)) => return Err(format!("slot {i} holds block {b}, which is not mapped to it")),
+                Some(b) if s.dirty != self.dirty.contains(&b) => return Err(format!("slot {i} (block {b}) dirty flag {} disagrees with the dirty set", s.dirty)),
+                None if s.dirty => return Err(format!("slot {i} is dirty but holds no block")),
+                _ => {}
+            }
+        }
+        if let Some(b) = self.dirty.iter().find(|b| !self.map.contains_key(b)) {
+            return Err(format!("dirty block {b} has no slot"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for &f in &self.free {
+            let s = &self.slots[f as usize];
+            if !seen.insert(f) || !s.free || s.block.is_some() {
+                return Err(format!("free list entry {f} is duplicated, unflagged or in use"));
+            }
+        }
+        if self.slots.iter().filter(|s| s.free).count() != self.free.len() {
+            return Err("free flags disagree with the free list".into());
+        }
+        if self.lru.len() != self.map.len() {
+            return Err(format!("{} LRU entries for {} mapped blocks", self.lru.len(), self.map.len()));
+        }
+        Ok(())
     }
 
     /// A backing flush failed and may have dropped every write-back pending
@@ -269,6 +344,10 @@ struct CommitState {
 
 /// An attached cache device and its mapping.
 struct Attached {
+    /// Random identity, in its metadata (fences name failed devices by it).
+    id: u64,
+    /// Who attached it (the elastic controller: the cloud volume id).
+    label: String,
     dev: Arc<dyn BlockDev>,
     layout: Layout,
     state: Mutex<State>,
@@ -300,9 +379,24 @@ pub struct ElasticCache {
     attached: RwLock<Option<Arc<Attached>>>,
     locks: Vec<Mutex<()>>,
     c: Counters,
-    lost: Mutex<BTreeSet<u64>>,
-    /// Blocks were lost since the last FLUSH: the next one must fail.
-    loss_unreported: AtomicBool,
+    fences: Option<Arc<dyn fence::FenceStore>>,
+    /// Failed cache devices whose blocks are not all safe on backing, by cache id.
+    rescues: Mutex<BTreeMap<u64, Rescue>>,
+    /// `rescues` is not empty (the fast path of every request checks this).
+    rescuing: AtomicBool,
+    /// Next background rescue retry (clock time) and the backoff after it.
+    rescue_retry: Mutex<(Duration, Duration)>,
+    /// Acknowledged writes may have been lost: every FLUSH fails until `ack_loss`.
+    loss: Mutex<Option<String>>,
+    /// `loss` is in the fence record (or there is none).
+    loss_recorded: AtomicBool,
+    /// Writes straight to backing: started, completed, and completed before
+    /// the start of the last successful backing flush (`flush_backing`).
+    direct_started: AtomicU64,
+    direct_done: AtomicU64,
+    direct_synced: AtomicU64,
+    /// Serializes backing flushes (their outcomes settle rescue supersedes in order).
+    backing_flush: Mutex<()>,
     clock: Arc<dyn Clock>,
     last_io_ns: AtomicU64,
     seq_run: Mutex<(u64, u64)>,
@@ -325,6 +419,11 @@ fn pad_to_4k(mut v: Vec<u8>) -> Vec<u8> {
     v
 }
 
+/// A random, non-zero cache id.
+fn new_cache_id() -> u64 {
+    rand::random::<u64>() | 1
+}
+
 /// Read both metadata copies; the valid one with the highest sequence number.
 fn read_newest(dev: &dyn BlockDev, layout: &Layout) -> Result<Option<(usize, Meta)>> {
     let mut best: Option<(usize, Meta)> = None;
@@ -344,7 +443,8 @@ impl ElasticCache {
     /// A cache over `backing`, with no cache device yet.
     pub fn new(backing: Arc<dyn BlockDev>, cfg: CacheConfig, clock: Arc<dyn Clock>) -> Self {
         assert!(cfg.block_size.is_power_of_two() && cfg.block_size >= 4096, "block size");
-        ElasticCache {
+        let fences = cfg.fences.clone();
+        let me = ElasticCache {
             backing,
             block_size: cfg.block_size,
             mode: AtomicU8::new(cfg.mode as u8),
@@ -353,27 +453,52 @@ impl ElasticCache {
             attached: RwLock::new(None),
             locks: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             c: Counters::default(),
-            lost: Mutex::new(BTreeSet::new()),
-            loss_unreported: AtomicBool::new(false),
+            fences,
+            rescues: Mutex::new(BTreeMap::new()),
+            rescuing: AtomicBool::new(false),
+            rescue_retry: Mutex::new((Duration::ZERO, Duration::from_millis(100))),
+            loss: Mutex::new(None),
+            loss_recorded: AtomicBool::new(true),
+            direct_started: AtomicU64::new(0),
+            direct_done: AtomicU64::new(0),
+            direct_synced: AtomicU64::new(0),
+            backing_flush: Mutex::new(()),
             clock,
             last_io_ns: AtomicU64::new(0),
             seq_run: Mutex::new((u64::MAX, 0)),
-        }
+        };
+        me.rescues_from_record();
+        me
     }
 
     /// Restart path: reopen a cache device that may hold dirty blocks. Recovers
     /// exactly the dirty set of the newest valid metadata copy (flushing resumes
-    /// with the flusher); a device with no valid copy is formatted empty.
+    /// with the flusher); a device with no valid copy is formatted empty. A
+    /// device the fence record names as failed is never used as a cache again:
+    /// fenced (nothing pending), `Err(Fenced)`; with blocks pending, exactly
+    /// those are rescued from it and the cache starts detached.
     pub fn open(
         backing: Arc<dyn BlockDev>,
         cache: Arc<dyn BlockDev>,
         cfg: CacheConfig,
         clock: Arc<dyn Clock>,
     ) -> std::result::Result<Self, CacheError> {
+        Self::open_as(backing, cache, "", cfg, clock)
+    }
+
+    /// [`ElasticCache::open`], recording `label` (who attached the device) for
+    /// fences.
+    pub fn open_as(
+        backing: Arc<dyn BlockDev>,
+        cache: Arc<dyn BlockDev>,
+        label: &str,
+        cfg: CacheConfig,
+        clock: Arc<dyn Clock>,
+    ) -> std::result::Result<Self, CacheError> {
         let me = Self::new(backing, cfg, clock);
         let layout = me.layout_for(cache.as_ref())?;
         match read_newest(cache.as_ref(), &layout)? {
-            None => *me.attached.write() = Some(me.format(cache, layout, 0)?),
+            None => *me.attached.write() = Some(me.format(cache, layout, 0, label)?),
             Some((copy, m)) => {
                 if m.block_size as u64 != me.block_size || m.nslots != layout.nslots || m.backing_size != me.backing.size() {
                     return Err(BlockError::Corrupt(format!(
@@ -382,20 +507,38 @@ impl ElasticCache {
                     ))
                     .into());
                 }
+                let record = me.fences.as_ref().map(|f| f.get()).unwrap_or_default();
+                if let Some(f) = record.failed.get(&m.cache_id).filter(|_| m.cache_id != 0) {
+                    if f.pending.is_empty() {
+                        return Err(CacheError::Fenced { id: m.cache_id });
+                    }
+                    me.provide_rescue_device(cache)?;
+                    return Ok(me);
+                }
                 let mut st = State { slots: vec![Slot::default(); layout.nslots as usize], ..State::default() };
                 for &(block, slot) in &m.entries {
                     st.slots[slot as usize].persisted = Some(block);
                     st.map_slot(slot, block, true);
                 }
                 (0..layout.nslots).rev().for_each(|s| st.push_free(s));
-                tracing::info!(dirty_blocks = m.entries.len(), seq = m.seq, "cache recovered");
-                *me.attached.write() = Some(Arc::new(Attached {
+                tracing::info!(dirty_blocks = m.entries.len(), seq = m.seq, cache_id = m.cache_id, "cache recovered");
+                let id = if m.cache_id == 0 { new_cache_id() } else { m.cache_id };
+                let att = Arc::new(Attached {
+                    id,
+                    label: label.to_string(),
                     dev: cache,
                     layout,
                     state: Mutex::new(st),
-                    commit: Mutex::new(CommitState { seq: m.seq, newest_copy: copy, last: sorted(m.entries) }),
+                    commit: Mutex::new(CommitState { seq: m.seq, newest_copy: copy, last: sorted(m.entries.clone()) }),
                     flush_rate: Mutex::new(None),
-                }));
+                });
+                if m.cache_id == 0 {
+                    // Metadata from before cache ids: stamp one now, so that a
+                    // fence can name this device.
+                    let mut c = att.commit.lock();
+                    me.write_meta(&att, &mut c, m.entries)?;
+                }
+                *me.attached.write() = Some(att);
             }
         }
         Ok(me)
@@ -412,12 +555,14 @@ impl ElasticCache {
     }
 
     /// Write an empty table to both copies, newer than anything there.
-    fn format(&self, dev: Arc<dyn BlockDev>, layout: Layout, seq0: u64) -> Result<Arc<Attached>> {
+    fn format(&self, dev: Arc<dyn BlockDev>, layout: Layout, seq0: u64, label: &str) -> Result<Arc<Attached>> {
+        let id = new_cache_id();
         let mut m = Meta {
             seq: 0,
             block_size: self.block_size as u32,
             nslots: layout.nslots,
             backing_size: self.backing.size(),
+            cache_id: id,
             entries: vec![],
         };
         for copy in 0..2 {
@@ -426,6 +571,8 @@ impl ElasticCache {
             dev.flush()?;
         }
         Ok(Arc::new(Attached {
+            id,
+            label: label.to_string(),
             dev,
             state: Mutex::new(self.empty_state(&layout)),
             layout,
@@ -435,12 +582,22 @@ impl ElasticCache {
     }
 
     /// Attach a new cache device online, atomically w.r.t. I/O. Refuses a device
-    /// holding a cache's dirty data (that is [`ElasticCache::open`]'s job).
+    /// holding a cache's dirty data (that is [`ElasticCache::open`]'s job), and
+    /// any device while blocks of a failed one are not safe on backing.
     pub fn attach(&self, dev: Arc<dyn BlockDev>) -> std::result::Result<(), CacheError> {
+        self.attach_as(dev, "")
+    }
+
+    /// [`ElasticCache::attach`], recording `label` (who attached the device) for fences.
+    pub fn attach_as(&self, dev: Arc<dyn BlockDev>, label: &str) -> std::result::Result<(), CacheError> {
         let layout = self.layout_for(dev.as_ref())?;
         let mut g = self.attached.write();
         if g.is_some() {
             return Err(CacheError::AlreadyAttached);
+        }
+        if self.rescuing.load(SeqCst) {
+            let blocks = self.rescue_info().iter().map(|r| r.pending_blocks).sum();
+            return Err(CacheError::RescuePending { blocks });
         }
         let newest = read_newest(dev.as_ref(), &layout)?;
         if let Some((_, m)) = &newest {
@@ -448,7 +605,7 @@ impl ElasticCache {
                 return Err(CacheError::HoldsDirtyData(m.seq));
             }
         }
-        *g = Some(self.format(dev, layout, newest.map_or(0, |(_, m)| m.seq))?);
+        *g = Some(self.format(dev, layout, newest.map_or(0, |(_, m)| m.seq), label)?);
         self.phase.store(Phase::Boost as u8, Relaxed);
         tracing::info!(slots = layout.nslots, "cache attached");
         Ok(())
@@ -530,9 +687,13 @@ impl ElasticCache {
             flushed_bytes: c.flushed_bytes.load(Relaxed),
             bypassed_bytes: c.bypassed_bytes.load(Relaxed),
             commits: c.commits.load(Relaxed),
-            lost_blocks: self.lost.lock().len() as u64,
+            loss: self.loss.lock().clone(),
             ..CacheStats::default()
         };
+        for r in self.rescue_info() {
+            s.lost_blocks += r.unreadable_blocks;
+            s.rescue_pending_blocks += r.pending_blocks;
+        }
         if let Some(att) = self.attached.read().as_ref() {
             let st = att.state.lock();
             s.attached = true;
@@ -542,13 +703,23 @@ impl ElasticCache {
             s.used_bytes = st.map.len() as u64 * self.block_size;
             s.used_high_bytes = st.used_high as u64 * self.block_size;
             s.dirty_bytes = st.dirty.len() as u64 * self.block_size;
-            s.drain_eta_s = match *att.flush_rate.lock() {
+            s.drain_rate_bytes_per_s = *att.flush_rate.lock();
+            s.drain_eta_s = match s.drain_rate_bytes_per_s {
                 _ if s.dirty_bytes == 0 => Some(0.0),
                 Some(rate) if rate > 0.0 => Some(s.dirty_bytes as f64 / rate),
                 _ => None,
             };
         }
         s
+    }
+
+    /// Check the cache's internal invariants (mapping, dirty set, free list, LRU):
+    /// for tests and diagnostics; `Err` describes the first broken one.
+    pub fn check_consistency(&self) -> std::result::Result<(), String> {
+        match self.attached.read().as_ref() {
+            Some(att) => att.state.lock().check(),
+            None => Ok(()),
+        }
     }
 
     /// Reset the high-water mark of used slots (at the start of a burst).
@@ -702,6 +873,7 @@ impl ElasticCache {
     /// Flush up to `max_blocks` dirty blocks in block order (sequential on the
     /// backing device), then commit. Returns the number of blocks flushed.
     pub fn flush_step(&self, max_blocks: usize) -> Result<usize> {
+        self.retry_rescues_when_due();
         let att = match self.attached.read().clone() {
             Some(a) => a,
             None => return Ok(0),
@@ -769,6 +941,9 @@ impl ElasticCache {
         // The snapshot, and the (slot, generation) of blocks written back before it.
         let (entries, written_back) = {
             let mut st = att.state.lock();
+            if let Err(e) = st.check_dirty_mapped() {
+                return Err(Fault::Other(BlockError::Corrupt(e)));
+            }
             let entries: Vec<(u64, u32)> = st.dirty.iter().map(|b| (*b, st.map[b])).collect();
             // From now on the snapshot may become durable at any moment: its
             // slots count as persisted (R1) until the commit settles.
@@ -778,24 +953,13 @@ impl ElasticCache {
             let wb: Vec<(u32, u64)> = (0..st.slots.len() as u32).filter(|&i| st.slots[i as usize].unsynced).map(|i| (i, st.slots[i as usize].gen)).collect();
             (entries, wb)
         };
-        if let Err(e) = self.backing.flush() {
+        if let Err(e) = self.flush_backing() {
             att.state.lock().redirty_unsynced();
             return Err(Fault::Other(e));
         }
         cache_err(att.dev.flush())?;
         if entries != c.last {
-            let copy = 1 - c.newest_copy;
-            let m = Meta {
-                seq: c.seq + 1,
-                block_size: self.block_size as u32,
-                nslots: att.layout.nslots,
-                backing_size: self.backing.size(),
-                entries: entries.clone(),
-            };
-            cache_err(att.dev.write_at(&pad_to_4k(m.encode()), att.layout.copy_offset(copy), false))?;
-            cache_err(att.dev.flush())?;
-            c.seq += 1;
-            c.newest_copy = copy;
+            cache_err(self.write_meta(att, &mut c, entries.clone()))?;
             self.c.commits.fetch_add(1, Relaxed);
         }
         let now: HashMap<u32, u64> = entries.iter().map(|&(b, s)| (s, b)).collect();
@@ -820,93 +984,32 @@ impl ElasticCache {
         Ok(())
     }
 
-    /// The cache device failed: save what dirty data can still be read, record
-    /// the rest as lost (reads of it fail), and continue on backing alone.
-    /// False if the saved blocks could not be made durable on backing (the
-    /// failing request must then fail too, not be retried and acknowledged).
-    fn fail_over(&self, failed: &Arc<Attached>, cause: &BlockError) -> bool {
-        let mut g = self.attached.write();
-        match g.as_ref() {
-            Some(a) if Arc::ptr_eq(a, failed) => {}
-            _ => return true,
-        }
-        let att = g.take().expect("checked");
-        let st = att.state.lock();
-        let (mut saved, mut lost) = (Vec::new(), Vec::new());
-        // Unsynced written-back blocks are rewritten too: their backing copy may
-        // not be durable yet.
-        let unsynced = st.slots.iter().filter(|s| s.unsynced && !s.dirty).filter_map(|s| s.block);
-        for b in st.dirty.iter().copied().chain(unsynced) {
-            let slot = st.map[&b];
-            let mut buf = vec![0u8; self.block_len(b) as usize];
-            let ok = att.dev.read_at(&mut buf, att.layout.slot_offset(slot)).is_ok()
-                && self.backing.write_at(&buf, b * self.block_size, false).is_ok();
-            if ok {
-                saved.push(b);
-            } else {
-                lost.push(b);
-            }
-        }
-        let synced = self.backing.flush().is_ok();
-        if !synced {
-            // Nothing saved is known to be durable.
-            lost.append(&mut saved);
-        }
-        // Best effort: leave no metadata naming dirty blocks behind, so the
-        // device can never be "recovered" over newer data.
-        if synced {
-            let c = att.commit.lock();
-            let mut m = Meta {
-                seq: c.seq + 1,
-                block_size: self.block_size as u32,
-                nslots: att.layout.nslots,
-                backing_size: self.backing.size(),
-                entries: vec![],
-            };
-            for copy in [1 - c.newest_copy, c.newest_copy] {
-                let _ = att.dev.write_at(&pad_to_4k(m.encode()), att.layout.copy_offset(copy), false).and_then(|_| att.dev.flush());
-                m.seq += 1;
-            }
-        }
-        tracing::error!(
-            %cause, saved_blocks = saved.len(), lost_blocks = lost.len(), backing_flush_ok = synced,
-            "CACHE DEVICE FAILED: fell back to the backing device; dirty blocks that could not be saved: {:?}",
-            lost.iter().map(|b| b * self.block_size).collect::<Vec<_>>()
-        );
-        if !lost.is_empty() {
-            self.loss_unreported.store(true, Relaxed);
-        }
-        self.lost.lock().extend(lost);
-        // Unreadable blocks are reported (reads of them fail); an unsynced
-        // backing means nothing may be acknowledged.
-        synced
-    }
-
-    /// Fail a FLUSH once after blocks were lost (like fsync after a writeback
-    /// error); reads of the lost blocks keep failing until rewritten.
-    fn report_loss(&self) -> Result<()> {
-        if !self.loss_unreported.swap(false, Relaxed) {
-            return Ok(());
-        }
-        Err(BlockError::io(
-            "flush after dirty blocks were lost with the cache device",
-            0,
-            0,
-            std::io::Error::from_raw_os_error(libc::EIO),
-        ))
+    /// Write `entries` to the older metadata copy with the next sequence number
+    /// and flush the cache device.
+    fn write_meta(&self, att: &Attached, c: &mut CommitState, entries: Vec<(u64, u32)>) -> Result<()> {
+        let copy = 1 - c.newest_copy;
+        let m = Meta {
+            seq: c.seq + 1,
+            block_size: self.block_size as u32,
+            nslots: att.layout.nslots,
+            backing_size: self.backing.size(),
+            cache_id: att.id,
+            entries,
+        };
+        att.dev.write_at(&pad_to_4k(m.encode()), att.layout.copy_offset(copy), false)?;
+        att.dev.flush()?;
+        c.seq += 1;
+        c.newest_copy = copy;
+        c.last = m.entries;
+        Ok(())
     }
 
     // ---- request paths ----
 
     fn read_block(&self, att: Option<&Attached>, block: u64, at: u64, out: &mut [u8]) -> FResult<()> {
         let _l = self.lock_block(block);
-        if self.lost.lock().contains(&block) {
-            return Err(Fault::Other(BlockError::io(
-                "read of a block lost with the cache device",
-                block * self.block_size,
-                self.block_size,
-                std::io::Error::from_raw_os_error(libc::EIO),
-            )));
+        if let Some(r) = self.read_rescued(block, at, out) {
+            return r;
         }
         let pos = block * self.block_size + at;
         let Some(att) = att else {
@@ -941,14 +1044,32 @@ impl ElasticCache {
 
     fn write_block(&self, att: Option<&Attached>, block: u64, at: u64, data: &[u8], place: Place) -> FResult<()> {
         let _l = self.lock_block(block);
+        if let Some(r) = self.write_rescued(block, at, data) {
+            return r;
+        }
         let pos = block * self.block_size + at;
         let Some(att) = att else {
-            other_err(self.backing.write_at(data, pos, false))?;
-            return self.clear_lost(block, at, data.len());
+            return other_err(self.write_direct(data, pos));
         };
+        // Look up and, for a bypassing write, invalidate a clean copy under one
+        // acquisition: a failed backing flush may re-dirty a written-back block
+        // at any moment (it does not take block locks), and a dirty block must
+        // never be unmapped.
         let cached = {
-            let st = att.state.lock();
-            st.map.get(&block).map(|&s| (s, st.slots[s as usize].dirty))
+            let mut st = att.state.lock();
+            match st.map.get(&block).copied() {
+                Some(s) if st.slots[s as usize].dirty => Some((s, true)),
+                // A clean copy whose write-back is not yet durable (unsynced) is
+                // written through instead: if the backing flush fails, it is
+                // dirty again with this write's data; invalidated, the block
+                // would revert to data older than its last FLUSH.
+                Some(s) if place == Place::Around && !st.slots[s as usize].unsynced => {
+                    st.unmap(block, false);
+                    None
+                }
+                Some(s) => Some((s, false)),
+                None => None,
+            }
         };
         match (cached, place) {
             // A cached dirty copy is always updated in place (never left stale).
@@ -959,16 +1080,24 @@ impl ElasticCache {
                 st.touch(slot);
                 self.c.hits.fetch_add(1, Relaxed);
             }
-            (Some((slot, _)), Place::Through) => {
+            (Some((slot, _)), _) => {
+                // Write-through of a clean copy (or a bypassing write of an
+                // unsynced one): backing, then the copy. Until a
+                // backing flush succeeds the copy is "unsynced" (kept, and dirty
+                // again if a backing flush fails), like a write-back: a failed
+                // flush may drop the backing write, and evicting the copy would
+                // then revert the block.
+                let failed_flushes = att.state.lock().failed_flushes;
                 other_err(self.backing.write_at(data, pos, false))?;
                 cache_err(att.dev.write_at(data, att.layout.slot_offset(slot) + at, false))?;
-                att.state.lock().touch(slot);
-            }
-            (Some(_), _) => {
-                // Invalidate the clean copy, then write around it.
-                att.state.lock().unmap(block, false);
-                other_err(self.backing.write_at(data, pos, false))?;
-                self.c.bypassed_bytes.fetch_add(data.len() as u64, Relaxed);
+                let mut st = att.state.lock();
+                st.slots[slot as usize].gen += 1;
+                if st.failed_flushes != failed_flushes {
+                    st.set_dirty(slot, block);
+                } else if !st.slots[slot as usize].dirty {
+                    st.slots[slot as usize].unsynced = true;
+                }
+                st.touch(slot);
             }
             (None, Place::Cache) => {
                 self.c.misses.fetch_add(1, Relaxed);
@@ -990,23 +1119,15 @@ impl ElasticCache {
                         att.state.lock().map_slot(slot, block, true);
                     }
                     None => {
-                        other_err(self.backing.write_at(data, pos, false))?;
+                        other_err(self.write_direct(data, pos))?;
                         self.c.bypassed_bytes.fetch_add(data.len() as u64, Relaxed);
                     }
                 }
             }
             (None, _) => {
-                other_err(self.backing.write_at(data, pos, false))?;
+                other_err(self.write_direct(data, pos))?;
                 self.c.bypassed_bytes.fetch_add(data.len() as u64, Relaxed);
             }
-        }
-        self.clear_lost(block, at, data.len())
-    }
-
-    /// A full rewrite of a lost block makes it readable again.
-    fn clear_lost(&self, block: u64, at: u64, len: usize) -> FResult<()> {
-        if at == 0 && len as u64 == self.block_len(block) {
-            self.lost.lock().remove(&block);
         }
         Ok(())
     }
@@ -1096,13 +1217,16 @@ impl BlockDev for ElasticCache {
         Ok(())
     }
 
+    /// A commit (or a backing flush without a cache); then every rescue must be
+    /// resolved and no loss pending, or the FLUSH fails.
     fn flush(&self) -> Result<()> {
         let r = self.with_fallback(|att| match att {
             Some(att) => self.commit(att),
-            None => other_err(self.backing.flush()),
+            None => other_err(self.flush_backing()),
         });
-        let loss = self.report_loss();
-        r.and(loss)
+        let rescue = self.flush_rescues();
+        let loss = self.check_loss();
+        r.and(rescue).and(loss)
     }
 }
 

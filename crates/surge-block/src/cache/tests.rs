@@ -595,10 +595,10 @@ fn failing_cache_write_falls_back_and_the_write_still_succeeds() {
 }
 
 /// Durability contract: a FLUSH acknowledges everything written before it. A
-/// block lost with the cache device (written, acked, then unreadable) makes the
-/// next FLUSH fail once, like fsync after a writeback error.
+/// block lost with the cache device (written, acked, then unreadable) makes
+/// every FLUSH fail (on every connection) until the user acknowledges the loss.
 #[test]
-fn flush_after_a_block_was_lost_with_the_cache_device_fails_once() {
+fn every_flush_after_a_block_was_lost_with_the_cache_device_fails_until_acknowledged() {
     let backing: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(16 * BS));
     let failing = Arc::new(Failing { inner: cache_dev(8), bad: Mutex::new(None) });
     let c = ElasticCache::new(backing, cfg(CacheMode::WriteBack), clock());
@@ -608,6 +608,8 @@ fn flush_after_a_block_was_lost_with_the_cache_device_fails_once() {
     c.write_at(&[4; 4096], BS, false).unwrap(); // falls back; block 0 is lost
     assert_eq!(c.stats().lost_blocks, 1);
     assert!(c.flush().is_err(), "a FLUSH must not be acked after acked data was lost");
+    assert!(c.flush().is_err(), "nor a second one");
+    c.ack_loss().unwrap();
     c.flush().unwrap();
 }
 

@@ -96,10 +96,11 @@ fn render_value(s: &mut String, v: &serde_json::Value, depth: usize) {
     }
 }
 
-/// Byte counts get a human size beside them.
+/// Byte counts and rates get a human size beside them.
 fn field(key: &str, v: &serde_json::Value) -> String {
-    match v.as_u64() {
-        Some(n) if key.ends_with("bytes") && n >= 1024 => format!("{n} ({})", human_bytes(n)),
+    match v.as_f64() {
+        Some(n) if key.ends_with("bytes") && n >= 1024.0 => format!("{} ({})", scalar(v), human_bytes(n as u64)),
+        Some(n) if key.ends_with("bytes_per_s") && n >= 1024.0 => format!("{n:.0} ({}/s)", human_bytes(n as u64)),
         _ => scalar(v),
     }
 }
@@ -144,6 +145,21 @@ mod tests {
         let t = [TargetStatus { name: "v/burstable".into(), kind: "burstable".into(), status: json!({"members": [{"slot": 0, "rebuild": {"percent": 12.5}}]}) }];
         let out = render(&t);
         assert!(out.contains("  members:\n    [0]\n      rebuild:\n        percent: 12.5\n"), "{out}");
+    }
+
+    /// An elastic volume's drain progress reads as one line plus its numbers.
+    #[test]
+    fn render_shows_drain_progress_with_a_human_rate() {
+        let t = [TargetStatus {
+            name: "d/elastic".into(),
+            kind: "elastic".into(),
+            status: json!({"drain": {"dirty_bytes": 6u64 << 20, "rate_bytes_per_s": 33.0e6, "eta_s": 0.19, "summary": "6.3 MB dirty, flushing at 33.0 MB/s, clean in ~0 s"}}),
+        }];
+        let out = render(&t);
+        assert!(out.contains("  drain:\n"), "{out}");
+        assert!(out.contains("    rate_bytes_per_s: 33000000 (31.5 MiB/s)"), "{out}");
+        assert!(out.contains("    dirty_bytes: 6291456 (6.0 MiB)"), "{out}");
+        assert!(out.contains("    summary: 6.3 MB dirty, flushing at 33.0 MB/s, clean in ~0 s"), "{out}");
     }
 
     #[test]

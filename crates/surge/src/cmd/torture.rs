@@ -21,7 +21,11 @@ Examples:
   surge torture --export file:t.img,create=64MiB --cycles 200 --seed 7
   surge torture --pool base=file:t.img,create=64MiB --export fault:base,volatile --cycles 20
   # a broken device (acknowledges flushes it never did): must report losses
-  surge torture --pool base=file:t.img,create=64MiB --export fault:base,volatile,flush.drop --cycles 5";
+  surge torture --pool base=file:t.img,create=64MiB --export fault:base,volatile,flush.drop --cycles 5
+  # an elastic export with faults on both devices; reported losses are acknowledged
+  surge torture --ack-losses --cycles 20 --export 'elastic:backing=reserved:64MiB,bw=20MB/s,cache=reserved,cache_bw=400MB/s,\
+    initial=16MiB,min=4MiB,granularity=4MiB,attach_delay=0s,window=1s,id=2s,backing_fault.volatile,backing_fault.flush.fail_loses,\
+    backing_fault.flush.fail_prob=0.02,cache_fault.write.fail_prob=0.001,cache_fault.vanish_after=20000'";
 
 #[derive(clap::Args, Debug)]
 #[command(about = "Kill/restart torture test of an export's durability", long_about = LONG_ABOUT, after_long_help = EXAMPLES)]
@@ -65,6 +69,13 @@ pub struct Args {
     /// Largest write, in blocks.
     #[arg(long, default_value_t = 8)]
     pub max_write_blocks: u64,
+    /// After a FLUSH fails, settle it through the control socket: wait while an
+    /// elastic export rescues blocks of a failed cache volume, acknowledge a
+    /// reported loss (`surge set t/elastic ack_lost=true`; the checker then
+    /// treats every write since the last completed FLUSH as unspecified), FLUSH
+    /// again. For elastic exports with fault rules.
+    #[arg(long)]
+    pub ack_losses: bool,
     /// Extra argument for `surge serve` (repeatable), e.g. --serve-arg=--workers=2.
     #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub serve_args: Vec<String>,
@@ -99,6 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         queue_depth: args.queue_depth,
         max_write_blocks: args.max_write_blocks,
         surge_exe: std::env::current_exe().context("finding the surge binary")?,
+        ack_losses: args.ack_losses.then(|| format!("{}/elastic", torture::EXPORT)),
     };
     if !args.json {
         eprintln!("torture: export {} seed {seed}, {} cycles, data dir {}", cfg.spec, cfg.cycles, data_dir.display());
@@ -121,7 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "cycles {} kills {} | writes sent {} acked {} (FUA {}) zeroes {} flushes {} | request errors {} | verified {} blocks = {} bytes | losses {} | {:.1} s",
+            "cycles {} kills {} | writes sent {} acked {} (FUA {}) zeroes {} flushes {} | request errors {} | losses acknowledged {} unsettled flushes {} unreadable {} | verified {} blocks = {} bytes | losses {} | {:.1} s",
             report.cycles,
             report.kills,
             report.writes_sent,
@@ -130,6 +142,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             report.zeroes_acked,
             report.flushes_acked,
             report.request_errors,
+            report.losses_acknowledged,
+            report.flushes_unsettled,
+            report.unreadable_blocks,
             report.blocks_verified,
             report.bytes_verified,
             report.losses,

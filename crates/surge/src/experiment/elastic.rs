@@ -271,6 +271,8 @@ fn run_one(s: &Setting, kind: Kind, dir: &Path) -> anyhow::Result<ApproachResult
                 boost: None,
                 tick: Duration::from_secs_f64(s.window_s / 10.0),
                 flusher_poll: Duration::from_millis(5),
+                fences: Some(dir.join("app.fences.json")),
+                faults: Default::default(),
             };
             let v = ElasticVolume::open(p, pdyn.clone(), clock.clone())?;
             v.start();

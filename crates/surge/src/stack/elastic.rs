@@ -7,8 +7,15 @@
 //! Every decision is logged with its reason and kept for `surge status`.
 //!
 //! Spec form (one line): `elastic:backing=reserved:50GiB,bw=33MB/s,cache=reserved,cache_bw=128MB/s`
-//! plus optional `ut=0.3,window=5s,id=30s,initial=10GiB,min=1GiB,max=64GiB,block=64KiB,learn=true`.
+//! plus optional `ut=0.3,window=5s,id=30s,initial=10GiB,min=1GiB,max=64GiB,block=64KiB,learn=true`
+//! and fault rules for the devices (`backing_fault.RULE`, `cache_fault.RULE`).
 //! `cache=auto` lets the price-aware planner (`boost.rs`) choose each cache volume.
+//!
+//! After a cache volume fails, the cache layer keeps it as a rescue while it
+//! holds blocks not safe on backing; the controller keeps the volume (and
+//! reattaches it, with a backoff, if it cannot be read), deletes it once the
+//! fence record says it is fenced, and retries failed deletes each tick. The
+//! record (`DATA/elastic/NAME.fences.json`) makes a restart honour all of it.
 
 mod boost;
 pub use boost::{BoostSettings, LoggedPlan};
@@ -16,14 +23,21 @@ pub use boost::{BoostSettings, LoggedPlan};
 use crate::control::Controllable;
 use parking_lot::Mutex;
 use serde::Serialize;
+use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use surge_block::cache::{CacheConfig, CacheMode, ElasticCache, Flusher, Phase};
+use surge_block::cache::fence::{FenceStore, FileFences, MemoryFences};
+use surge_block::cache::{CacheConfig, CacheError, CacheMode, ElasticCache, Flusher, Phase};
+use surge_block::fault::{FaultDev, FaultRules};
 use surge_block::model::VolumeModel;
 use surge_block::{BlockDev, Caps, Clock, Counted, ZeroMode};
 use surge_cloud::{CreateRequest, Provider, VolumeSpec};
 use surge_policy::{Action, CacheObs, Decision, ElasticConfig, ElasticPolicy, State};
+
+/// Most decisions and cache sizes kept for `surge status` (oldest dropped first).
+pub const LOG_CAP: usize = 1024;
 
 #[derive(Debug, Clone)]
 pub struct ElasticParams {
@@ -40,6 +54,18 @@ pub struct ElasticParams {
     pub tick: Duration,
     /// How often the background flusher looks for work when idle.
     pub flusher_poll: Duration,
+    /// The fence record (failed cache volumes, lost writes), a file that a
+    /// restart honours; `None`: in memory only (for runs that never restart).
+    pub fences: Option<PathBuf>,
+    /// Fault injection on the backing volume and on every cache volume.
+    pub faults: ElasticFaults,
+}
+
+/// Fault rules (`surge_block::fault`) for an elastic volume's devices.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ElasticFaults {
+    pub backing: Option<FaultRules>,
+    pub cache: Option<FaultRules>,
 }
 
 /// One entry of the decision log.
@@ -55,6 +81,31 @@ struct CacheVol {
     id: String,
     size: u64,
     io: Arc<Counted>,
+    /// Its fault layer, when `faults.cache` is set.
+    fault: Option<Arc<FaultDev>>,
+}
+
+/// A list that keeps only its newest `cap` entries and counts all of them.
+struct Bounded<T> {
+    items: VecDeque<T>,
+    total: u64,
+    cap: usize,
+}
+
+impl<T: Clone> Bounded<T> {
+    fn new(cap: usize) -> Self {
+        Bounded { items: VecDeque::new(), total: 0, cap }
+    }
+    fn push(&mut self, v: T) {
+        if self.items.len() == self.cap {
+            self.items.pop_front();
+        }
+        self.items.push_back(v);
+        self.total += 1;
+    }
+    fn to_vec(&self) -> Vec<T> {
+        self.items.iter().cloned().collect()
+    }
 }
 
 pub struct ElasticVolume {
@@ -62,9 +113,17 @@ pub struct ElasticVolume {
     provider: Arc<dyn Provider>,
     clock: Arc<dyn Clock>,
     cache: Arc<ElasticCache>,
+    fences: Arc<dyn FenceStore>,
     backing_id: String,
     backing_io: Arc<Counted>,
+    /// The backing volume's fault layer, when `faults.backing` is set.
+    backing_fault: Option<Arc<FaultDev>>,
+    /// The cache volume: attached, or failed and still being rescued.
     vol: Mutex<Option<CacheVol>>,
+    /// Volumes to delete (fenced, or left by a failed delete), retried each tick.
+    doomed: Mutex<Vec<String>>,
+    /// Next time a failed cache volume is reattached to rescue its blocks, and the backoff.
+    reattach: Mutex<(Duration, Duration)>,
     /// Device bytes of cache volumes already deleted.
     old_cache_bytes: AtomicU64,
     app_bytes: AtomicU64,
@@ -73,8 +132,8 @@ pub struct ElasticVolume {
     booster: Option<Mutex<boost::Booster>>,
     /// The planner's volume for the provisioning being applied.
     next_spec: Mutex<Option<VolumeSpec>>,
-    log: Mutex<Vec<LoggedDecision>>,
-    sizes: Mutex<Vec<u64>>,
+    log: Mutex<Bounded<LoggedDecision>>,
+    sizes: Mutex<Bounded<u64>>,
     cache_seq: AtomicU64,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -86,55 +145,103 @@ fn io_total(c: &Counted) -> u64 {
     s.read_bytes + s.write_bytes
 }
 
+/// Wrap a volume's device in the fault layer when rules are set.
+fn with_faults(dev: Arc<dyn BlockDev>, rules: &Option<FaultRules>, clock: &Arc<dyn Clock>) -> (Arc<dyn BlockDev>, Option<Arc<FaultDev>>) {
+    match rules {
+        Some(r) => {
+            let f = Arc::new(FaultDev::new(dev, r.clone(), clock.clone()));
+            (f.clone(), Some(f))
+        }
+        None => (dev, None),
+    }
+}
+
+const REATTACH_FIRST: Duration = Duration::from_secs(1);
+const REATTACH_MAX: Duration = Duration::from_secs(60);
+
 impl ElasticVolume {
-    /// Open (or create) the backing volume; a leftover cache volume from a
-    /// crashed run is reattached, recovered and drained.
+    /// Open (or create) the backing volume. Leftover cache volumes of a crashed
+    /// run: those the fence record names as failed are deleted (fenced) or have
+    /// their pending blocks rescued; otherwise the newest is reattached,
+    /// recovered and drained, and older ones are deleted.
     pub fn open(p: ElasticParams, provider: Arc<dyn Provider>, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<Self>> {
+        let fences: Arc<dyn FenceStore> = match &p.fences {
+            Some(path) => Arc::new(FileFences::open(path)?),
+            None => Arc::new(MemoryFences::new()),
+        };
+        let cache_cfg = CacheConfig { fences: Some(fences.clone()), ..p.cache.clone() };
         let backing_name = format!("{}-backing", p.name);
         let vols = provider.list()?;
         let backing_id = match vols.iter().find(|v| v.name.as_deref() == Some(&backing_name)) {
             Some(v) => v.id.clone(),
             None => provider.create(CreateRequest { spec: p.backing.clone(), name: Some(backing_name) })?.id,
         };
-        let backing_io = Arc::new(Counted::new(provider.attach(&backing_id)?));
+        let (backing_dev, backing_fault) = with_faults(provider.attach(&backing_id)?, &p.faults.backing, &clock);
+        let backing_io = Arc::new(Counted::new(backing_dev));
         let prefix = format!("{}-cache-", p.name);
         let mut leftovers: Vec<_> = vols.iter().filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&prefix))).collect();
         leftovers.sort_by_key(|v| v.created_unix_ms);
-        let mut vol = None;
-        let cache = match leftovers.pop() {
-            Some(v) => {
-                let dev = Arc::new(Counted::new(provider.attach(&v.id)?));
-                let c = ElasticCache::open(backing_io.clone(), dev.clone(), p.cache.clone(), clock.clone())?;
-                tracing::warn!(volume = %v.id, dirty = c.stats().dirty_bytes, "recovered a cache volume left by a previous run; draining it");
-                c.set_phase(Phase::Drain);
-                vol = Some(CacheVol { id: v.id.clone(), size: v.size, io: dev });
-                c
-            }
-            None => ElasticCache::new(backing_io.clone(), p.cache.clone(), clock.clone()),
+        let record = fences.get();
+        let mut doomed: Vec<String> = record.fenced_labels().into_iter().filter(|l| leftovers.iter().any(|v| &v.id == l)).collect();
+        leftovers.retain(|v| !doomed.contains(&v.id));
+        // A failed volume with blocks still pending comes first; then the newest.
+        let pending = leftovers.iter().position(|v| record.failed.values().any(|f| f.label == v.id && !f.pending.is_empty()));
+        let chosen = match pending {
+            Some(i) => Some(leftovers.remove(i)),
+            None => leftovers.pop(),
         };
-        for v in leftovers {
-            tracing::warn!(volume = %v.id, "deleting an older leftover cache volume");
-            let _ = provider.detach(&v.id);
-            provider.delete(&v.id)?;
-        }
+        doomed.extend(leftovers.iter().map(|v| v.id.clone()));
+        let mut vol = None;
+        let mut recovered = None;
+        let cache = match chosen {
+            Some(v) => {
+                let (dev, fault) = with_faults(provider.attach(&v.id)?, &p.faults.cache, &clock);
+                let dev = Arc::new(Counted::new(dev));
+                match ElasticCache::open_as(backing_io.clone(), dev.clone(), &v.id, cache_cfg.clone(), clock.clone()) {
+                    Ok(c) => {
+                        if c.is_attached() {
+                            tracing::warn!(volume = %v.id, dirty = c.stats().dirty_bytes, "recovered a cache volume left by a previous run; draining it");
+                            c.set_phase(Phase::Drain);
+                            recovered = Some(v.size);
+                        } else {
+                            tracing::error!(volume = %v.id, rescue = ?c.rescue_info(), "a failed cache volume still holds blocks not safe on backing; rescuing them");
+                        }
+                        vol = Some(CacheVol { id: v.id.clone(), size: v.size, io: dev, fault });
+                        c
+                    }
+                    Err(CacheError::Fenced { id }) => {
+                        tracing::warn!(volume = %v.id, cache_id = id, "leftover cache volume is fenced (it failed earlier); deleting it");
+                        let _ = provider.detach(&v.id);
+                        doomed.push(v.id.clone());
+                        ElasticCache::new(backing_io.clone(), cache_cfg.clone(), clock.clone())
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            None => ElasticCache::new(backing_io.clone(), cache_cfg.clone(), clock.clone()),
+        };
         let booster = p.boost.clone().map(|b| Mutex::new(boost::Booster::new(b, &p.policy, p.cache.block_size, p.backing.clone())));
         let mut policy = ElasticPolicy::new(p.policy.clone());
-        if let Some(v) = &vol {
-            policy.resume_drain(clock.now(), v.size);
+        if let Some(size) = recovered {
+            policy.resume_drain(clock.now(), size);
         }
-        Ok(Arc::new(ElasticVolume {
+        let me = Arc::new(ElasticVolume {
             cache: Arc::new(cache),
+            fences,
             backing_id,
             backing_io,
+            backing_fault,
             vol: Mutex::new(vol),
+            doomed: Mutex::new(doomed),
+            reattach: Mutex::new((Duration::ZERO, REATTACH_FIRST)),
             old_cache_bytes: AtomicU64::new(0),
             app_bytes: AtomicU64::new(0),
             app_ops: AtomicU64::new(0),
             policy: Mutex::new(policy),
             booster,
             next_spec: Mutex::new(None),
-            log: Mutex::new(Vec::new()),
-            sizes: Mutex::new(Vec::new()),
+            log: Mutex::new(Bounded::new(LOG_CAP)),
+            sizes: Mutex::new(Bounded::new(LOG_CAP)),
             cache_seq: AtomicU64::new(0),
             stop: Arc::new(AtomicBool::new(false)),
             threads: Mutex::new(Vec::new()),
@@ -142,7 +249,9 @@ impl ElasticVolume {
             p,
             provider,
             clock,
-        }))
+        });
+        me.delete_doomed();
+        Ok(me)
     }
 
     /// Start the controller and the background flusher.
@@ -183,9 +292,11 @@ impl ElasticVolume {
         CacheObs { attached: s.attached, dirty_bytes: s.dirty_bytes, used_high_bytes: s.used_high_bytes, evicted_bytes: s.evictions * s.block_size }
     }
 
-    /// One controller step: feed the policy, apply what it decides.
+    /// One controller step: settle failed caches and leftovers, feed the
+    /// policy, apply what it decides.
     pub fn step(&self) -> anyhow::Result<()> {
         self.drop_failed_cache()?;
+        self.delete_doomed();
         let now = self.clock.now();
         let (bytes, ops) = (self.app_bytes.load(Relaxed), self.app_ops.load(Relaxed));
         self.boost_observe(now, bytes, ops);
@@ -222,64 +333,167 @@ impl ElasticVolume {
                 self.boost_drain();
             }
             Action::Resume => self.cache.set_phase(Phase::Boost),
-            Action::Detach => {
-                self.release()?;
-                self.boost_released();
-                self.policy.lock().detached(self.clock.now());
-            }
+            Action::Detach => match self.release() {
+                Ok(()) => {
+                    self.boost_released();
+                    self.policy.lock().detached(self.clock.now());
+                }
+                Err(e) => {
+                    let obs = self.obs();
+                    let report = self.policy.lock().detach_failed(self.clock.now(), obs, &format!("{e:#}"));
+                    tracing::warn!(volume = %self.p.name, "releasing the cache volume failed: {e:#}");
+                    self.record(&report);
+                }
+            },
+            Action::DetachFailed { .. } => {}
         }
         Ok(())
     }
 
     fn provision(&self, size: u64) -> anyhow::Result<()> {
+        let pending: u64 = self.cache.rescue_info().iter().map(|r| r.pending_blocks).sum();
+        anyhow::ensure!(
+            pending == 0 && self.vol.lock().is_none(),
+            "{pending} blocks of a failed cache volume are not yet safe on backing; no new cache until they are"
+        );
         let n = self.cache_seq.fetch_add(1, Relaxed);
         let planned = self.next_spec.lock().take();
         let spec = planned.unwrap_or(VolumeSpec { model: VolumeModel::Reserved { bw: Some(self.p.cache_bw), iops: None }, size, latency: Duration::ZERO });
         let name = format!("{}-cache-{n}", self.p.name);
         let info = self.provider.create(CreateRequest { spec, name: Some(name) })?;
-        let dev = match self.provider.attach(&info.id) {
-            Ok(d) => Arc::new(Counted::new(d)),
+        let (dev, fault) = match self.provider.attach(&info.id) {
+            Ok(d) => {
+                let (d, fault) = with_faults(d, &self.p.faults.cache, &self.clock);
+                (Arc::new(Counted::new(d)), fault)
+            }
             Err(e) => {
-                let _ = self.provider.delete(&info.id);
+                self.doom(&info.id);
                 return Err(e.into());
             }
         };
-        if let Err(e) = self.cache.attach(dev.clone()) {
+        if let Err(e) = self.cache.attach_as(dev.clone(), &info.id) {
             let _ = self.provider.detach(&info.id);
-            let _ = self.provider.delete(&info.id);
+            self.doom(&info.id);
             return Err(e.into());
         }
         self.cache.set_phase(Phase::Boost);
         self.sizes.lock().push(size);
-        *self.vol.lock() = Some(CacheVol { id: info.id, size, io: dev });
+        *self.vol.lock() = Some(CacheVol { id: info.id, size, io: dev, fault });
         Ok(())
     }
 
-    /// The cache layer fell back to backing (its device failed): delete that
-    /// volume. Its metadata may still name dirty blocks that were saved to
-    /// backing and rewritten since, so a restart must never reopen it. The
-    /// policy starts over from Idle.
+    /// The cache layer fell back to backing (its device failed). While the
+    /// failed volume still holds blocks not safe on backing it is kept (and,
+    /// with a backoff, reattached so that a device that vanished can be read
+    /// again); once fenced it is deleted, retried until the provider agrees.
+    /// The policy starts over from Idle.
     fn drop_failed_cache(&self) -> anyhow::Result<()> {
         if self.cache.is_attached() {
             return Ok(());
         }
-        let Some(v) = self.vol.lock().take() else { return Ok(()) };
-        tracing::error!(volume = %v.id, "cache volume failed over to backing; deleting it");
-        self.boost_released();
-        self.old_cache_bytes.fetch_add(io_total(&v.io), Relaxed);
-        self.policy.lock().detached(self.clock.now());
-        let _ = self.provider.detach(&v.id);
-        self.provider.delete(&v.id)?;
-        Ok(())
+        // Lock order: never hold `vol` while taking `policy` (status takes policy, then vol).
+        let Some(id) = self.vol.lock().as_ref().map(|v| v.id.clone()) else { return Ok(()) };
+        {
+            let mut policy = self.policy.lock();
+            if policy.state() != State::Idle {
+                policy.detached(self.clock.now());
+            }
+        }
+        let rescue = self.cache.rescue_info().into_iter().find(|r| r.label == id);
+        match rescue {
+            Some(r) => {
+                if r.unreadable_blocks > 0 {
+                    self.reattach_for_rescue(&id);
+                }
+                Ok(())
+            }
+            None => {
+                let Some(v) = self.vol.lock().take() else { return Ok(()) };
+                tracing::error!(volume = %v.id, "cache volume failed over to backing and is fenced; deleting it");
+                self.boost_released();
+                self.old_cache_bytes.fetch_add(io_total(&v.io), Relaxed);
+                let _ = self.provider.detach(&v.id);
+                self.doom(&v.id);
+                self.delete_doomed();
+                Ok(())
+            }
+        }
     }
 
-    /// Detach (only when clean) and delete the cache volume.
+    /// Reattach a failed cache volume (with a backoff) and hand the fresh
+    /// device to the cache layer's rescue.
+    fn reattach_for_rescue(&self, id: &str) {
+        let now = self.clock.now();
+        {
+            let r = self.reattach.lock();
+            if now < r.0 {
+                return;
+            }
+        }
+        let _ = self.provider.detach(id);
+        let ok = match self.provider.attach(id) {
+            Ok(d) => {
+                let (d, fault) = with_faults(d, &self.p.faults.cache, &self.clock);
+                let dev = Arc::new(Counted::new(d));
+                let r = self.cache.provide_rescue_device(dev.clone());
+                if let Some(v) = self.vol.lock().as_mut().filter(|v| v.id == id) {
+                    v.io = dev;
+                    v.fault = fault;
+                }
+                matches!(r, Ok(true)) && !self.cache.rescue_info().iter().any(|r| r.label == id && r.unreadable_blocks > 0)
+            }
+            Err(e) => {
+                tracing::warn!(volume = %id, "reattaching a failed cache volume to rescue its blocks: {e}");
+                false
+            }
+        };
+        let mut r = self.reattach.lock();
+        *r = if ok { (Duration::ZERO, REATTACH_FIRST) } else { (now + r.1, (r.1 * 2).min(REATTACH_MAX)) };
+    }
+
+    /// Remember a volume to delete (retried each tick until the provider agrees).
+    fn doom(&self, id: &str) {
+        let mut d = self.doomed.lock();
+        if !d.iter().any(|x| x == id) {
+            d.push(id.to_string());
+        }
+    }
+
+    /// Delete every doomed volume the provider lets us; a deleted failed
+    /// volume leaves the fence record.
+    fn delete_doomed(&self) {
+        let ids: Vec<String> = self.doomed.lock().clone();
+        for id in ids {
+            // A detach that failed earlier leaves it attached here (else this is refused at once).
+            let _ = self.provider.detach(&id);
+            match self.provider.delete(&id) {
+                Ok(()) => {}
+                Err(e) if self.provider.list().is_ok_and(|l| !l.iter().any(|v| v.id == id)) => {
+                    tracing::debug!(volume = %id, "already gone: {e}");
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %id, "deleting a cache volume failed (retried): {e}");
+                    continue;
+                }
+            }
+            self.doomed.lock().retain(|x| x != &id);
+            let _ = self.fences.update(&mut |f| f.failed.retain(|_, fc| !(fc.label == id && fc.pending.is_empty())));
+        }
+    }
+
+    /// Detach (only when clean) and delete the cache volume. An error leaves
+    /// the cache attached (detach refused) or the volume doomed (the provider
+    /// refused; retried each tick).
     fn release(&self) -> anyhow::Result<()> {
         self.cache.detach()?;
-        if let Some(v) = self.vol.lock().take() {
+        let taken = self.vol.lock().take();
+        if let Some(v) = taken {
             self.old_cache_bytes.fetch_add(io_total(&v.io), Relaxed);
-            self.provider.detach(&v.id)?;
-            self.provider.delete(&v.id)?;
+            let detach = self.provider.detach(&v.id);
+            self.doom(&v.id);
+            self.delete_doomed();
+            detach?;
+            anyhow::ensure!(!self.doomed.lock().contains(&v.id), "deleting cache volume {} failed; retried each tick", v.id);
         }
         Ok(())
     }
@@ -290,8 +504,19 @@ impl ElasticVolume {
     pub fn backing_id(&self) -> &str {
         &self.backing_id
     }
+    /// The backing volume's fault layer, when fault rules were given.
+    pub fn backing_fault(&self) -> Option<&Arc<FaultDev>> {
+        self.backing_fault.as_ref()
+    }
+    /// The current cache volume's fault layer, when fault rules were given.
+    pub fn cache_fault(&self) -> Option<Arc<FaultDev>> {
+        self.vol.lock().as_ref().and_then(|v| v.fault.clone())
+    }
     /// Size of the attached cache volume (0 if none).
     pub fn cache_size(&self) -> u64 {
+        if !self.cache.is_attached() {
+            return 0;
+        }
         self.vol.lock().as_ref().map_or(0, |v| v.size)
     }
     /// Bytes the application read and wrote.
@@ -302,15 +527,20 @@ impl ElasticVolume {
     pub fn device_bytes(&self) -> u64 {
         io_total(&self.backing_io) + self.old_cache_bytes.load(Relaxed) + self.vol.lock().as_ref().map_or(0, |v| io_total(&v.io))
     }
+    /// The newest decisions (at most [`LOG_CAP`]), oldest first.
     pub fn decisions(&self) -> Vec<LoggedDecision> {
-        self.log.lock().clone()
+        self.log.lock().to_vec()
     }
-    /// Size of every cache provisioned so far, in order.
+    /// Size of the newest cache volumes provisioned (at most [`LOG_CAP`]), in order.
     pub fn cache_sizes(&self) -> Vec<u64> {
-        self.sizes.lock().clone()
+        self.sizes.lock().to_vec()
     }
     pub fn policy_state(&self) -> State {
         self.policy.lock().state()
+    }
+    /// Volumes waiting to be deleted (a delete failed, retried each tick).
+    pub fn doomed_volumes(&self) -> Vec<String> {
+        self.doomed.lock().clone()
     }
 
     /// Cost of this volume's cloud volumes so far (all of them, deleted ones too).
@@ -325,6 +555,44 @@ impl ElasticVolume {
         self.app_bytes.fetch_add(n as u64, Relaxed);
         self.app_ops.fetch_add(1, Relaxed);
     }
+
+    /// Drain progress for `surge status`: dirty bytes, the measured flush rate,
+    /// time left at that rate, and a one-line summary.
+    fn drain_status(&self, s: &surge_block::cache::CacheStats) -> serde_json::Value {
+        let summary = if !s.attached {
+            "no cache attached".to_string()
+        } else if s.dirty_bytes == 0 {
+            "clean".to_string()
+        } else {
+            let dirty = human(s.dirty_bytes as f64, "B");
+            match (s.drain_rate_bytes_per_s, s.drain_eta_s) {
+                (Some(rate), Some(eta)) => {
+                    let eta = if eta < 10.0 { format!("{eta:.1}") } else { format!("{eta:.0}") };
+                    format!("{dirty} dirty, flushing at {}, clean in ~{eta} s", human(rate, "B/s"))
+                }
+                _ => format!("{dirty} dirty, flush rate not measured yet"),
+            }
+        };
+        serde_json::json!({
+            "dirty_bytes": s.dirty_bytes,
+            "flushed_bytes": s.flushed_bytes,
+            "rate_bytes_per_s": s.drain_rate_bytes_per_s,
+            "eta_s": s.drain_eta_s,
+            "phase": s.phase,
+            "summary": summary,
+        })
+    }
+}
+
+/// `1.5 GB`, `33.0 MB/s` (decimal units, as cloud rates are quoted).
+fn human(v: f64, unit: &str) -> String {
+    let (mut v, mut i) = (v, 0);
+    const P: [&str; 5] = ["", "k", "M", "G", "T"];
+    while v >= 1000.0 && i + 1 < P.len() {
+        v /= 1000.0;
+        i += 1;
+    }
+    format!("{v:.1} {}{unit}", P[i])
 }
 
 impl Drop for ElasticVolume {
@@ -372,20 +640,35 @@ impl Controllable for ElasticVolume {
         let (agbs, usd) = self.cost().unwrap_or_default();
         let policy = self.policy.lock();
         let log = self.log.lock();
+        let sizes = self.sizes.lock();
+        let failure = (s.loss.is_some() || s.rescue_pending_blocks > 0).then(|| {
+            serde_json::json!({
+                "loss": s.loss,
+                "lost_blocks": s.lost_blocks,
+                "rescue_pending_blocks": s.rescue_pending_blocks,
+                "rescues": self.cache.rescue_info(),
+                "action": "every FLUSH fails until the blocks are safe on backing or the loss is acknowledged: surge set NAME/elastic ack_lost=true",
+            })
+        });
         serde_json::json!({
             "state": policy.state(),
             "utilization": policy.last_utilization(),
             "next_cache_size": policy.next_size(),
             "phase": s.phase,
             "mode": s.mode,
-            "cache_volume": self.vol.lock().as_ref().map(|v| serde_json::json!({"id": v.id, "size": v.size})),
+            "cache_volume": self.vol.lock().as_ref().map(|v| serde_json::json!({"id": v.id, "size": v.size, "failed": !s.attached})),
             "cache_size": self.cache_size(),
             "dirty_bytes": s.dirty_bytes,
-            "drain": {"flushed_bytes": s.flushed_bytes, "dirty_bytes": s.dirty_bytes, "eta_s": s.drain_eta_s},
+            "drain": self.drain_status(&s),
+            "failure": failure,
+            "volumes_to_delete": self.doomed_volumes(),
+            "cache_fault": self.cache_fault().map(|f| serde_json::json!({"rules": f.rules().to_string(), "stats": f.stats()})),
             "stats": s,
             "cost": {"agbs": agbs, "usd": usd},
-            "cache_sizes": *self.sizes.lock(),
-            "decisions": log.iter().rev().take(8).collect::<Vec<_>>(),
+            "cache_sizes": sizes.to_vec(),
+            "caches_provisioned": sizes.total,
+            "decisions": log.items.iter().rev().take(8).collect::<Vec<_>>(),
+            "decisions_total": log.total,
             "boost": self.boost_status(),
         })
     }
@@ -395,15 +678,28 @@ impl Controllable for ElasticVolume {
                 self.cache.set_mode(value.parse::<CacheMode>()?);
                 Ok(())
             }
-            _ => Err(format!("{} has no setting {key:?} (settable: mode)", self.name())),
+            "ack_lost" => match value {
+                "true" | "yes" | "1" => self.cache.ack_loss().map_err(|e| format!("recording the acknowledgement failed: {e}")),
+                _ => Err("ack_lost=true acknowledges lost writes (FLUSH works again, blocks of a failed cache are given up)".into()),
+            },
+            _ => Err(format!("{} has no setting {key:?} (settable: mode, ack_lost)", self.name())),
         }
     }
 }
 
+/// Where an elastic export keeps its fence record (failed cache volumes, lost writes).
+pub fn fences_path(data_dir: &std::path::Path, name: &str) -> PathBuf {
+    data_dir.join("elastic").join(format!("{name}.fences.json"))
+}
+
 /// `elastic:backing=TYPE:SIZE[,bw=..,iops=..,lat=..],cache=reserved,cache_bw=RATE[,ut=0.3,window=5s,
 /// id=30s,initial=10GiB,min=1GiB,max=64GiB,granularity=1GiB,block=64KiB,learn=true,attach_delay=3s,
-/// mode=writeback,seq_bypass=SIZE]`. Keys after `backing=` that describe a volume (`bw`, `iops`,
-/// `lat`) belong to the backing volume. Volumes live in the local cloud of the data directory.
+/// mode=writeback,seq_bypass=SIZE,backing_fault.RULE,cache_fault.RULE]`. Keys after `backing=` that
+/// describe a volume (`bw`, `iops`, `lat`) belong to the backing volume. `backing_fault.RULE` and
+/// `cache_fault.RULE` (repeatable) put the backing volume and every cache volume behind the fault
+/// layer, one rule of `surge_block::fault` each (`cache_fault.write.fail_prob=0.01`,
+/// `backing_fault.volatile`, `cache_fault.vanish_after=5000`). Volumes live in the local cloud of
+/// the data directory, the fence record in `DATA/elastic/NAME.fences.json`.
 /// `cache=auto,value_per_hour=USD` (or `target=DURATION`) lets the planner choose each cache
 /// volume by price (`types=gp3+io2+gp2+st1,max_iops=N,max_throughput=RATE,lower=true`); the
 /// backing may then be any type with a throughput limit (e.g. `gp3:100GiB`).
@@ -417,7 +713,18 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
     let mut boost = BoostSettings::new(surge_policy::Worth::PerHour(0.0));
     let (mut boost_keys, mut worth_given) = (Vec::new(), false);
     let ratio = |v: &str| v.parse::<f64>().map_err(|_| err(format!("ut={v}: expected a fraction like 0.3")));
+    let mut faults = ElasticFaults::default();
     for item in args.split(',').filter(|s| !s.is_empty()) {
+        if let Some((dev, rule)) = item.split_once('.').filter(|(d, _)| matches!(*d, "backing_fault" | "cache_fault")) {
+            // One rule of surge_block::fault, e.g. cache_fault.write.fail_prob=0.01 or backing_fault.volatile.
+            let rules = if dev == "backing_fault" { &mut faults.backing } else { &mut faults.cache };
+            let (key, value) = match rule.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (rule, None),
+            };
+            rules.get_or_insert_with(FaultRules::default).apply(key, value).map_err(|e| err(format!("{dev}.{e}")))?;
+            continue;
+        }
         let (k, v) = item.split_once('=').ok_or_else(|| err(format!("{item:?} is not key=value")))?;
         let size = || parse_size(v).map_err(|e| err(format!("{k}={v}: {e}")));
         let dur = || parse_duration(v).map_err(|e| err(format!("{k}={v}: {e}")));
@@ -482,15 +789,34 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
     let provider = Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);
     let tick = pol.window / 10;
     let boost = auto.then_some(boost);
-    let p = ElasticParams { name: name.to_string(), backing: backing.clone(), cache_bw, policy: pol, cache, boost, tick, flusher_poll: Duration::from_millis(20) };
+    let p = ElasticParams {
+        name: name.to_string(),
+        backing: backing.clone(),
+        cache_bw,
+        policy: pol,
+        cache,
+        boost,
+        tick,
+        flusher_poll: Duration::from_millis(20),
+        fences: Some(fences_path(&ctx.data_dir, name)),
+        faults: faults.clone(),
+    };
     let vol = ElasticVolume::open(p, provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
     vol.start();
-    let detail = serde_json::json!({ "backing": backing.to_string(), "backing_volume": vol.backing_id(), "cache_bw": cache_bw });
+    let rules = |r: &Option<FaultRules>| r.as_ref().map(|r| r.to_string());
+    let detail = serde_json::json!({
+        "backing": backing.to_string(), "backing_volume": vol.backing_id(), "cache_bw": cache_bw,
+        "backing_fault": rules(&faults.backing), "cache_fault": rules(&faults.cache),
+    });
+    let mut controls: Vec<Arc<dyn Controllable>> = vec![vol.clone()];
+    if let Some(f) = vol.backing_fault() {
+        controls.push(Arc::new(crate::stack::fault::FaultControl { target: format!("{name}/backing_fault"), dev: f.clone() }));
+    }
     Ok(crate::stack::Built {
         dev: vol.clone(),
         description: if auto { format!("elastic volume over {backing} with caches chosen by price") } else { format!("elastic volume over {backing} with {} MB/s caches", cache_bw / 1_000_000) },
         detail,
-        controls: vec![vol],
+        controls,
     })
 }
 
@@ -548,6 +874,8 @@ mod tests {
             boost: None,
             tick: Duration::from_secs(1),
             flusher_poll: Duration::from_millis(1),
+            fences: Some(d.path().join("v.fences.json")),
+            faults: ElasticFaults::default(),
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         v.step().unwrap();
@@ -575,5 +903,185 @@ mod tests {
         let mut buf = vec![0u8; 4096];
         v.read_at(&mut buf, 28 * mib).unwrap();
         assert_eq!(buf[0], 20, "the last write survived provisioning, draining and deletion");
+    }
+}
+
+/// Issue 9: the controller after a cache volume fails (findings 2, 7, 8).
+#[cfg(test)]
+mod failure_tests {
+    use super::*;
+    use surge_block::VirtualClock;
+    use surge_cloud::LocalProvider;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A local cloud in `dir` without delays (a fresh one = a restart).
+    fn cloud(dir: &std::path::Path, clock: &Arc<VirtualClock>) -> Arc<LocalProvider> {
+        let mut cfg = surge_cloud::LocalConfig::new(dir);
+        cfg.delays = surge_cloud::Delays::none();
+        Arc::new(LocalProvider::open(cfg, clock.clone()).unwrap())
+    }
+
+    fn params(dir: &std::path::Path) -> ElasticParams {
+        ElasticParams {
+            name: "v".into(),
+            backing: "reserved:64MiB,bw=33MB/s".parse().unwrap(),
+            cache_bw: 128_000_000,
+            policy: ElasticConfig { backing_bw: 33e6, initial_cache: 16 * MIB, min_cache: 4 * MIB, granularity: 4 * MIB, attach_delay: Duration::ZERO, ..ElasticConfig::default() },
+            cache: CacheConfig { block_size: 4096, ..CacheConfig::default() },
+            tick: Duration::from_secs(1),
+            flusher_poll: Duration::from_millis(1),
+            fences: Some(dir.join("v.fences.json")),
+            // An empty rule set: the cache volumes sit behind a fault layer the test drives.
+            faults: ElasticFaults { backing: None, cache: Some(FaultRules::default()) },
+        }
+    }
+
+    fn block(v: &dyn BlockDev, b: u64) -> Vec<u8> {
+        let mut buf = vec![0u8; 4096];
+        v.read_at(&mut buf, b * 4096).unwrap();
+        buf
+    }
+
+    /// A cache holding block 0 = 0xA1 (FLUSHed) whose device then refuses every
+    /// write and flush (so its metadata cannot be cleared); a write fails it
+    /// over; block 0 is rewritten (0xA2) and FLUSHed.
+    fn fail_over_with_a_dead_cache(v: &ElasticVolume) -> String {
+        v.provision(16 * MIB).unwrap();
+        v.write_at(&[0xA1; 4096], 0, false).unwrap();
+        v.flush().unwrap();
+        let id = v.vol.lock().as_ref().unwrap().id.clone();
+        v.cache_fault().unwrap().set_rules("write.fail_every=1,flush.fail_every=1".parse().unwrap());
+        v.write_at(&[0x11; 4096], 4096, false).unwrap();
+        assert!(!v.cache().is_attached(), "fell back to backing");
+        v.write_at(&[0xA2; 4096], 0, false).unwrap();
+        v.flush().unwrap();
+        id
+    }
+
+    /// Finding 2: a crash (or stop) before the controller's next tick used to
+    /// reopen the failed volume, the newest leftover, and drain its stale block
+    /// over the newer FLUSHed data.
+    #[test]
+    fn a_failed_cache_volume_is_never_reopened_by_a_restart_before_the_controller_deletes_it() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let v = ElasticVolume::open(params(d.path()), cloud(d.path(), &clock), clock.clone()).unwrap();
+        let failed = fail_over_with_a_dead_cache(&v);
+        drop(v); // no controller tick: the failed volume still exists
+        let prov = cloud(d.path(), &clock);
+        assert!(prov.list().unwrap().iter().any(|x| x.id == failed));
+        let v = ElasticVolume::open(params(d.path()), prov.clone(), clock.clone()).unwrap();
+        assert!(!v.cache().is_attached(), "the failed volume must not be used again");
+        assert!(block(v.as_ref(), 0) == vec![0xA2; 4096], "block 0 after the restart is not the FLUSHed rewrite");
+        for _ in 0..3 {
+            v.step().unwrap();
+            let _ = v.cache().flush_step(usize::MAX);
+        }
+        assert!(block(v.as_ref(), 0) == vec![0xA2; 4096]);
+        assert_eq!(prov.list().unwrap().len(), 1, "the failed volume is deleted; only the backing volume is left");
+        assert!(!std::fs::read_to_string(d.path().join("v.fences.json")).unwrap().contains(&failed), "a deleted volume leaves the fence record");
+    }
+
+    /// Finding 2: a failed delete of a failed cache volume used to be forgotten
+    /// (the volume leaked, the only leftover a restart would reopen).
+    #[test]
+    fn a_failed_delete_of_a_fenced_cache_volume_is_retried_until_it_succeeds() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let prov = cloud(d.path(), &clock);
+        let v = ElasticVolume::open(params(d.path()), prov.clone(), clock.clone()).unwrap();
+        let failed = fail_over_with_a_dead_cache(&v);
+        // Refused at the fail-over and at the retry in the same tick.
+        prov.inject_failure(surge_cloud::Action::Delete, 0);
+        prov.inject_failure(surge_cloud::Action::Delete, 0);
+        v.step().unwrap();
+        assert_eq!(v.doomed_volumes(), vec![failed.clone()], "the failed delete is remembered");
+        assert!(prov.list().unwrap().iter().any(|x| x.id == failed));
+        // A restart now still knows (the fence record) and deletes it.
+        drop(v);
+        let prov = cloud(d.path(), &clock);
+        prov.inject_failure(surge_cloud::Action::Delete, 0);
+        let v = ElasticVolume::open(params(d.path()), prov.clone(), clock.clone()).unwrap();
+        assert!(!v.cache().is_attached());
+        assert_eq!(v.doomed_volumes(), vec![failed.clone()]);
+        v.step().unwrap();
+        assert!(v.doomed_volumes().is_empty());
+        assert_eq!(prov.list().unwrap().len(), 1, "deleted on retry");
+        assert!(block(v.as_ref(), 0) == vec![0xA2; 4096]);
+        // And a new burst can get a new cache.
+        v.provision(16 * MIB).unwrap();
+        assert!(v.cache().is_attached());
+    }
+
+    /// Finding 3 through the control API: lost blocks fail every FLUSH until
+    /// `surge set NAME/elastic ack_lost=true`; status says so meanwhile.
+    #[test]
+    fn lost_blocks_fail_every_flush_until_acknowledged_through_the_control_api() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let v = ElasticVolume::open(params(d.path()), cloud(d.path(), &clock), clock.clone()).unwrap();
+        v.provision(16 * MIB).unwrap();
+        v.write_at(&[0xA1; 4096], 0, false).unwrap();
+        v.flush().unwrap();
+        v.cache_fault().unwrap().set_rules("vanish_after=0".parse().unwrap());
+        let _ = v.write_at(&[0x11; 4096], 4096, false); // fail-over; block 0 unreadable
+        assert!(v.flush().is_err() && v.flush().is_err());
+        let st = v.status();
+        assert_eq!(st["failure"]["lost_blocks"], 1, "{st}");
+        assert!(st["failure"]["action"].as_str().unwrap().contains("ack_lost=true"));
+        v.set("ack_lost", "true").unwrap();
+        v.flush().unwrap();
+        assert!(v.status()["failure"].is_null());
+        v.step().unwrap();
+        assert!(v.doomed_volumes().is_empty() && v.vol.lock().is_none(), "the given-up volume is deleted");
+    }
+
+    /// Finding 8: `surge status` says how much is dirty, how fast it drains and
+    /// when it will be clean, as numbers (JSON) and as one line (text).
+    #[test]
+    fn status_reports_drain_progress_with_rate_and_time_left() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let v = ElasticVolume::open(params(d.path()), cloud(d.path(), &clock), clock.clone()).unwrap();
+        v.provision(16 * MIB).unwrap();
+        v.write_at(&vec![7u8; (8 * MIB) as usize], 0, false).unwrap();
+        v.cache().set_phase(Phase::Drain);
+        // Flush a quarter; the backing model paces it on the virtual clock.
+        let t0 = clock.now();
+        while v.cache().stats().dirty_bytes > 6 * MIB {
+            v.cache().flush_step(usize::MAX).unwrap();
+        }
+        let measured = (2 * MIB) as f64 / (clock.now() - t0).as_secs_f64();
+        let st = v.status();
+        let drain = &st["drain"];
+        let (dirty, rate, eta) = (drain["dirty_bytes"].as_u64().unwrap(), drain["rate_bytes_per_s"].as_f64().unwrap(), drain["eta_s"].as_f64().unwrap());
+        assert_eq!(dirty, 6 * MIB, "{drain}");
+        assert!((rate / measured - 1.0).abs() < 0.3, "reported drain rate {rate} B/s, measured {measured} B/s");
+        assert!((eta - dirty as f64 / rate).abs() < 1e-6 && eta > 0.0, "{drain}");
+        let summary = drain["summary"].as_str().unwrap();
+        assert!(summary.starts_with("6.3 MB dirty, flushing at ") && summary.contains("MB/s, clean in ~"), "{summary}");
+        while v.cache().flush_step(usize::MAX).unwrap() > 0 {}
+        assert_eq!(v.status()["drain"]["summary"], "clean");
+    }
+
+    /// Finding 7: a long-running daemon keeps a bounded decision log and list
+    /// of cache sizes (and counts everything).
+    #[test]
+    fn decision_log_and_cache_sizes_are_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let v = ElasticVolume::open(params(d.path()), cloud(d.path(), &clock), clock.clone()).unwrap();
+        for i in 0..(LOG_CAP as u64 + 100) {
+            v.record(&Decision { at: Duration::from_secs(i), action: Action::StartDrain, reason: format!("r{i}") });
+            v.sizes.lock().push(i);
+        }
+        let log = v.decisions();
+        assert_eq!(log.len(), LOG_CAP);
+        assert_eq!(log.last().unwrap().reason, format!("r{}", LOG_CAP + 99), "the newest are kept");
+        assert_eq!(v.cache_sizes().len(), LOG_CAP);
+        let st = v.status();
+        assert_eq!(st["decisions_total"], LOG_CAP as u64 + 100);
+        assert_eq!(st["caches_provisioned"], LOG_CAP as u64 + 100);
     }
 }

@@ -54,6 +54,13 @@ pub struct Config {
     /// Largest write, in blocks.
     pub max_write_blocks: u64,
     pub surge_exe: PathBuf,
+    /// After a failed FLUSH, settle it through this control target (the
+    /// export's `NAME/elastic`): wait while blocks of a failed cache are being
+    /// rescued (at most 10 s once per server run: a device that stays away
+    /// only comes back after a restart), acknowledge a reported loss
+    /// (`ack_lost=true`; writes since the last completed FLUSH become
+    /// unspecified in the model), and FLUSH again.
+    pub ack_losses: Option<String>,
 }
 
 /// What a run saw; `losses` is the verdict.
@@ -70,6 +77,14 @@ pub struct Report {
     pub flushes_acked: u64,
     /// Requests the server answered with an error (not counted as losses).
     pub request_errors: u64,
+    /// Losses the server reported and the run acknowledged (`--ack-losses`).
+    pub losses_acknowledged: u64,
+    /// FLUSHes that still failed after waiting for a rescue (`--ack-losses`).
+    pub flushes_unsettled: u64,
+    /// Blocks that could not be read back after a restart (counted as losses too).
+    pub unreadable_blocks: u64,
+    /// The final graceful stop reported a failed FLUSH (`--ack-losses` only).
+    pub shutdown_flush_failed: bool,
     pub blocks_verified: u64,
     pub bytes_verified: u64,
     pub losses: u64,
@@ -141,18 +156,23 @@ impl Server {
         Ok(())
     }
 
-    /// SIGTERM and wait: the graceful stop.
-    fn stop(mut self) -> anyhow::Result<()> {
+    /// SIGTERM and wait: the graceful stop. With `flush_may_fail` (an export
+    /// with injected faults), an exit status that only reports a failed
+    /// shutdown FLUSH is accepted; returns whether that happened.
+    fn stop(mut self, log: &Path, flush_may_fail: bool) -> anyhow::Result<bool> {
         unsafe {
             libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(s) = self.child.try_wait()? {
-                if !s.success() {
-                    bail!("surge serve exited with {s} on SIGTERM");
+                if s.success() {
+                    return Ok(false);
                 }
-                return Ok(());
+                if flush_may_fail && tail(log).contains("at shutdown failed") {
+                    return Ok(true);
+                }
+                bail!("surge serve exited with {s} on SIGTERM; its log:\n{}", tail(log));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -192,6 +212,9 @@ struct Runner<'a> {
     report: Report,
     buf: Vec<u8>,
     scratch: Vec<u8>,
+    /// A wait for a rescue timed out since the last restart: do not wait again
+    /// (the device it needs is gone until the server restarts).
+    rescue_wait_expired: bool,
 }
 
 const MAX_LOSS_EXAMPLES: usize = 20;
@@ -209,10 +232,17 @@ impl Runner<'_> {
         let mut off = 0;
         while off < size {
             let n = chunk.min(size - off);
-            c.write(off, &zeroes[..n as usize], false).context("formatting the test region")?;
+            // A device with injected faults may refuse a write: retry it.
+            let mut tries = 0;
+            while let Err(e) = c.write(off, &zeroes[..n as usize], false) {
+                tries += 1;
+                if tries >= 20 {
+                    return Err(anyhow::Error::from(e).context("formatting the test region"));
+                }
+            }
             off += n;
         }
-        c.flush().context("flush after formatting")?;
+        self.flush_or_settle(c, "flush after formatting")?;
         Ok(())
     }
 
@@ -228,10 +258,16 @@ impl Runner<'_> {
         while b < blocks {
             let n = per_read.min(blocks - b);
             self.buf.resize((n * bs) as usize, 0);
-            c.read(b * bs, &mut self.buf).with_context(|| format!("reading back blocks {b}..{} after restart", b + n))?;
+            let readable = self.read_back(c, b, n)?;
             for i in 0..n {
                 let data = &self.buf[(i * bs) as usize..((i + 1) * bs) as usize];
-                let found = decode(self.cfg.seed, b + i, data, &mut self.scratch);
+                let found = match &readable[i as usize] {
+                    None => decode(self.cfg.seed, b + i, data, &mut self.scratch),
+                    Some(e) => {
+                        self.report.unreadable_blocks += 1;
+                        Found::Corrupt(format!("unreadable: {e}"))
+                    }
+                };
                 if let Err(loss) = self.model.check(b + i, &found) {
                     self.report.losses += 1;
                     if self.report.loss_examples.len() < MAX_LOSS_EXAMPLES {
@@ -254,8 +290,83 @@ impl Runner<'_> {
             self.model.settle(blk, 0);
         }
         // What was read may sit in a volatile cache of the restarted server.
-        c.flush().context("flush after verification")?;
+        self.flush_or_settle(c, "flush after verification")?;
         Ok(())
+    }
+
+    /// Read blocks `first..first+n` into `self.buf`; per block, `Some(error)`
+    /// if it stayed unreadable (retried for a while: a restarted elastic
+    /// volume may still be rescuing blocks of a failed cache).
+    fn read_back(&mut self, c: &mut Client, first: u64, n: u64) -> anyhow::Result<Vec<Option<String>>> {
+        let bs = self.bs();
+        if c.read(first * bs, &mut self.buf).is_ok() {
+            return Ok(vec![None; n as usize]);
+        }
+        let mut out = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let range = (i * bs) as usize..((i + 1) * bs) as usize;
+            let deadline = Instant::now() + Duration::from_secs(if self.cfg.ack_losses.is_some() { 20 } else { 0 });
+            loop {
+                match c.read((first + i) * bs, &mut self.buf[range.clone()]) {
+                    Ok(()) => break out.push(None),
+                    Err(e) if Instant::now() >= deadline => break out.push(Some(e.to_string())),
+                    Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// FLUSH; with `ack_losses`, settle a failure (see [`Config::ack_losses`]).
+    fn flush_or_settle(&mut self, c: &mut Client, what: &str) -> anyhow::Result<()> {
+        match c.flush() {
+            Ok(()) => Ok(()),
+            Err(e) if self.cfg.ack_losses.is_none() => Err(anyhow::Error::from(e).context(what.to_string())),
+            Err(_) => {
+                if !self.settle_failed_flush(c)? {
+                    self.report.flushes_unsettled += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// After a failed FLUSH (nothing in flight): wait while the server rescues
+    /// blocks of a failed cache, acknowledge a reported loss, FLUSH again.
+    /// True once a FLUSH succeeded (the model is told), false on timeout.
+    fn settle_failed_flush(&mut self, c: &mut Client) -> anyhow::Result<bool> {
+        let Some(target) = self.cfg.ack_losses.clone() else { return Ok(false) };
+        let socket = self.cfg.data_dir.join("control.sock");
+        let deadline = Instant::now() + Duration::from_secs(if self.rescue_wait_expired { 0 } else { 10 });
+        loop {
+            let resp = crate::control::call(&socket, &crate::control::Request::Status)?;
+            let status = resp.targets.unwrap_or_default().into_iter().find(|t| t.name == target).map(|t| t.status);
+            let Some(status) = status else { bail!("control target {target} not found (--ack-losses needs an elastic export)") };
+            let stats = &status["stats"];
+            let rescuing = stats["rescue_pending_blocks"].as_u64() != Some(0);
+            if !rescuing && !stats["loss"].is_null() {
+                let set = crate::control::Request::Set { target: target.clone(), key: "ack_lost".into(), value: "true".into() };
+                let r = crate::control::call(&socket, &set)?;
+                anyhow::ensure!(r.ok, "acknowledging the loss failed: {:?}", r.error);
+                self.report.losses_acknowledged += 1;
+                self.model.forget_unflushed();
+            }
+            if c.flush().is_ok() {
+                self.report.flushes_acked += 1;
+                self.model.flushed();
+                return Ok(true);
+            }
+            // Only a rescue in progress is worth waiting for; a device that
+            // keeps failing fails the next FLUSH too.
+            if !rescuing {
+                return Ok(false);
+            }
+            if Instant::now() > deadline {
+                self.rescue_wait_expired = true;
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Collect one reply and account for it.
@@ -317,6 +428,9 @@ impl Runner<'_> {
                         self.model.flushed();
                     } else {
                         self.report.request_errors += 1;
+                        if self.cfg.ack_losses.is_some() && !self.settle_failed_flush(c).map_err(|e| std::io::Error::other(format!("settling a failed FLUSH: {e:#}")))? {
+                            self.report.flushes_unsettled += 1;
+                        }
                     }
                 } else {
                     let n = self.rng.gen_range(1..=self.cfg.max_write_blocks.min(blocks).max(1));
@@ -392,6 +506,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&Report)) -> anyhow::Result<Re
         report: Report { spec: cfg.spec.clone(), seed: cfg.seed, ..Report::default() },
         buf: Vec::new(),
         scratch: Vec::new(),
+        rescue_wait_expired: false,
     };
     r.format(&mut client)?;
 
@@ -400,6 +515,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&Report)) -> anyhow::Result<Re
             r.report.stopped_by_time_limit = true;
             break;
         }
+        r.rescue_wait_expired = false;
         r.verify(&mut client, cycle - 1)?;
         r.workload(&mut client, &mut server, deadline)?;
         drop(client);
@@ -411,7 +527,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&Report)) -> anyhow::Result<Re
     }
     r.verify(&mut client, r.report.cycles)?;
     client.disconnect().ok();
-    server.stop()?;
+    r.report.shutdown_flush_failed = server.stop(&log, cfg.ack_losses.is_some())?;
     r.report.elapsed_secs = start.elapsed().as_secs_f64();
     Ok(r.report)
 }

@@ -156,6 +156,18 @@ impl Model {
         }
     }
 
+    /// The server reported that acknowledged writes may have been lost and the
+    /// loss was acknowledged: every write since the last stable version is as
+    /// unspecified as a failed one (the stable versions stay: a FLUSH made them
+    /// durable).
+    pub fn forget_unflushed(&mut self) {
+        for &b in &self.dirty {
+            for e in self.since[b as usize].iter_mut().filter(|e| e.1 == Fate::Acked) {
+                e.1 = Fate::Failed;
+            }
+        }
+    }
+
     /// Is `found` legal for `block`?
     pub fn check(&self, block: u64, found: &Found) -> Result<(), Loss> {
         let b = block as usize;
@@ -254,6 +266,21 @@ mod tests {
         assert!(m.check(0, &Found::Gen(3)).is_ok());
         assert!(m.check(0, &Found::Gen(2)).is_err());
         assert!(m.check(0, &Found::Corrupt("torn".into())).is_err());
+    }
+
+    #[test]
+    fn acknowledged_loss_makes_unflushed_writes_unspecified_but_keeps_stable_ones() {
+        let mut m = Model::new(2);
+        m.sent(0, 1);
+        m.acked(0, 1);
+        m.flushed();
+        m.sent(0, 2);
+        m.acked(0, 2);
+        m.forget_unflushed();
+        m.flushed();
+        assert!(m.check(0, &Found::Gen(1)).is_ok(), "the lost write need not be there");
+        assert!(m.check(0, &Found::Gen(2)).is_ok());
+        assert!(m.check(0, &Found::Gen(0)).is_err(), "the stable write 1 may not be lost");
     }
 
     #[test]

@@ -206,6 +206,9 @@ fn build(s: &Scaled, a: Approach, prov: &Arc<LocalProvider>, clock: &Arc<dyn Clo
                 boost: Some(boost),
                 tick,
                 flusher_poll: Duration::from_millis(5),
+                // One run, never restarted: no fence record to keep.
+                fences: None,
+                faults: Default::default(),
             };
             let pdyn: Arc<dyn Provider> = prov.clone();
             let v = ElasticVolume::open(p, pdyn, clock.clone())?;
