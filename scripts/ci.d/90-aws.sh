@@ -15,7 +15,8 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 python3 -m moto.server -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
 moto=$!
 trap 'kill $moto 2>/dev/null || true; touch "$work/root/stop" 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
+# moto imports slowly on a loaded machine: allow a minute.
+for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
 cat >"$work/surge.toml" <<TOML
 provider = "aws"
 [aws]
@@ -60,7 +61,7 @@ while time.time() < deadline and not os.path.exists(f"{root}/stop"):
     time.sleep(0.05)
 PY
 udev=$!
-for _ in $(seq 100); do [ -s "$work/instance" ] && break; sleep 0.1; done
+for _ in $(seq 600); do [ -s "$work/instance" ] && break; sleep 0.1; done
 read -r instance zone <"$work/instance"
 cat >>"$work/surge.toml" <<TOML
 instance_id = "$instance"
@@ -77,9 +78,10 @@ qemu-io -f raw -c "write -P 0x5a 1M 1M" "nbd+unix:///e?socket=$work/nbd.sock" >/
 qemu-io -f raw -c "read -P 0x5a 1M 1M" "nbd+unix:///e?socket=$work/nbd.sock" | grep -q "read 1048576/1048576"
 "$surge" status --control "$work/control.sock" | grep -q "gp2:1GiB"
 kill -TERM "$serve"; wait "$serve"
-state=$("$surge" cloud --config "$work/surge.toml" list --json | python3 -c 'import json,sys; print([v["state"] for v in json.load(sys.stdin) if v["name"] == "e"][0])')
+read -r state vol < <("$surge" cloud --config "$work/surge.toml" list --json | python3 -c 'import json,sys; v=[v for v in json.load(sys.stdin) if v["name"] == "e"][0]; print(v["state"], v["id"])')
 [ "$state" = available ] || { echo "volume e is $state after exit"; exit 1; }
-cmp <(dd if="$(ls "$work"/root/dev/ebs-vol-*)" bs=1M skip=1 count=1 status=none) <(head -c 1M /dev/zero | tr '\0' '\132')
+# The export's volume (moto also attaches the instance's root volume).
+cmp <(dd if="$work/root/dev/ebs-$vol" bs=1M skip=1 count=1 status=none) <(head -c 1M /dev/zero | tr '\0' '\132')
 touch "$work/root/stop"; wait "$udev" || true
 echo "surge serve --provider aws: created, attached, served over NBD, detached at exit"
 t4=$(date +%s)

@@ -929,6 +929,7 @@ mod failure_tests {
             cache_bw: 128_000_000,
             policy: ElasticConfig { backing_bw: 33e6, initial_cache: 16 * MIB, min_cache: 4 * MIB, granularity: 4 * MIB, attach_delay: Duration::ZERO, ..ElasticConfig::default() },
             cache: CacheConfig { block_size: 4096, ..CacheConfig::default() },
+            boost: None,
             tick: Duration::from_secs(1),
             flusher_poll: Duration::from_millis(1),
             fences: Some(dir.join("v.fences.json")),

@@ -464,6 +464,8 @@ mod tests {
             boost: Some(BoostSettings { kinds: vec![Kind::Gp3, Kind::Io2], max_bps: 250.0 * mib as f64, ..BoostSettings::new(Worth::PerHour(usd_h)) }),
             tick: Duration::from_millis(100),
             flusher_poll: Duration::from_millis(1),
+            fences: Some(dir.join("v.fences.json")),
+            faults: Default::default(),
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         (clock, prov, v)
