@@ -14,6 +14,12 @@
 //! name = "shared"
 //! spec = "file:/srv/shared.img"
 //!
+//! [coop]                               # optional: shares over several daemons (docs/fairshare.md)
+//! listen = "tcp:10.0.0.1:10900"
+//! peers = ["tcp:10.0.0.2:10900", "tcp:10.0.0.3:10900"]
+//! period = "20ms"                      # optional
+//! peer_timeout = "500ms"               # optional
+//!
 //! [[export]]                           # in order: the first also answers to ""
 //! name = "disk"
 //! spec = "file:/var/lib/surge/disk.img,create=10GiB"
@@ -180,6 +186,21 @@ pub struct FileConfig {
     pub pools: Vec<PoolEntry>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportEntry>,
+    /// Cooperation with other daemons' pools (as `--coop-*`).
+    #[serde(default)]
+    pub coop: Option<CoopEntry>,
+}
+
+/// The `[coop]` table.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CoopEntry {
+    pub listen: String,
+    #[serde(default)]
+    pub peers: Vec<String>,
+    pub name: Option<String>,
+    pub period: Option<String>,
+    pub peer_timeout: Option<String>,
 }
 
 impl FileConfig {

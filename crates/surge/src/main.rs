@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod cmd;
 mod config;
 mod control;
+mod coop;
 mod experiment;
 mod stack;
 mod torture;
