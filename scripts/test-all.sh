@@ -13,15 +13,28 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   gcc libc6-dev python3 \
   qemu-utils fio nbdkit libnbd-bin python3-libnbd nbdfuse fuse3 e2fsprogs util-linux mount \
-  openssl gnutls-bin ca-certificates >/dev/null
+  openssl gnutls-bin ca-certificates tmux python3-pip >/dev/null
+# Burst buffer (surge-bb): Redis for metadata, etcd for membership, FUSE for the
+# mount, protoc for the etcd client's generated code.
+$SUDO apt-get install -y -qq --no-install-recommends \
+  redis-server etcd-server fuse3 protobuf-compiler >/dev/null
+# The S3-compatible server the burst-buffer tests start (moto in server mode, boto3).
+if ! command -v moto_server >/dev/null 2>&1; then
+  python3 -m pip --version >/dev/null 2>&1 || $SUDO apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  python3 -m pip install -q "moto[server]" 2>/dev/null || python3 -m pip install -q --break-system-packages "moto[server]"
+  hash -r
+fi
 
+# surge-aws (the AWS SDK: minutes of compile) builds and tests in its own step,
+# scripts/ci.d/70-aws.sh.
 echo "== cargo build"
-cargo build --release --workspace --locked 2>&1 | tail -3
+cargo build --release --workspace --exclude surge-aws --features surge/etcd --locked 2>&1 | tail -3
 
 echo "== cargo test"
-# Release profile (with overflow checks, see Cargo.toml): reuses the build above
+# With etcd (membership for the burst buffer needs protoc, installed
+# above). Release profile (with overflow checks, see Cargo.toml): reuses the build above
 # instead of compiling everything a second time.
-cargo test --release --workspace --locked
+cargo test --release --workspace --exclude surge-aws --features surge/etcd --locked
 
 # Further steps (real-client checks, bounded fuzzing, quick experiments) live in
 # scripts/ci.d/, one file each, run in name order.

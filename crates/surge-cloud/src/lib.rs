@@ -9,11 +9,14 @@
 //! - [`cost`]: list prices and the per-second cost meter, with the
 //!   elastic-cache paper's AGBs.
 
+pub mod attachment;
 pub mod cost;
+pub mod gc;
 pub mod local;
 pub mod provider;
 pub mod spec;
 
+pub use attachment::Attachment;
 pub use cost::{CostMeter, CostReport, PriceTable, VolumeCost, WallClock};
 pub use local::{Delays, LocalConfig, LocalProvider};
 pub use provider::{Action, CloudError, CreateRequest, Provider, VolumeInfo, VolumeState};

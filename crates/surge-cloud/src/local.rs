@@ -17,6 +17,7 @@
 //! Delays run on the provider's `Clock` before anything changes, so a call that
 //! exceeds the timeout fails having changed nothing.
 
+use crate::attachment::Attachment;
 use crate::cost::{self, CostReport, PriceTable, UsageRecord, WallClock};
 use crate::provider::{Action, CloudError, CreateRequest, Provider, Result, VolumeInfo, VolumeState};
 use crate::spec::VolumeSpec;
@@ -27,11 +28,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use surge_block::model::{CreditBalance, ModelDev, Scheduler};
-use surge_block::{BlockDev, BlockError, Caps, Clock, Extent, FileDev, FileOptions, ZeroMode};
+use surge_block::{BlockDev, Clock, FileDev, FileOptions};
 
 /// How long each provider call takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,60 +115,6 @@ struct State {
     next_id: u64,
     volumes: Vec<VolRec>,
     billing: Vec<UsageRecord>,
-}
-
-/// The device handed out by `attach`; fails every request once detached.
-struct Attachment {
-    id: String,
-    dev: Arc<ModelDev>,
-    gone: AtomicBool,
-}
-
-impl Attachment {
-    fn check(&self) -> surge_block::Result<()> {
-        if self.gone.load(Ordering::Acquire) {
-            Err(BlockError::Gone(format!("volume {} was detached", self.id)))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl BlockDev for Attachment {
-    fn size(&self) -> u64 {
-        self.dev.size()
-    }
-    fn caps(&self) -> Caps {
-        self.dev.caps()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.write_at(buf, offset, fua)
-    }
-    fn flush(&self) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.write_zeroes(offset, len, mode)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
-        self.check()?;
-        self.dev.block_status(offset, len)
-    }
-    fn prefetch(&self, offset: u64, len: u64) -> surge_block::Result<()> {
-        self.check()?;
-        self.dev.prefetch(offset, len)
-    }
 }
 
 /// Volumes this process serves.
@@ -530,7 +476,7 @@ impl Provider for LocalProvider {
                 m
             }
         };
-        let att = Arc::new(Attachment { id: rec.id.clone(), dev: model.clone(), gone: AtomicBool::new(false) });
+        let att = Arc::new(Attachment::new(&rec.id, model.clone()));
         live.insert(rec.id.clone(), Live { model, attachment: Some(att.clone()) });
         tracing::info!(id = %rec.id, spec = %rec.spec, "attached volume");
         Ok(att)
@@ -547,7 +493,7 @@ impl Provider for LocalProvider {
         self.fault(a, &id, 0)?;
         if let Some(l) = self.live.lock().get_mut(&id) {
             if let Some(att) = l.attachment.take() {
-                att.gone.store(true, Ordering::Release);
+                att.detach();
             }
         }
         self.locked(a, |st| {

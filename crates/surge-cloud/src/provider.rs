@@ -72,6 +72,11 @@ pub enum CloudError {
     Injected { action: Action, volume: String, step: u32 },
     #[error("{action}: state file {path} is unreadable: {why}")]
     State { action: Action, path: PathBuf, why: String },
+    /// A real cloud refused or could not finish the call (throttled after
+    /// retries, credentials expired, a wait that timed out); `why` says what
+    /// happened and what surge did about it.
+    #[error("{action} {volume}: {why}")]
+    Remote { action: Action, volume: String, why: String },
 }
 
 impl CloudError {
@@ -84,7 +89,8 @@ impl CloudError {
             | CloudError::Io { action, .. }
             | CloudError::Timeout { action, .. }
             | CloudError::Injected { action, .. }
-            | CloudError::State { action, .. } => *action,
+            | CloudError::State { action, .. }
+            | CloudError::Remote { action, .. } => *action,
         }
     }
 }

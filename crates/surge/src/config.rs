@@ -9,6 +9,9 @@
 //! tls = "require"                      # optional: off (default), allow, require
 //! tls_certs = "/etc/surge/tls"         # server-cert.pem, server-key.pem
 //! tls_verify_peer = false              # optional: clients need a certificate from tls_certs/ca-cert.pem
+//! log = "warn,surge_policy=info"       # optional: as --log (reloaded on SIGHUP)
+//! metrics = "127.0.0.1:9100"           # optional: Prometheus endpoint (/metrics)
+//! provider = "local"                   # optional: local (default) or aws
 //!
 //! [[pool]]                             # shared devices (for share: exports)
 //! name = "shared"
@@ -25,6 +28,9 @@
 //! spec = "file:/var/lib/surge/disk.img,create=10GiB"
 //! read_only = false                    # optional
 //! allow = ["127.0.0.1", "10.0.0.0/8", "unix"]  # optional: who may use it
+//!
+//! [aws]                                # optional: settings of provider = "aws"
+//! region = "eu-west-1"
 //! ```
 //! Spec strings are exactly those of `--export NAME=SPEC`.
 
@@ -186,6 +192,15 @@ pub struct FileConfig {
     pub pools: Vec<PoolEntry>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportEntry>,
+    /// Log filter, as `--log`; the one setting besides live layer settings
+    /// that SIGHUP reloads (see `crate::reload`).
+    pub log: Option<String>,
+    /// Prometheus endpoint, as `--metrics HOST:PORT`.
+    pub metrics: Option<SocketAddr>,
+    /// Cloud provider of cloud volume exports, as `--provider`.
+    pub provider: Option<crate::cloud::ProviderKind>,
+    /// Settings of the AWS provider.
+    pub aws: Option<crate::cloud::AwsSection>,
     /// Cooperation with other daemons' pools (as `--coop-*`).
     #[serde(default)]
     pub coop: Option<CoopEntry>,

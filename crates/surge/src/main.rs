@@ -2,11 +2,15 @@
 
 use clap::{Parser, Subcommand};
 
+mod cloud;
 mod cmd;
 mod config;
 mod control;
 mod coop;
 mod experiment;
+mod logging;
+mod metrics;
+mod reload;
 mod stack;
 mod torture;
 
@@ -17,9 +21,13 @@ mod torture;
 #[derive(Parser)]
 #[command(name = "surge", version, about, long_about = None)]
 struct Cli {
-    /// Log filter (tracing env-filter syntax), e.g. `info`, `surge_nbd=debug`.
-    #[arg(long, global = true, env = "SURGE_LOG", default_value = "info")]
-    log: String,
+    /// Log filter (tracing env-filter syntax), e.g. `info`, `surge_nbd=debug`
+    /// [default: decisions, warnings and errors; experiments: warnings and errors].
+    #[arg(long, global = true, env = "SURGE_LOG")]
+    log: Option<String>,
+    /// Log lines as text or as JSON objects (one per line, for journald/log shippers).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: logging::LogFormat,
 
     #[command(subcommand)]
     command: Command,
@@ -28,9 +36,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Serve(cmd::serve::Args),
-    /// Manage volumes of the local emulated cloud and what they cost.
+    /// Manage cloud volumes (local emulated cloud, or AWS EBS), their cost and orphans.
     Cloud(cmd::cloud::Args),
     Status(cmd::status::Args),
+    Top(cmd::top::Args),
     Set(cmd::set::Args),
     /// Show or change tenants' shares of shared pools (`share:` exports).
     Qos(cmd::qos::Args),
@@ -38,23 +47,23 @@ enum Command {
     Experiment(cmd::experiment::Args),
     /// Kill/restart an export again and again and check that no acknowledged data is lost.
     Torture(cmd::torture::Args),
+    Bb(cmd::bb::Args),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let quiet = matches!(cli.command, Command::Experiment(_) | Command::Top(_));
+    logging::init(cli.log.as_deref(), cli.log_format, quiet);
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Cloud(a) => cmd::cloud::run(a),
         Command::Status(a) => cmd::status::run(a),
+        Command::Top(a) => cmd::top::run(a),
         Command::Set(a) => cmd::set::run(a),
         Command::Qos(a) => cmd::qos::run(a),
         Command::Experiment(a) => cmd::experiment::run(a),
         Command::Torture(a) => cmd::torture::run(a),
+        Command::Bb(a) => cmd::bb::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

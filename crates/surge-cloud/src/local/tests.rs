@@ -1,6 +1,6 @@
 use super::*;
 use surge_block::model::{GIB, GP2_CREDITS, MIB};
-use surge_block::VirtualClock;
+use surge_block::{BlockError, VirtualClock};
 
 fn provider(dir: &Path, clock: &Arc<VirtualClock>) -> LocalProvider {
     let mut cfg = LocalConfig::new(dir);

@@ -1,5 +1,6 @@
-//! `surge cloud create|list|show|delete|cost`: the local emulated cloud. The
-//! builder behind `surge serve --export NAME=TYPE:SIZE` is `stack::volume`.
+//! `surge cloud create|list|show|delete|cost|gc`: the volumes of a cloud
+//! provider (the local emulated cloud by default, `--provider aws` for EBS).
+//! The builder behind `surge serve --export NAME=TYPE:SIZE` is `stack::volume`.
 
 use crate::stack::volume::cloud_dir;
 use anyhow::Context;
@@ -18,6 +19,13 @@ pub struct Args {
     /// [default: the user data dir, e.g. ~/.local/share/surge].
     #[arg(long, global = true, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// Which cloud: local (the emulated cloud in DIR/cloud) or aws (EBS volumes
+    /// tagged surge:owner; credentials and region from the usual AWS chain) [default: local].
+    #[arg(long, global = true, value_enum, value_name = "PROVIDER")]
+    provider: Option<crate::cloud::ProviderKind>,
+    /// A `surge serve` config file to take `provider` and `[aws]` from.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -47,6 +55,20 @@ enum Cmd {
         #[arg(long, value_name = "FILE")]
         prices: Option<PathBuf>,
     },
+    /// List and delete orphans: surge volumes that are not attached, have no
+    /// name (surge finds the volumes it keeps by name) and are older than --min-age.
+    Gc {
+        /// Only list what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+        /// Leave younger volumes alone (one may be between create and attach).
+        #[arg(long, default_value = "10m", value_parser = surge_block::units::parse_duration)]
+        min_age: std::time::Duration,
+        /// Also delete named unattached volumes (e.g. caches of an elastic export
+        /// removed for good: they may hold its unflushed data).
+        #[arg(long)]
+        named: bool,
+    },
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -54,12 +76,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(d) => d,
         None => crate::config::default_data_dir()?,
     };
-    let mut cfg = LocalConfig::new(cloud_dir(&data_dir));
-    if let Cmd::Cost { prices: Some(f) } = &args.cmd {
-        let s = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        cfg.prices = PriceTable::from_toml(&s).with_context(|| format!("price file {}", f.display()))?;
-    }
-    let p = LocalProvider::open(cfg, Arc::new(SystemClock::new()))?;
+    let (file_provider, aws) = crate::cloud::load_section(args.config.as_deref())?;
+    let kind = args.provider.or(file_provider).unwrap_or_default();
+    let p: Arc<dyn Provider> = match kind {
+        crate::cloud::ProviderKind::Local => {
+            let mut cfg = LocalConfig::new(cloud_dir(&data_dir));
+            if let Cmd::Cost { prices: Some(f) } = &args.cmd {
+                let s = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+                cfg.prices = PriceTable::from_toml(&s).with_context(|| format!("price file {}", f.display()))?;
+            }
+            Arc::new(LocalProvider::open(cfg, Arc::new(SystemClock::new()))?)
+        }
+        other => crate::cloud::open(other, aws.as_ref(), &data_dir)?,
+    };
     let out = |v: serde_json::Value| println!("{}", serde_json::to_string_pretty(&v).expect("json"));
     match args.cmd {
         Cmd::Create { spec, name } => {
@@ -94,6 +123,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     println!("deleted {v}");
                 }
             }
+        }
+        Cmd::Gc { dry_run, min_age, named } => {
+            let opts = surge_cloud::gc::GcOptions { min_age, named, dry_run };
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let r = surge_cloud::gc::collect(p.as_ref(), &opts, now)?;
+            if args.json {
+                let kept: Vec<_> = r.kept.iter().map(|(v, why)| json!({"volume": v, "why": why})).collect();
+                let failed: Vec<_> = r.failed.iter().map(|(id, e)| json!({"id": id, "error": e})).collect();
+                out(json!({"orphans": r.orphans, "deleted": !dry_run, "kept": kept, "failed": failed}));
+            } else {
+                let verb = if dry_run { "would delete" } else { "deleted" };
+                for v in &r.orphans {
+                    if !r.failed.iter().any(|(id, _)| *id == v.id) {
+                        println!("{verb} {} {}", v.id, v.spec);
+                    }
+                }
+                for (v, why) in &r.kept {
+                    println!("kept {} {}: {why}", v.id, v.spec);
+                }
+                for (id, e) in &r.failed {
+                    println!("FAILED to delete {id}: {e}");
+                }
+                if r.orphans.is_empty() {
+                    println!("no orphans");
+                }
+            }
+            anyhow::ensure!(r.failed.is_empty(), "{} orphan(s) could not be deleted", r.failed.len());
         }
         Cmd::Cost { .. } => {
             let r = p.cost()?;
@@ -171,5 +227,21 @@ mod tests {
         let f = d.path().join("p.toml");
         std::fs::write(&f, "[gp2]\ngb_month = \"x\"").unwrap();
         assert!(cli(d.path(), &["cost", "--prices", f.to_str().unwrap()]).unwrap_err().to_string().contains("price file"));
+    }
+
+    #[test]
+    fn gc_deletes_unnamed_unattached_volumes_and_keeps_named_ones() {
+        let d = tempfile::tempdir().unwrap();
+        cli(d.path(), &["create", "gp2:1GiB"]).unwrap();
+        cli(d.path(), &["create", "gp2:1GiB", "--name", "keep"]).unwrap();
+        let p = || LocalProvider::open(LocalConfig::new(cloud_dir(d.path())), Arc::new(SystemClock::new())).unwrap();
+        cli(d.path(), &["gc"]).unwrap();
+        assert_eq!(p().list().unwrap().len(), 2, "younger than --min-age: kept");
+        cli(d.path(), &["gc", "--min-age", "0s", "--dry-run"]).unwrap();
+        assert_eq!(p().list().unwrap().len(), 2);
+        cli(d.path(), &["gc", "--min-age", "0s"]).unwrap();
+        assert_eq!(p().list().unwrap().into_iter().map(|v| v.name).collect::<Vec<_>>(), [Some("keep".to_string())]);
+        #[cfg(not(feature = "aws"))]
+        assert!(cli(d.path(), &["gc", "--provider", "aws"]).unwrap_err().to_string().contains("--features aws"));
     }
 }

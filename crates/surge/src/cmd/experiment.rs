@@ -18,9 +18,12 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)?;
-    match args.name.as_str() {
+    crate::experiment::progress::start(&args.name);
+    let r = match args.name.as_str() {
         "elastic" => crate::experiment::elastic::run(&args.out, args.quick),
         "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick),
-        other => anyhow::bail!("unknown experiment {other:?}; known: elastic, fairshare"),
-    }
+        other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare")),
+    };
+    crate::experiment::progress::finish();
+    r
 }

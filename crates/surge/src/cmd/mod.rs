@@ -1,9 +1,11 @@
 //! Subcommands, one module each: `Args` (clap) and `run(args) -> anyhow::Result<()>`.
 
+pub mod bb;
 pub mod cloud;
 pub mod experiment;
 pub mod qos;
 pub mod serve;
 pub mod set;
 pub mod status;
+pub mod top;
 pub mod torture;

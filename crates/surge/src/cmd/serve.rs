@@ -177,6 +177,13 @@ pub struct Args {
     /// A peer unheard this long no longer counts [default: 500ms].
     #[arg(long, value_name = "DURATION")]
     pub coop_timeout: Option<String>,
+    /// Serve Prometheus metrics on HOST:PORT at /metrics (docs/metrics.md).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Cloud of volume exports (NAME=gp3:100GiB,...): local (emulated, in the
+    /// data dir) or aws (EBS; settings under [aws] in the config, README) [default: local].
+    #[arg(long, value_enum, value_name = "PROVIDER")]
+    pub provider: Option<crate::cloud::ProviderKind>,
 }
 
 /// Everything `serve` will do, resolved from flags, the config file and defaults.
@@ -199,6 +206,10 @@ pub struct Plan {
     /// Allow-lists by export name (config entries and flags for one name are merged).
     pub allow: Vec<(String, AllowList)>,
     pub coop: Option<CoopConfig>,
+    pub metrics: Option<std::net::SocketAddr>,
+    pub provider: crate::cloud::ProviderKind,
+    /// The config file and what it said at start (SIGHUP compares against it).
+    pub config: Option<(PathBuf, FileConfig)>,
 }
 
 /// Merge flags over the config file, then fill in defaults.
@@ -256,7 +267,12 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
         c.listen.check_exposure(insecure).context("--coop-listen")?;
     }
 
+    let metrics = args.metrics.or(file.metrics);
+    let provider = args.provider.or(file.provider).unwrap_or_default();
     Ok(Plan {
+        metrics,
+        provider,
+        config: args.config.map(|p| (p, file.clone())),
         data_dir,
         control,
         workers: args.workers.or(file.workers),
@@ -397,6 +413,10 @@ struct Prepared {
 
 fn build_context(plan: &Plan) -> anyhow::Result<BuildContext> {
     let mut ctx = BuildContext::new(plan.data_dir.clone(), Arc::new(SystemClock::new()));
+    if plan.provider != crate::cloud::ProviderKind::Local {
+        let aws = plan.config.as_ref().and_then(|(_, f)| f.aws.as_ref());
+        ctx.cloud = Some(crate::cloud::open(plan.provider, aws, &plan.data_dir)?);
+    }
     for p in &plan.pools {
         let built = stack::build(p, &ctx).with_context(|| format!("pool {}", p.name))?;
         ctx.pools.insert(p.name.clone(), built.dev);
@@ -410,9 +430,14 @@ fn prepare(
     allow: Option<AllowList>,
     ctx: &BuildContext,
     server: &ServerCell,
+    metrics: Option<&crate::metrics::Metrics>,
 ) -> anyhow::Result<Prepared> {
     let built = stack::build(spec, ctx).with_context(|| format!("export {}", spec.name))?;
-    let counted = Arc::new(Counted::new(built.dev));
+    let dev = match metrics {
+        Some(m) => m.timed(&spec.name, built.dev),
+        None => built.dev,
+    };
+    let counted = Arc::new(Counted::new(dev));
     let read_only = read_only || counted.caps().read_only;
     let allow_text = allow.as_ref().map(|a| a.to_string());
     // Connections routed to another tenant by address are counted here too.
@@ -479,7 +504,8 @@ fn start_listeners(server: &Server, plan: &Plan) -> anyhow::Result<Vec<ListenAdd
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Catch signals before anything listens, so an early SIGTERM is graceful too.
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .context("installing signal handlers")?;
     let plan = plan(args)?;
     std::fs::create_dir_all(&plan.data_dir).with_context(|| format!("creating data dir {}", plan.data_dir.display()))?;
@@ -487,14 +513,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ctx = build_context(&plan)?;
     share::set_coop(&ctx, plan.coop.as_ref().map(|c| CoopTiming { period: c.period, peer_timeout: c.peer_timeout }));
     let cell: ServerCell = Arc::new(RwLock::new(None));
+    let registry = Registry::new();
+    let metrics = plan.metrics.map(|_| crate::metrics::Metrics::new(registry.clone()));
     let allow_of = |name: &str| plan.allow.iter().find(|(n, _)| n == name).map(|(_, l)| l.clone());
     let prepared: Vec<Prepared> = plan
         .exports
         .iter()
-        .map(|(s, ro)| prepare(s, *ro, allow_of(&s.name), &ctx, &cell))
+        .map(|(s, ro)| prepare(s, *ro, allow_of(&s.name), &ctx, &cell, metrics.as_ref()))
         .collect::<anyhow::Result<_>>()?;
 
-    let registry = Registry::new();
     let mut exports = Vec::new();
     for p in prepared {
         registry.register(p.control.clone())?;
@@ -547,16 +574,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(c) = &coop {
         registry.register(c.control())?;
     }
+    let metrics_server = match (plan.metrics, metrics) {
+        (Some(addr), Some(m)) => match crate::metrics::MetricsServer::start(addr, m) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                drop(control);
+                let _ = shutdown(&cell);
+                return Err(e);
+            }
+        },
+        _ => None,
+    };
     print_instructions(&summary, &bound, control.path());
+    if let Some(m) = &metrics_server {
+        println!("Metrics: curl http://{}/metrics", m.addr());
+    }
     if plan.tls != TlsSetting::Off {
         let mut out = std::io::stdout().lock();
         let note = tls_note(plan.tls, plan.tls_verify_peer, &bound, &summary[0].name);
         let _ = out.write_all(note.as_bytes()).and_then(|_| out.flush());
     }
 
-    let sig = signals.forever().next();
+    let mut running = plan.config.clone();
+    let sig = signals.forever().find(|&sig| {
+        if sig != SIGHUP {
+            return true;
+        }
+        reload_config(&mut running, &registry);
+        false
+    });
     tracing::info!(signal = ?sig, "shutting down: finishing in-flight requests and flushing");
     exit_if_shutdown_hangs(signals, SHUTDOWN_LIMIT);
+    drop(metrics_server);
     drop(control);
     drop(coop);
     shutdown(&cell).context("shutting down")?;
@@ -572,7 +621,7 @@ const SHUTDOWN_LIMIT: Duration = Duration::from_secs(30);
 fn exit_if_shutdown_hangs(mut signals: signal_hook::iterator::Signals, limit: Duration) {
     let deadline = std::time::Instant::now() + limit;
     let watchdog = move || loop {
-        if let Some(sig) = signals.pending().next() {
+        if let Some(sig) = signals.pending().find(|&s| s != signal_hook::consts::SIGHUP) {
             eprintln!("surge: signal {sig} during shutdown: exiting now, without waiting for requests or the final flush");
             std::process::exit(1);
         }
@@ -585,6 +634,46 @@ fn exit_if_shutdown_hangs(mut signals: signal_hook::iterator::Signals, limit: Du
     if let Err(e) = std::thread::Builder::new().name("shutdown-watchdog".into()).spawn(watchdog) {
         tracing::warn!("no shutdown watchdog: {e}");
     }
+}
+
+/// SIGHUP: re-read the config file and apply what can change live (`crate::reload`).
+fn reload_config(running: &mut Option<(PathBuf, FileConfig)>, registry: &Registry) {
+    let Some((path, old)) = running.as_mut() else {
+        tracing::warn!("SIGHUP: no --config file to reload");
+        return;
+    };
+    let new = match FileConfig::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("SIGHUP: config not reloaded, the running settings stay: {e:#}");
+            return;
+        }
+    };
+    let r = crate::reload::diff(old, &new);
+    for line in crate::reload::apply(&r, registry) {
+        if line.contains("not applied") {
+            tracing::warn!("SIGHUP {}: {line}", path.display());
+        } else {
+            tracing::info!("SIGHUP {}: {line}", path.display());
+        }
+    }
+    // What was applied is now the running state; what needs a restart is not.
+    let mut next = old.clone();
+    next.log = new.log.clone();
+    for e in next.exports.iter_mut() {
+        if let Some(n) = new.exports.iter().find(|n| n.name == e.name) {
+            if r.changes.iter().any(|c| c.target == format!("{}/volume", e.name) || share_target(&e.spec, &e.name) == c.target) {
+                e.spec = n.spec.clone();
+            }
+        }
+    }
+    *old = next;
+}
+
+/// The control target of a `share:` export's tenant.
+fn share_target(spec: &str, export: &str) -> String {
+    let tenant = spec.split(',').find_map(|kv| kv.strip_prefix("tenant=")).unwrap_or(export);
+    format!("qos/{tenant}")
 }
 
 fn shutdown(cell: &ServerCell) -> anyhow::Result<()> {
@@ -793,6 +882,19 @@ mod tests {
         assert_eq!(p.exports.iter().map(|(s, _)| s.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(p.workers, Some(3));
         assert_eq!(p.listeners, [ListenAddr::Unix("/x.sock".into())]);
+    }
+
+    #[test]
+    fn the_sample_service_config_plans() {
+        let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/../../dist/surge.toml");
+        let p = plan(args(&["--config", cfg])).unwrap();
+        assert_eq!(p.data_dir, Path::new("/var/lib/surge"));
+        assert_eq!(p.metrics, Some("127.0.0.1:9100".parse().unwrap()));
+        assert_eq!(p.exports.iter().map(|(s, _)| s.name.as_str()).collect::<Vec<_>>(), ["data", "scratch"]);
+        assert_eq!(p.provider, crate::cloud::ProviderKind::Local);
+        let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../dist/surge.service")).unwrap();
+        assert!(unit.contains("ExecStart=/usr/local/bin/surge serve --config /etc/surge/surge.toml"));
+        assert!(unit.contains("ExecReload=/bin/kill -HUP $MAINPID"));
     }
 
     #[test]

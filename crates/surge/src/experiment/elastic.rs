@@ -461,10 +461,11 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         None => out.join("cloud"),
     };
     let mut res: BTreeMap<&str, ApproachResult> = BTreeMap::new();
+    crate::experiment::progress::set_steps(NAMES.len() as u64);
     for (name, kind) in NAMES.iter().zip([Kind::Slow, Kind::Fast, Kind::Adaptive]) {
-        eprintln!("elastic: running {name} (scale 1/{:.0})...", 1.0 / scale);
+        crate::experiment::progress::step(format!("elastic: running {name} (scale 1/{:.0})...", 1.0 / scale), false);
         let r = run_one(&s, kind, &work.join(name)).with_context(|| format!("approach {name}"))?;
-        eprintln!("elastic: {name}: completion {:.2} s, {:.1} AGBs, verified {} MiB", r.completion_s, r.cost_agbs, r.verified_bytes / MIB);
+        crate::experiment::progress::step(format!("elastic: {name}: completion {:.2} s, {:.1} AGBs, verified {} MiB", r.completion_s, r.cost_agbs, r.verified_bytes / MIB), true);
         res.insert(name, r);
     }
     let _ = std::fs::remove_dir_all(&work);
@@ -490,6 +491,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
     let report = report_md(&s, &res, quick, &work);
     std::fs::write(out.join("report.md"), &report)?;
+    crate::experiment::progress::finish();
     println!("{report}");
     println!("plots: {} and {}", out.join("io_activity.svg").display(), out.join("cost.svg").display());
     Ok(())

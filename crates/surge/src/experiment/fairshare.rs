@@ -249,7 +249,7 @@ impl Runner<'_> {
                     mbps: throughput(&o.completions, w),
                     both_backlogged: o.both_backlogged,
                 };
-                eprintln!("fairshare: ratio {target}:1 @ {} KiB -> {:.2}", bytes / KIB, row.achieved);
+                crate::experiment::progress::step(format!("fairshare: ratio {target}:1 @ {} KiB -> {:.2}", bytes / KIB, row.achieved), true);
                 rows.push(row);
             }
         }
@@ -273,7 +273,7 @@ impl Runner<'_> {
                 mbps,
                 total_mbps: mbps[0] + mbps[1],
             };
-            eprintln!("fairshare: depth {} -> {:.2} at {:.1} MB/s", row.depth, row.achieved, row.total_mbps);
+            crate::experiment::progress::step(format!("fairshare: depth {} -> {:.2} at {:.1} MB/s", row.depth, row.achieved, row.total_mbps), true);
             rows.push(row);
         }
         Ok(rows)
@@ -309,7 +309,7 @@ impl Runner<'_> {
                 native_cpu_s_per_gb: ncpu,
                 sfq_cpu_s_per_gb: scpu,
             };
-            eprintln!("fairshare: overhead with {n} clients: {:.2} %", row.overhead_pct);
+            crate::experiment::progress::step(format!("fairshare: overhead with {n} clients: {:.2} %", row.overhead_pct), true);
             rows.push(row);
         }
         Ok(rows)
@@ -323,7 +323,7 @@ impl Runner<'_> {
             let sfq = throughput(&self.run([1, 1], streams, MIB, Some(p.depth), p.asymmetric_s)?.completions, w);
             let native = throughput(&self.run([1, 1], streams, MIB, None, p.asymmetric_s)?.completions, w);
             let row = AsymRow { streams, sfq_mbps: sfq, sfq_jain: jain(sfq, [1, 1]), native_mbps: native, native_jain: jain(native, [1, 1]) };
-            eprintln!("fairshare: asymmetric {streams:?}: Jain {:.4} (no scheduler {:.4})", row.sfq_jain, row.native_jain);
+            crate::experiment::progress::step(format!("fairshare: asymmetric {streams:?}: Jain {:.4} (no scheduler {:.4})", row.sfq_jain, row.native_jain), true);
             rows.push(row);
         }
         Ok(rows)
@@ -366,7 +366,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     plots(out, &results)?;
     std::fs::write(out.join("report.md"), report(&results))?;
-    eprintln!("fairshare: wrote {}/report.md, results.json and plots in {:.0} s", out.display(), results.elapsed_s);
+    crate::experiment::progress::step(format!("fairshare: wrote {}/report.md, results.json and plots in {:.0} s", out.display(), results.elapsed_s), true);
     Ok(())
 }
 

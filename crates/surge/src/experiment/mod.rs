@@ -2,3 +2,4 @@
 
 pub mod fairshare;
 pub mod elastic;
+pub mod progress;

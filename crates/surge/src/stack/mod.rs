@@ -10,6 +10,7 @@
 
 pub mod elastic;
 pub mod fault;
+pub mod remote;
 pub mod share;
 pub mod volume;
 
@@ -98,11 +99,14 @@ pub struct BuildContext {
     pub pools: BTreeMap<String, Arc<dyn BlockDev>>,
     /// Fair queues of pools shared by `share:` exports (see cmd::qos).
     pub fair_queues: share::Queues,
+    /// The real cloud of cloud volume exports (`--provider aws`); `None`: the
+    /// local cloud of the data directory.
+    pub cloud: Option<Arc<dyn surge_cloud::Provider>>,
 }
 
 impl BuildContext {
     pub fn new(data_dir: PathBuf, clock: Arc<dyn Clock>) -> Self {
-        BuildContext { data_dir, clock, pools: BTreeMap::new(), fair_queues: Default::default() }
+        BuildContext { data_dir, clock, pools: BTreeMap::new(), fair_queues: Default::default(), cloud: None }
     }
 
     /// Relative paths in specs are taken from the data directory.

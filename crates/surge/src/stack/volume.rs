@@ -64,6 +64,9 @@ pub fn build_volume(name: &str, kind: &str, args: &str, ctx: &BuildContext) -> R
     for w in spec.warnings() {
         tracing::warn!("{w}");
     }
+    if let Some(cloud) = &ctx.cloud {
+        return super::remote::build_remote_volume(name, &spec, cloud.clone()).map_err(|e| err(format!("{e:#}")));
+    }
     let mut cfg = LocalConfig::new(cloud_dir(&ctx.data_dir));
     cfg.delays = Delays::none();
     let p = Arc::new(LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);

@@ -1,0 +1,93 @@
+//! AWS SDK errors as [`CloudError`]s that say what happened and what to do.
+
+use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use surge_cloud::{Action, CloudError};
+
+/// Error codes AWS uses when the caller's credentials are expired or wrong.
+const CREDENTIAL_CODES: &[&str] =
+    &["ExpiredToken", "ExpiredTokenException", "RequestExpired", "AuthFailure", "InvalidClientTokenId", "UnrecognizedClientException", "SignatureDoesNotMatch"];
+/// Codes of throttling (the SDK retries these with backoff before we see them).
+const THROTTLE_CODES: &[&str] = &["RequestLimitExceeded", "Throttling", "ThrottlingException", "EC2ThrottledException", "TooManyRequestsException"];
+
+/// What kind of failure an SDK error is, for tests and callers that react.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    NotFound,
+    Credentials,
+    Throttled,
+    Permission,
+    InUse,
+    Other,
+}
+
+pub fn kind_of_code(code: Option<&str>) -> Kind {
+    match code {
+        Some(c) if CREDENTIAL_CODES.contains(&c) => Kind::Credentials,
+        Some(c) if THROTTLE_CODES.contains(&c) => Kind::Throttled,
+        Some("UnauthorizedOperation" | "AccessDenied" | "AccessDeniedException") => Kind::Permission,
+        Some("InvalidVolume.NotFound" | "InvalidInstanceID.NotFound") => Kind::NotFound,
+        Some("VolumeInUse" | "IncorrectState" | "InvalidVolume.ZoneMismatch") => Kind::InUse,
+        _ => Kind::Other,
+    }
+}
+
+/// Map an SDK error of one call. `attempts` is the retry budget, for the throttling message.
+pub fn map<E, R>(action: Action, volume: &str, api: &str, attempts: u32, err: SdkError<E, R>) -> CloudError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
+    let volume = volume.to_string();
+    let code = err.code().map(str::to_string);
+    let msg = err.message().unwrap_or_default().to_string();
+    let why = match (kind_of_code(code.as_deref()), &err) {
+        (Kind::NotFound, _) if !volume.is_empty() && code.as_deref() == Some("InvalidVolume.NotFound") => {
+            return CloudError::NotFound { action, volume };
+        }
+        (Kind::InUse, _) => return CloudError::Busy { action, volume, why: format!("{api}: {} ({msg})", code.unwrap_or_default()) },
+        (Kind::Credentials, _) => format!(
+            "{api}: AWS refused the credentials ({}: {msg}); they are expired or invalid: refresh them \
+             (aws sso login, a new session token, or the instance profile) and retry",
+            code.unwrap_or_default()
+        ),
+        (Kind::Throttled, _) => format!(
+            "{api}: AWS throttled the request ({}) on each of {attempts} attempts with exponential backoff; \
+             nothing was changed by this call: retry later, or raise aws.max_attempts",
+            code.unwrap_or_default()
+        ),
+        (Kind::Permission, _) => format!(
+            "{api}: not permitted ({}: {msg}); the IAM policy of these credentials needs ec2:{api} (see README, `surge serve --provider aws`)",
+            code.unwrap_or_default()
+        ),
+        (_, SdkError::DispatchFailure(_) | SdkError::TimeoutError(_)) => {
+            format!("{api}: could not reach AWS: {}", DisplayErrorContext(&err))
+        }
+        (_, SdkError::ConstructionFailure(_)) => format!(
+            "{api}: could not make the request (no credentials or region? surge uses the usual AWS chain: \
+             AWS_* variables, ~/.aws/config profiles, SSO, the instance profile): {}",
+            DisplayErrorContext(&err)
+        ),
+        _ => match code {
+            Some(c) => format!("{api}: {c}: {msg}"),
+            None => format!("{api}: {}", DisplayErrorContext(&err)),
+        },
+    };
+    CloudError::Remote { action, volume, why }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_classified() {
+        assert_eq!(kind_of_code(Some("RequestLimitExceeded")), Kind::Throttled);
+        assert_eq!(kind_of_code(Some("ExpiredToken")), Kind::Credentials);
+        assert_eq!(kind_of_code(Some("RequestExpired")), Kind::Credentials);
+        assert_eq!(kind_of_code(Some("UnauthorizedOperation")), Kind::Permission);
+        assert_eq!(kind_of_code(Some("VolumeInUse")), Kind::InUse);
+        assert_eq!(kind_of_code(Some("InvalidVolume.NotFound")), Kind::NotFound);
+        assert_eq!(kind_of_code(Some("Whatever")), Kind::Other);
+        assert_eq!(kind_of_code(None), Kind::Other);
+    }
+}

@@ -1,0 +1,19 @@
+//! surge-aws: the AWS EBS [`Provider`](surge_cloud::Provider), with the
+//! official AWS SDK for Rust.
+//!
+//! - [`AwsProvider`]: CreateVolume / AttachVolume / DetachVolume /
+//!   DeleteVolume / DescribeVolumes / ModifyVolume with waiters and timeouts,
+//!   `surge:owner` tags on everything surge creates, BurstBalance from
+//!   CloudWatch, retries with backoff (the SDK's standard retry mode).
+//! - [`device`]: finding the attached volume inside the instance (NVMe by-id
+//!   links, xvd names) under an injectable root.
+//! - [`ebs`]: surge volume specs <-> EBS parameters (pure).
+//!
+//! Its own crate so that the rest of surge builds without the SDK.
+
+pub mod device;
+pub mod ebs;
+pub mod error;
+pub mod provider;
+
+pub use provider::{AwsConfig, AwsProvider, NAME_TAG, OWNER_TAG};

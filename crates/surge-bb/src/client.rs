@@ -1,0 +1,764 @@
+//! The client: the Rust API that the FUSE mount (and tests) use.
+//!
+//! - Writes go to a per-file write-behind buffer of chunk pieces; a full chunk
+//!   is flushed in the background, the rest at flush/fsync/close (or when the
+//!   mount's buffer budget is used up). Flushing a chunk = store a new version
+//!   on R nodes, then commit it in metadata (compare-and-set on the version it
+//!   was based on; on conflict merge our bytes onto the new version and retry).
+//! - Reads ask metadata for the current chunk versions (one round trip), then
+//!   take the data from the local chunk cache (keyed by version, so never
+//!   stale), a node, or S3. Sequential reads prefetch the next chunks.
+
+use crate::meta::{Attr, ChunkEntry, ChunkUpdate, DirEntry, FileView, Ino, Kind, MetaError, SetAttr};
+use crate::proto::ChunkId;
+use crate::tier::{DataError, Tier};
+use crossbeam_channel::{unbounded, Sender};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Bytes of unflushed writes the client holds before writers wait.
+    pub write_behind: u64,
+    /// Chunks prefetched ahead of a sequential reader.
+    pub read_ahead: u64,
+    /// Bytes of chunk data cached on the client.
+    pub cache: u64,
+    /// `fsync` returns only once the file is persisted in S3.
+    pub fsync_waits_for_s3: bool,
+    /// How long such an fsync waits before failing with EIO.
+    pub fsync_timeout: Duration,
+    /// Background threads for flushes and prefetches.
+    pub threads: usize,
+    /// Serve `getattr` of an open file from the attributes read at open
+    /// (close-to-open); off: every getattr asks metadata.
+    pub cache_open_attrs: bool,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            write_behind: 64 << 20,
+            read_ahead: 4,
+            cache: 256 << 20,
+            fsync_waits_for_s3: false,
+            fsync_timeout: Duration::from_secs(120),
+            threads: 8,
+            cache_open_attrs: true,
+        }
+    }
+}
+
+/// A chunk's unflushed bytes: `data` holds the chunk from offset 0, `ranges`
+/// which parts of it were written (sorted, merged). `based` is true once the
+/// committed content under the unwritten parts has been filled in.
+#[derive(Default)]
+struct ChunkBuf {
+    data: Vec<u8>,
+    ranges: Vec<(u64, u64)>,
+    based: bool,
+}
+
+impl ChunkBuf {
+    fn write(&mut self, off: u64, bytes: &[u8]) {
+        let end = off as usize + bytes.len();
+        if self.data.len() < end {
+            self.data.resize(end, 0);
+        }
+        self.data[off as usize..end].copy_from_slice(bytes);
+        self.ranges.push((off, end as u64));
+        self.ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len());
+        for &(s, e) in &self.ranges {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        self.ranges = merged;
+    }
+
+    fn covers(&self, start: u64, end: u64) -> bool {
+        start >= end || self.ranges.iter().any(|&(s, e)| s <= start && end <= e)
+    }
+
+    fn written_end(&self) -> u64 {
+        self.ranges.last().map_or(0, |r| r.1)
+    }
+
+    /// Our bytes laid over `base` (the committed content).
+    fn merged_onto(&self, mut base: Vec<u8>) -> Vec<u8> {
+        let end = self.written_end() as usize;
+        if base.len() < end {
+            base.resize(end, 0);
+        }
+        for &(s, e) in &self.ranges {
+            base[s as usize..e as usize].copy_from_slice(&self.data[s as usize..e as usize]);
+        }
+        base
+    }
+}
+
+#[derive(Default)]
+struct FileState {
+    bufs: BTreeMap<u64, ChunkBuf>,
+    buffered: u64,
+    /// Chunks taken out of `bufs` and being flushed.
+    inflight: usize,
+    /// First error of a background flush, reported at the next flush/fsync.
+    error: Option<(i32, String)>,
+    /// End of the last read (sequential detection).
+    last_read_end: u64,
+    /// Largest end offset written through this client and not yet committed.
+    buffered_end: u64,
+    /// Attributes cached while the file is open (see `getattr`).
+    attr: Option<Attr>,
+}
+
+struct OpenFile {
+    ino: Ino,
+    refs: Mutex<usize>,
+    st: Mutex<FileState>,
+    changed: Condvar,
+}
+
+/// Chunk data by version: an entry can never be stale.
+struct ChunkCache {
+    budget: u64,
+    used: u64,
+    map: HashMap<ChunkId, Arc<Vec<u8>>>,
+    order: VecDeque<ChunkId>,
+}
+
+impl ChunkCache {
+    fn get(&self, c: &ChunkId) -> Option<Arc<Vec<u8>>> {
+        self.map.get(c).cloned()
+    }
+
+    fn insert(&mut self, c: ChunkId, d: Arc<Vec<u8>>) {
+        if self.map.contains_key(&c) || d.len() as u64 > self.budget {
+            return;
+        }
+        self.used += d.len() as u64;
+        self.map.insert(c, d);
+        self.order.push_back(c);
+        while self.used > self.budget {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(d) = self.map.remove(&old) {
+                self.used -= d.len() as u64;
+            }
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+pub struct Client {
+    pub tier: Arc<Tier>,
+    cfg: ClientConfig,
+    client_id: u64,
+    next_ver: AtomicU64,
+    open: Mutex<HashMap<Ino, Arc<OpenFile>>>,
+    cache: Mutex<ChunkCache>,
+    prefetching: Mutex<HashSet<ChunkId>>,
+    jobs: Sender<Job>,
+    /// Unflushed bytes across all files, and a condvar writers wait on.
+    buffered: Mutex<u64>,
+    drained: Condvar,
+}
+
+pub type Result<T> = std::result::Result<T, DataError>;
+
+/// An error a background flush hit, reported to the next call on the file.
+fn stored_error(ino: Ino, errno: i32, why: String) -> DataError {
+    if errno == libc::ENOSPC {
+        DataError::NotReplicated { chunk: format!("of inode {ino}"), got: 0, want: 0, why, full: true }
+    } else {
+        DataError::Unreadable { chunk: format!("of inode {ino}"), why: format!("an earlier background flush failed: {why}") }
+    }
+}
+
+/// Version used in the cache for bytes of an imported object.
+const IMPORTED: u64 = 0;
+
+impl Client {
+    pub fn new(tier: Arc<Tier>, cfg: ClientConfig) -> Result<Arc<Client>> {
+        let client_id = tier.meta.new_client_id()?;
+        let (tx, rx) = unbounded::<Job>();
+        for i in 0..cfg.threads.max(1) {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("bb-client-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        job();
+                    }
+                })
+                .map_err(|e| MetaError::Unavailable(format!("starting client threads: {e}")))?;
+        }
+        Ok(Arc::new(Client {
+            cache: Mutex::new(ChunkCache { budget: cfg.cache, used: 0, map: HashMap::new(), order: VecDeque::new() }),
+            tier,
+            cfg,
+            client_id,
+            next_ver: AtomicU64::new(1),
+            open: Mutex::default(),
+            prefetching: Mutex::default(),
+            jobs: tx,
+            buffered: Mutex::new(0),
+            drained: Condvar::new(),
+        }))
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.tier.params.chunk_size
+    }
+
+    fn new_ver(&self) -> u64 {
+        (self.client_id << 32) | self.next_ver.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn open_file(&self, ino: Ino) -> Option<Arc<OpenFile>> {
+        self.open.lock().get(&ino).cloned()
+    }
+
+    // ---- namespace ----------------------------------------------------------
+
+    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr> {
+        let a = self.tier.meta.lookup(parent, name)?;
+        Ok(self.overlay(a))
+    }
+
+    /// Attributes, with this client's unflushed writes reflected in the size.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        if let Some(of) = self.open_file(ino).filter(|_| self.cfg.cache_open_attrs) {
+            let st = of.st.lock();
+            if let Some(a) = &st.attr {
+                let mut a = a.clone();
+                a.size = a.size.max(st.buffered_end);
+                return Ok(a);
+            }
+        }
+        Ok(self.overlay(self.tier.meta.getattr(ino)?))
+    }
+
+    fn overlay(&self, mut a: Attr) -> Attr {
+        if let Some(of) = self.open_file(a.ino) {
+            let st = of.st.lock();
+            a.size = a.size.max(st.buffered_end);
+        }
+        a
+    }
+
+    pub fn setattr(&self, ino: Ino, set: &SetAttr, size: Option<u64>) -> Result<Attr> {
+        if let Some(size) = size {
+            self.truncate(ino, size)?;
+        }
+        let a = self.tier.meta.setattr(ino, set, crate::now_ns())?;
+        self.refresh_cached_attr(ino, &a);
+        Ok(self.overlay(a))
+    }
+
+    fn refresh_cached_attr(&self, ino: Ino, a: &Attr) {
+        if let Some(of) = self.open_file(ino) {
+            of.st.lock().attr = Some(a.clone());
+        }
+    }
+
+    pub fn create(&self, parent: Ino, name: &str, kind: Kind, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        Ok(self.tier.meta.create(parent, name, kind, mode, uid, gid, crate::now_ns())?)
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &str) -> Result<()> {
+        let r = self.tier.meta.unlink(parent, name, crate::now_ns())?;
+        self.tier.discard(r.ino, &r.chunks);
+        Ok(())
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &str) -> Result<()> {
+        Ok(self.tier.meta.rmdir(parent, name, crate::now_ns())?)
+    }
+
+    pub fn rename(&self, parent: Ino, name: &str, new_parent: Ino, new_name: &str) -> Result<()> {
+        if let Some(r) = self.tier.meta.rename(parent, name, new_parent, new_name, crate::now_ns())? {
+            self.tier.discard(r.ino, &r.chunks);
+        }
+        Ok(())
+    }
+
+    pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>> {
+        Ok(self.tier.meta.readdir(ino)?)
+    }
+
+    pub fn resolve(&self, path: &str) -> Result<Attr> {
+        Ok(crate::meta::resolve(self.tier.meta.as_ref(), path)?)
+    }
+
+    // ---- open files ------------------------------------------------------
+
+    /// Opens a file: fresh attributes (close-to-open), write-behind state.
+    pub fn open(&self, ino: Ino) -> Result<Attr> {
+        let a = self.tier.meta.getattr(ino)?;
+        if a.kind == Kind::Dir {
+            return Err(MetaError::IsDir.into());
+        }
+        let of = self
+            .open
+            .lock()
+            .entry(ino)
+            .or_insert_with(|| Arc::new(OpenFile { ino, refs: Mutex::new(0), st: Mutex::default(), changed: Condvar::new() }))
+            .clone();
+        *of.refs.lock() += 1;
+        of.st.lock().attr = Some(a.clone());
+        Ok(a)
+    }
+
+    /// Closes one reference: flushes, and forgets the file when it was the last.
+    pub fn release(&self, ino: Ino) -> Result<()> {
+        let r = self.flush(ino);
+        let mut open = self.open.lock();
+        if let Some(of) = open.get(&ino).cloned() {
+            let mut refs = of.refs.lock();
+            *refs = refs.saturating_sub(1);
+            if *refs == 0 {
+                open.remove(&ino);
+            }
+        }
+        r
+    }
+
+    pub fn write(self: &Arc<Self>, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        let of = self.open_file(ino).ok_or(MetaError::Invalid)?;
+        let cs = self.chunk_size();
+        {
+            let mut st = of.st.lock();
+            if let Some((errno, why)) = st.error.take() {
+                return Err(stored_error(ino, errno, why));
+            }
+            let mut pos = 0usize;
+            let mut full = Vec::new();
+            while pos < data.len() {
+                let abs = off + pos as u64;
+                let idx = abs / cs;
+                let within = abs % cs;
+                let n = ((cs - within) as usize).min(data.len() - pos);
+                let buf = st.bufs.entry(idx).or_default();
+                buf.write(within, &data[pos..pos + n]);
+                if buf.covers(0, cs) {
+                    full.push(idx);
+                }
+                pos += n;
+            }
+            st.buffered += data.len() as u64;
+            st.buffered_end = st.buffered_end.max(off + data.len() as u64);
+            for idx in full {
+                if let Some(buf) = st.bufs.remove(&idx) {
+                    st.inflight += 1;
+                    let (me, of2) = (self.clone(), of.clone());
+                    let _ = self.jobs.send(Box::new(move || me.flush_in_background(&of2, idx, buf)));
+                }
+            }
+        }
+        let over = {
+            let mut b = self.buffered.lock();
+            *b += data.len() as u64;
+            *b > self.cfg.write_behind
+        };
+        if over {
+            // Backpressure: this writer flushes its own file, then waits for
+            // background flushes to bring the total under the budget.
+            self.flush_buffers(&of)?;
+            let mut b = self.buffered.lock();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while *b > self.cfg.write_behind && Instant::now() < deadline {
+                self.drained.wait_for(&mut b, Duration::from_millis(100));
+            }
+        }
+        Ok(data.len())
+    }
+
+    fn release_budget(&self, bytes: u64) {
+        let mut b = self.buffered.lock();
+        *b = b.saturating_sub(bytes);
+        self.drained.notify_all();
+    }
+
+    fn flush_in_background(&self, of: &OpenFile, idx: u64, buf: ChunkBuf) {
+        let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
+        let r = self.flush_chunk(of.ino, idx, buf);
+        self.release_budget(bytes);
+        let mut st = of.st.lock();
+        st.buffered = st.buffered.saturating_sub(bytes);
+        if let Err(e) = r {
+            st.error.get_or_insert((e.errno(), e.to_string()));
+        }
+        st.inflight -= 1;
+        of.changed.notify_all();
+    }
+
+    /// Flushes every buffered chunk of the file and waits for background
+    /// flushes; returns the first error any of them hit.
+    fn flush_buffers(&self, of: &OpenFile) -> Result<()> {
+        let bufs = {
+            let mut st = of.st.lock();
+            st.buffered = 0;
+            std::mem::take(&mut st.bufs)
+        };
+        let mut first_err = None;
+        for (idx, buf) in bufs {
+            let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
+            if let Err(e) = self.flush_chunk(of.ino, idx, buf) {
+                first_err.get_or_insert(e);
+            }
+            self.release_budget(bytes);
+        }
+        {
+            let mut st = of.st.lock();
+            while st.inflight > 0 {
+                of.changed.wait(&mut st);
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            if let Some((errno, why)) = st.error.take() {
+                return Err(stored_error(of.ino, errno, why));
+            }
+        }
+        // Committed: the size now comes from metadata again.
+        let a = self.tier.meta.getattr(of.ino)?;
+        let mut st = of.st.lock();
+        if st.bufs.is_empty() && st.inflight == 0 {
+            st.buffered_end = 0;
+        }
+        st.attr = Some(a);
+        Ok(())
+    }
+
+    /// Makes one chunk's buffered bytes committed: store a new version on the
+    /// nodes, then compare-and-set it in metadata; on conflict, merge and retry.
+    fn flush_chunk(&self, ino: Ino, idx: u64, buf: ChunkBuf) -> Result<()> {
+        let cs = self.chunk_size();
+        for attempt in 0.. {
+            let (view, e) = self.tier.meta.chunks(ino, &[idx])?;
+            let cur = e.into_iter().next().flatten();
+            let base_len = match &cur {
+                Some(c) => c.len,
+                None => view.import.as_ref().map_or(0, |(_, lim)| lim.saturating_sub(idx * cs).min(cs)),
+            };
+            let need_base = !buf.based && !buf.covers(0, base_len.min(cs));
+            let content = if need_base {
+                let base = match &cur {
+                    Some(c) => self.chunk_data(ino, idx, c)?.to_vec(),
+                    None => self.imported_data(ino, &view, idx)?.to_vec(),
+                };
+                buf.merged_onto(base)
+            } else if buf.based {
+                buf.data.clone()
+            } else {
+                buf.merged_onto(Vec::new())
+            };
+            let ver = self.new_ver();
+            let chunk = ChunkId { ino, idx, ver };
+            let holders = self.tier.store_chunk(chunk, &content, &[])?;
+            let entry = ChunkEntry { ver, len: content.len() as u64, persisted: false, holders: holders.clone() };
+            let end = idx * cs + buf.written_end();
+            let update = ChunkUpdate { idx, base: cur.as_ref().map(|c| c.ver), entry: entry.clone() };
+            match self.tier.meta.commit(ino, end, &[update], crate::now_ns()) {
+                Ok(old) => {
+                    self.tier.discard(ino, &old);
+                    self.cache.lock().insert(chunk, Arc::new(content));
+                    return Ok(());
+                }
+                Err(MetaError::Conflict(_)) if attempt < 50 => {
+                    // Another client committed this chunk since we read it.
+                    self.tier.discard(ino, &[(idx, entry)]);
+                    continue;
+                }
+                Err(err) => {
+                    self.tier.discard(ino, &[(idx, entry)]);
+                    if !matches!(err, MetaError::NotFound) {
+                        tracing::error!("committing chunk {idx} of inode {ino}: {err}");
+                    }
+                    return Err(err.into());
+                }
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// flush(2)/close: everything written so far is committed (visible to all
+    /// clients and on R nodes) when this returns Ok.
+    pub fn flush(&self, ino: Ino) -> Result<()> {
+        let Some(of) = self.open_file(ino) else { return Ok(()) };
+        self.flush_buffers(&of)
+    }
+
+    /// fsync: flush, and with `fsync_waits_for_s3`, wait until the file's
+    /// current generation is in S3 (chunks, manifest and export object).
+    pub fn fsync(&self, ino: Ino) -> Result<()> {
+        self.flush(ino)?;
+        if !self.cfg.fsync_waits_for_s3 {
+            return Ok(());
+        }
+        self.wait_persisted(ino, self.cfg.fsync_timeout)
+    }
+
+    pub fn wait_persisted(&self, ino: Ino, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        self.tier.meta.expedite(ino)?;
+        loop {
+            let a = self.tier.meta.getattr(ino)?;
+            if a.persisted() {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                let why = format!("inode {ino} not persisted in S3 after {timeout:?} (generation {} of {})", a.pgen, a.gen);
+                tracing::error!("fsync: {why}");
+                return Err(DataError::Unreadable { chunk: format!("{ino}"), why });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+        if let Some(of) = self.open_file(ino) {
+            self.flush_buffers(&of)?;
+        }
+        let cs = self.chunk_size();
+        let tail_idx = size / cs;
+        let keep = size % cs;
+        loop {
+            let (view, e) = self.tier.meta.chunks(ino, &[tail_idx])?;
+            let cur = e.into_iter().next().flatten();
+            let mut tail = None;
+            if keep > 0 {
+                if let Some(c) = cur.as_ref().filter(|c| c.len > keep) {
+                    let mut data = self.chunk_data(ino, tail_idx, c)?.to_vec();
+                    data.truncate(keep as usize);
+                    let ver = self.new_ver();
+                    let holders = self.tier.store_chunk(ChunkId { ino, idx: tail_idx, ver }, &data, &[])?;
+                    tail = Some(ChunkUpdate {
+                        idx: tail_idx,
+                        base: Some(c.ver),
+                        entry: ChunkEntry { ver, len: keep, persisted: false, holders },
+                    });
+                }
+            }
+            let _ = view;
+            match self.tier.meta.truncate(ino, size, tail.as_ref(), crate::now_ns()) {
+                Ok(removed) => {
+                    self.tier.discard(ino, &removed);
+                    if let Some(of) = self.open_file(ino) {
+                        let mut st = of.st.lock();
+                        st.buffered_end = 0;
+                        if let Some(a) = st.attr.as_mut() {
+                            a.size = size;
+                        }
+                    }
+                    return Ok(());
+                }
+                Err(MetaError::Conflict(_)) => {
+                    if let Some(t) = tail {
+                        self.tier.discard(ino, &[(t.idx, t.entry)]);
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    // ---- reads ----------------------------------------------------------------
+
+    fn chunk_data(&self, ino: Ino, idx: u64, e: &ChunkEntry) -> Result<Arc<Vec<u8>>> {
+        let id = ChunkId { ino, idx, ver: e.ver };
+        if let Some(d) = self.cache.lock().get(&id) {
+            return Ok(d);
+        }
+        let d = Arc::new(self.tier.read_chunk(ino, idx, e)?);
+        self.cache.lock().insert(id, d.clone());
+        Ok(d)
+    }
+
+    fn imported_data(&self, ino: Ino, view: &FileView, idx: u64) -> Result<Arc<Vec<u8>>> {
+        let Some((_, limit)) = &view.import else { return Ok(Arc::default()) };
+        let id = ChunkId { ino, idx, ver: IMPORTED };
+        let cs = self.chunk_size();
+        let valid = limit.saturating_sub(idx * cs).min(cs) as usize;
+        let d = match self.cache.lock().get(&id) {
+            Some(d) => d,
+            None => Arc::new(Vec::new()),
+        };
+        let d = if d.is_empty() && valid > 0 {
+            let d = Arc::new(self.tier.read_imported(ino, &view.import, idx)?);
+            self.cache.lock().insert(id, d.clone());
+            d
+        } else {
+            d
+        };
+        // The import limit may have shrunk (truncate) since the bytes were cached.
+        if d.len() > valid {
+            return Ok(Arc::new(d[..valid].to_vec()));
+        }
+        Ok(d)
+    }
+
+    /// Reads up to `len` bytes at `off` (short only at end of file).
+    pub fn read(self: &Arc<Self>, ino: Ino, off: u64, len: usize) -> Result<Vec<u8>> {
+        let cs = self.chunk_size();
+        let of = self.open_file(ino);
+        // Our own unflushed writes must be visible to us: wait out background
+        // flushes, and serve buffered chunks from the buffer.
+        let mut local_end = 0;
+        if let Some(of) = &of {
+            let mut st = of.st.lock();
+            while st.inflight > 0 {
+                of.changed.wait(&mut st);
+            }
+            local_end = st.buffered_end;
+        }
+        let first = off / cs;
+        let last = (off + len.max(1) as u64 - 1) / cs;
+        let sequential = of.as_ref().is_some_and(|o| o.st.lock().last_read_end == off);
+        let ahead = if sequential { self.cfg.read_ahead } else { 0 };
+        let idxs: Vec<u64> = (first..=last + ahead).collect();
+        let (view, entries) = self.tier.meta.chunks(ino, &idxs)?;
+        let size = view.size.max(local_end);
+        if off >= size {
+            return Ok(vec![]);
+        }
+        let end = (off + len as u64).min(size);
+        let mut out = Vec::with_capacity((end - off) as usize);
+        for (i, idx) in (first..=last).enumerate() {
+            let cstart = idx * cs;
+            let (a, b) = (off.max(cstart), end.min(cstart + cs));
+            if a >= b {
+                break;
+            }
+            let piece = (a - cstart) as usize..(b - cstart) as usize;
+            if let Some(of) = &of {
+                if let Some(bytes) = self.read_buffered(of, ino, idx, &view, entries[i].as_ref(), piece.clone())? {
+                    out.extend_from_slice(&bytes);
+                    continue;
+                }
+            }
+            let data = match &entries[i] {
+                Some(e) => self.chunk_data(ino, idx, e)?,
+                None => self.imported_data(ino, &view, idx)?,
+            };
+            let have = piece.start.min(data.len())..piece.end.min(data.len());
+            out.extend_from_slice(&data[have.clone()]);
+            out.resize(out.len() + (piece.len() - have.len()), 0);
+        }
+        if let Some(of) = &of {
+            of.st.lock().last_read_end = end;
+        }
+        for (i, idx) in (last + 1..=last + ahead).enumerate() {
+            if idx * cs >= size {
+                break;
+            }
+            if let Some(e) = entries[(last - first + 1) as usize + i].clone() {
+                self.prefetch(ino, idx, e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Serves a piece from the write-behind buffer (filling in the committed
+    /// content below it first if needed); None when the chunk is not buffered.
+    fn read_buffered(&self, of: &OpenFile, ino: Ino, idx: u64, view: &FileView, cur: Option<&ChunkEntry>, piece: std::ops::Range<usize>) -> Result<Option<Vec<u8>>> {
+        {
+            let st = of.st.lock();
+            let Some(buf) = st.bufs.get(&idx) else { return Ok(None) };
+            if buf.based || buf.covers(piece.start as u64, piece.end as u64) {
+                let mut v = buf.data.get(piece.start.min(buf.data.len())..piece.end.min(buf.data.len())).unwrap_or(&[]).to_vec();
+                v.resize(piece.len(), 0);
+                return Ok(Some(v));
+            }
+        }
+        let base = match cur {
+            Some(e) => self.chunk_data(ino, idx, e)?.to_vec(),
+            None => self.imported_data(ino, view, idx)?.to_vec(),
+        };
+        let mut st = of.st.lock();
+        let Some(buf) = st.bufs.get_mut(&idx) else { return Ok(None) };
+        if !buf.based {
+            buf.data = buf.merged_onto(base);
+            buf.based = true;
+        }
+        let mut v = buf.data.get(piece.start.min(buf.data.len())..piece.end.min(buf.data.len())).unwrap_or(&[]).to_vec();
+        v.resize(piece.len(), 0);
+        Ok(Some(v))
+    }
+
+    fn prefetch(self: &Arc<Self>, ino: Ino, idx: u64, e: ChunkEntry) {
+        let id = ChunkId { ino, idx, ver: e.ver };
+        if self.cache.lock().get(&id).is_some() || !self.prefetching.lock().insert(id) {
+            return;
+        }
+        let me = self.clone();
+        let _ = self.jobs.send(Box::new(move || {
+            if let Err(err) = me.chunk_data(ino, idx, &e) {
+                tracing::debug!("prefetch of chunk {} failed: {err}", id.member());
+            }
+            me.prefetching.lock().remove(&id);
+        }));
+    }
+
+    // ---- conveniences for tools and tests ------------------------------------
+
+    /// Creates (or truncates) `path` (parent directories must exist) and writes `data`.
+    pub fn write_file(self: &Arc<Self>, path: &str, data: &[u8]) -> Result<Ino> {
+        let (dir, name) = path.trim_matches('/').rsplit_once('/').unwrap_or(("", path.trim_matches('/')));
+        let parent = self.resolve(dir)?.ino;
+        let a = match self.create(parent, name, Kind::File, 0o644, 0, 0) {
+            Ok(a) => a,
+            Err(DataError::Meta(MetaError::Exists)) => {
+                let a = self.lookup(parent, name)?;
+                self.truncate(a.ino, 0)?;
+                a
+            }
+            Err(e) => return Err(e),
+        };
+        self.open(a.ino)?;
+        let r = self.write(a.ino, 0, data).and_then(|_| self.fsync(a.ino));
+        let c = self.release(a.ino);
+        r.and(c)?;
+        Ok(a.ino)
+    }
+
+    pub fn read_file(self: &Arc<Self>, path: &str) -> Result<Vec<u8>> {
+        let a = self.resolve(path)?;
+        self.open(a.ino)?;
+        let mut out = Vec::new();
+        let r = (|| loop {
+            let piece = self.read(a.ino, out.len() as u64, 4 << 20)?;
+            if piece.is_empty() {
+                return Ok(());
+            }
+            out.extend_from_slice(&piece);
+        })();
+        let c = self.release(a.ino);
+        r.and(c)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_buf_merges_ranges_and_overlays_base() {
+        let mut b = ChunkBuf::default();
+        b.write(4, b"bb");
+        b.write(0, b"aaaa");
+        assert_eq!(b.ranges, vec![(0, 6)]);
+        b.write(10, b"c");
+        assert!(b.covers(0, 6) && !b.covers(0, 11));
+        assert_eq!(b.merged_onto(b"xxxxxxxxxxxxxxx".to_vec()), b"aaaabbxxxxcxxxx".to_vec());
+        assert_eq!(b.merged_onto(vec![]).len(), 11);
+    }
+}

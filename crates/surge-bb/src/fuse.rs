@@ -1,0 +1,389 @@
+//! The POSIX mount: a `fuser` file system over [`Client`]. Requests are
+//! handed to a worker pool as they arrive (fuser's loop is single-threaded;
+//! replies are `Send`), so slow requests do not hold up others.
+//!
+//! Kernel caching: attributes and entries are cached for `attr_ttl` (0 by
+//! default: every stat asks metadata). Without `strict`, file pages stay in
+//! the kernel page cache while a file is open and are dropped at every open
+//! (close-to-open). With `strict`, files are opened direct-I/O: every read
+//! reaches the client, which reads committed metadata (read-after-write
+//! across mounts).
+
+use crate::client::Client;
+use crate::meta::{Attr, Kind, SetAttr};
+use crate::tier::DataError;
+use crossbeam_channel::{unbounded, Sender};
+use fuser::{
+    FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// Direct I/O opens: read-after-write across mounts (no kernel page cache).
+    pub strict: bool,
+    /// Kernel attribute/entry cache lifetime.
+    pub attr_ttl: Duration,
+    /// Worker threads serving FUSE requests.
+    pub threads: usize,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig { strict: false, attr_ttl: Duration::ZERO, threads: 8 }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+/// Directory listings taken at opendir, by file handle: (inode, kind, name).
+type DirListings = Arc<Mutex<HashMap<u64, Vec<(u64, FileType, String)>>>>;
+
+pub struct BbFs {
+    client: Arc<Client>,
+    cfg: MountConfig,
+    jobs: Sender<Job>,
+    next_fh: AtomicU64,
+    dirs: DirListings,
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH
+    }
+}
+
+fn ns(t: TimeOrNow) -> i64 {
+    match t {
+        TimeOrNow::Now => crate::now_ns(),
+        TimeOrNow::SpecificTime(t) => t.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0),
+    }
+}
+
+fn kind(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+    }
+}
+
+pub fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: a.ino,
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: time(a.atime_ns),
+        mtime: time(a.mtime_ns),
+        ctime: time(a.ctime_ns),
+        crtime: time(a.ctime_ns),
+        kind: kind(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
+fn errno(e: &DataError) -> i32 {
+    e.errno()
+}
+
+fn name_str(name: &OsStr) -> Result<String, i32> {
+    name.to_str().map(str::to_string).ok_or(libc::EINVAL)
+}
+
+impl BbFs {
+    pub fn new(client: Arc<Client>, cfg: MountConfig) -> BbFs {
+        let (tx, rx) = unbounded::<Job>();
+        for i in 0..cfg.threads.max(1) {
+            let rx = rx.clone();
+            let _ = std::thread::Builder::new().name(format!("bb-fuse-{i}")).spawn(move || {
+                for job in rx {
+                    job();
+                }
+            });
+        }
+        BbFs { client, cfg, jobs: tx, next_fh: AtomicU64::new(1), dirs: Arc::default() }
+    }
+
+    fn spawn(&self, f: impl FnOnce(&Arc<Client>) + Send + 'static) {
+        let c = self.client.clone();
+        let _ = self.jobs.send(Box::new(move || f(&c)));
+    }
+
+    fn open_flags(&self) -> u32 {
+        if self.cfg.strict {
+            fuser::consts::FOPEN_DIRECT_IO
+        } else {
+            0 // no KEEP_CACHE: the kernel drops cached pages at every open
+        }
+    }
+}
+
+impl Filesystem for BbFs {
+    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
+        use fuser::consts::*;
+        let _ = config.add_capabilities(FUSE_BIG_WRITES | FUSE_ASYNC_READ | FUSE_PARALLEL_DIROPS);
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        let ttl = self.cfg.attr_ttl;
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |c| match c.lookup(parent, &name) {
+            Ok(a) => reply.entry(&ttl, &file_attr(&a), 0),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        let ttl = self.cfg.attr_ttl;
+        self.spawn(move |c| match c.getattr(ino) {
+            Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn setattr(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<u64>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<u32>,
+        reply: ReplyAttr,
+    ) {
+        let ttl = self.cfg.attr_ttl;
+        let set = SetAttr { mode, uid, gid, atime_ns: atime.map(ns), mtime_ns: mtime.map(ns) };
+        self.spawn(move |c| match c.setattr(ino, &set, size) {
+            Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn mkdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let ttl = self.cfg.attr_ttl;
+        let (uid, gid) = (req.uid(), req.gid());
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |c| match c.create(parent, &name, Kind::Dir, mode & !umask & 0o7777, uid, gid) {
+            Ok(a) => reply.entry(&ttl, &file_attr(&a), 0),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |c| match c.unlink(parent, &name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |c| match c.rmdir(parent, &name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn rename(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, newparent: u64, newname: &OsStr, flags: u32, reply: ReplyEmpty) {
+        if flags != 0 {
+            // RENAME_NOREPLACE / RENAME_EXCHANGE are not offered.
+            return reply.error(libc::EINVAL);
+        }
+        let (name, newname) = match (name_str(name), name_str(newname)) {
+            (Ok(a), Ok(b)) => (a, b),
+            _ => return reply.error(libc::EINVAL),
+        };
+        self.spawn(move |c| match c.rename(parent, &name, newparent, &newname) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let oflags = self.open_flags();
+        self.spawn(move |c| {
+            let r = c.open(ino).and_then(|_| {
+                if flags & libc::O_TRUNC != 0 {
+                    c.truncate(ino, 0)?;
+                }
+                Ok(())
+            });
+            match r {
+                Ok(()) => reply.opened(fh, oflags),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn create(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+        let ttl = self.cfg.attr_ttl;
+        let (uid, gid) = (req.uid(), req.gid());
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let oflags = self.open_flags();
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |c| {
+            let r = c.create(parent, &name, Kind::File, mode & !umask & 0o7777, uid, gid).and_then(|a| {
+                c.open(a.ino)?;
+                Ok(a)
+            });
+            match r {
+                Ok(a) => reply.created(&ttl, &file_attr(&a), 0, fh, oflags),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, size: u32, _flags: i32, _lock: Option<u64>, reply: ReplyData) {
+        self.spawn(move |c| match c.read(ino, offset.max(0) as u64, size as usize) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn write(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, data: &[u8], _wf: u32, _flags: i32, _lock: Option<u64>, reply: ReplyWrite) {
+        let data = data.to_vec();
+        self.spawn(move |c| match c.write(ino, offset.max(0) as u64, &data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _lock: u64, reply: ReplyEmpty) {
+        self.spawn(move |c| match c.flush(ino) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn release(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _flags: i32, _lock: Option<u64>, _flush: bool, reply: ReplyEmpty) {
+        self.spawn(move |c| match c.release(ino) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn fsync(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        self.spawn(move |c| match c.fsync(ino) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let dirs = self.dirs.clone();
+        self.spawn(move |c| {
+            let r = c.getattr(ino).and_then(|a| {
+                let entries = c.readdir(ino)?;
+                let mut v = vec![(ino, FileType::Directory, ".".to_string()), (a.parent.max(1), FileType::Directory, "..".to_string())];
+                v.extend(entries.into_iter().map(|e| (e.ino, kind(e.kind), e.name)));
+                Ok(v)
+            });
+            match r {
+                Ok(v) => {
+                    dirs.lock().insert(fh, v);
+                    reply.opened(fh, 0);
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, offset: i64, mut reply: ReplyDirectory) {
+        let dirs = self.dirs.lock();
+        let Some(v) = dirs.get(&fh) else { return reply.error(libc::EBADF) };
+        for (i, (ino, k, name)) in v.iter().enumerate().skip(offset.max(0) as usize) {
+            if reply.add(*ino, i as i64 + 1, *k, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _flags: i32, reply: ReplyEmpty) {
+        self.dirs.lock().remove(&fh);
+        reply.ok();
+    }
+
+    fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
+        self.spawn(move |c| {
+            let nodes = c.tier.live_nodes();
+            let mut total = 0u64;
+            let mut used = 0u64;
+            for n in &nodes {
+                if let Ok(s) = c.tier.pool.stat(n) {
+                    total += s.capacity_bytes;
+                    used += s.used_bytes;
+                }
+            }
+            let bs = 4096u64;
+            let blocks = total / bs / c.tier.replicas as u64;
+            let free = total.saturating_sub(used) / bs / c.tier.replicas as u64;
+            reply.statfs(blocks, free, free, 1 << 30, 1 << 30, bs as u32, 255, bs as u32);
+        });
+    }
+
+    fn access(&mut self, _req: &Request<'_>, _ino: u64, _mask: i32, reply: ReplyEmpty) {
+        reply.ok();
+    }
+}
+
+/// Mounts and serves until unmounted (`fusermount3 -u DIR`) or `stop` is set.
+pub fn mount(client: Arc<Client>, dir: &std::path::Path, cfg: MountConfig, stop: Arc<std::sync::atomic::AtomicBool>) -> std::io::Result<()> {
+    use fuser::MountOption as O;
+    let opts = [O::FSName("surge-bb".into()), O::Subtype("surge-bb".into()), O::DefaultPermissions, O::AllowOther, O::RW];
+    let fs = BbFs::new(client, cfg);
+    let session = fuser::spawn_mount2(fs, dir, &opts)?;
+    tracing::info!("burst buffer mounted at {}", dir.display());
+    while !session.guard.is_finished() {
+        if stop.load(Ordering::SeqCst) {
+            tracing::info!("unmounting {}", dir.display());
+            drop(session); // unmounts
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    session.join();
+    Ok(())
+}

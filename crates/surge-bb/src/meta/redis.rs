@@ -1,0 +1,854 @@
+//! `MetaStore` on Redis: every mutation is one Lua script, which Redis runs
+//! atomically. Keys (all under the prefix `bb:{fs}:`):
+//! - `meta` hash: chunk_size; `next_ino`, `clients` counters
+//! - `i:{ino}` hash: attributes (k, mode, uid, gid, size, mt, ct, at, nl, gen,
+//!   pgen, par, name, imp, implen, xkey)
+//! - `d:{ino}` hash: name -> child inode (the (parent, name) namespace)
+//! - `c:{ino}` hash: chunk index -> `ver:len:persisted:holder,holder`
+//! - `dirty` zset: `ino:idx:ver` scored by the ms it was logged (the dirty log)
+//! - `pub` zset: inodes to publish; `unpub` set: export keys to delete;
+//!   `xk` hash: export key -> inode; `del:{key}`: a delete in progress
+//! - `nodes` zset: node addr scored by lease expiry (ms); `nodeinfo` hash
+//!
+//! Connections are pooled; a dropped connection is retried (Redis restarting)
+//! until `retry_for` runs out, then the call fails with `Unavailable`. Scripts
+//! are idempotent under such retries: inode numbers and chunk versions are
+//! chosen by the caller, so a replayed create or commit finds its own result.
+
+use super::*;
+use parking_lot::Mutex;
+use ::redis::{Connection, RedisError, Script, Value};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+const PRELUDE: &str = r#"
+local P = ARGV[1]
+local function ver_of(e) if not e then return nil end return string.match(e, '^(%d+):') end
+local function is_persisted(e) return string.match(e, '^%d+:%d+:1:') ~= nil end
+local function drop_export(ino)
+  local xkey = redis.call('HGET', P..'i:'..ino, 'xkey')
+  if xkey and xkey ~= '' then
+    if redis.call('HGET', P..'xk', xkey) == ino then redis.call('HDEL', P..'xk', xkey) end
+    redis.call('SADD', P..'unpub', xkey)
+  end
+end
+local function remove_inode(ino)
+  local out = {ino}
+  local cm = redis.call('HGETALL', P..'c:'..ino)
+  for i = 1, #cm, 2 do
+    redis.call('ZREM', P..'dirty', ino..':'..cm[i]..':'..ver_of(cm[i+1]))
+    table.insert(out, cm[i]); table.insert(out, cm[i+1])
+  end
+  drop_export(ino)
+  redis.call('ZREM', P..'pub', ino)
+  redis.call('DEL', P..'i:'..ino, P..'c:'..ino, P..'d:'..ino)
+  return out
+end
+local function touch(ino, now) redis.call('HSET', P..'i:'..ino, 'mt', now, 'ct', now) end
+"#;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+// ARGV: P, parent, name, ino, kind, mode, uid, gid, now_ns, now_ms
+static CREATE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local parent, name, ino, kind = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local pk = P..'i:'..parent
+local pkind = redis.call('HGET', pk, 'k')
+if not pkind then return redis.error_reply('ENOENT') end
+if pkind ~= 'd' then return redis.error_reply('ENOTDIR') end
+local cur = redis.call('HGET', P..'d:'..parent, name)
+if cur then
+  if cur == ino then return 'OK' end
+  return redis.error_reply('EEXIST')
+end
+redis.call('HSET', P..'d:'..parent, name, ino)
+local nl = 1
+local gen = 1
+if kind == 'd' then nl = 2; gen = 0; redis.call('HINCRBY', pk, 'nl', 1) end
+redis.call('HSET', P..'i:'..ino, 'k', kind, 'mode', ARGV[6], 'uid', ARGV[7], 'gid', ARGV[8], 'size', 0,
+  'mt', ARGV[9], 'ct', ARGV[9], 'at', ARGV[9], 'nl', nl, 'gen', gen, 'pgen', 0, 'par', parent, 'name', name)
+if kind == 'f' then redis.call('ZADD', P..'pub', 'NX', ARGV[10], ino) end
+touch(parent, ARGV[9])
+return 'OK'
+"#,
+    )
+});
+
+// ARGV: P, parent, name, now_ns, want_dir
+static UNLINK: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local parent, name = ARGV[2], ARGV[3]
+local ino = redis.call('HGET', P..'d:'..parent, name)
+if not ino then return redis.error_reply('ENOENT') end
+local k = redis.call('HGET', P..'i:'..ino, 'k')
+if ARGV[5] == '1' then
+  if k ~= 'd' then return redis.error_reply('ENOTDIR') end
+  if redis.call('HLEN', P..'d:'..ino) > 0 then return redis.error_reply('ENOTEMPTY') end
+  redis.call('HINCRBY', P..'i:'..parent, 'nl', -1)
+elseif k == 'd' then
+  return redis.error_reply('EISDIR')
+end
+redis.call('HDEL', P..'d:'..parent, name)
+touch(parent, ARGV[4])
+return remove_inode(ino)
+"#,
+    )
+});
+
+// ARGV: P, sp, sn, dp, dn, now_ns, now_ms
+static RENAME: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sp, sn, dp, dn, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local src = redis.call('HGET', P..'d:'..sp, sn)
+if not src then return redis.error_reply('ENOENT') end
+local dk = redis.call('HGET', P..'i:'..dp, 'k')
+if not dk then return redis.error_reply('ENOENT') end
+if dk ~= 'd' then return redis.error_reply('ENOTDIR') end
+local sk = redis.call('HGET', P..'i:'..src, 'k')
+if sk == 'd' then
+  local a = dp
+  while a and a ~= '0' do
+    if a == src then return redis.error_reply('EINVAL') end
+    a = redis.call('HGET', P..'i:'..a, 'par')
+  end
+end
+local dst = redis.call('HGET', P..'d:'..dp, dn)
+local out = {}
+if dst then
+  if dst == src then return {} end
+  local tk = redis.call('HGET', P..'i:'..dst, 'k')
+  if sk == 'd' then
+    if tk ~= 'd' then return redis.error_reply('ENOTDIR') end
+    if redis.call('HLEN', P..'d:'..dst) > 0 then return redis.error_reply('ENOTEMPTY') end
+    redis.call('HINCRBY', P..'i:'..dp, 'nl', -1)
+  elseif tk == 'd' then
+    return redis.error_reply('EISDIR')
+  end
+  out = remove_inode(dst)
+end
+redis.call('HDEL', P..'d:'..sp, sn)
+redis.call('HSET', P..'d:'..dp, dn, src)
+redis.call('HSET', P..'i:'..src, 'par', dp, 'name', dn, 'ct', now)
+if sk == 'd' and sp ~= dp then
+  redis.call('HINCRBY', P..'i:'..sp, 'nl', -1)
+  redis.call('HINCRBY', P..'i:'..dp, 'nl', 1)
+end
+touch(sp, now); touch(dp, now)
+redis.call('ZADD', P..'pub', ARGV[7], src)
+return out
+"#,
+    )
+});
+
+// Installs entries after checking every base. ARGV: P, ino, end, now_ns, now_ms, bump, n, (idx, base, entry)*
+static COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ino, now, nowms, bump, n = ARGV[2], ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+local ik, ck = P..'i:'..ino, P..'c:'..ino
+local k = redis.call('HGET', ik, 'k')
+if not k then return redis.error_reply('ENOENT') end
+if k ~= 'f' then return redis.error_reply('EISDIR') end
+local curs = {}
+for j = 0, n - 1 do
+  local idx, base, entry = ARGV[8+3*j], ARGV[9+3*j], ARGV[10+3*j]
+  local cur = redis.call('HGET', ck, idx)
+  local cv = ver_of(cur) or '0'
+  if cv ~= base and cv ~= ver_of(entry) then return redis.error_reply('ECONFLICT '..idx) end
+  curs[j] = cur
+end
+local out = {}
+local applied = 0
+for j = 0, n - 1 do
+  local idx, entry = ARGV[8+3*j], ARGV[10+3*j]
+  local cur = curs[j]
+  local nv = ver_of(entry)
+  if ver_of(cur) ~= nv then
+    redis.call('HSET', ck, idx, entry)
+    if cur then
+      redis.call('ZREM', P..'dirty', ino..':'..idx..':'..ver_of(cur))
+      table.insert(out, idx); table.insert(out, cur)
+    end
+    if not is_persisted(entry) then redis.call('ZADD', P..'dirty', 'NX', nowms, ino..':'..idx..':'..nv) end
+    applied = applied + 1
+  end
+end
+if applied > 0 and bump == '1' then
+  local size = tonumber(redis.call('HGET', ik, 'size'))
+  if tonumber(ARGV[3]) > size then redis.call('HSET', ik, 'size', ARGV[3]) end
+  touch(ino, now)
+  redis.call('HINCRBY', ik, 'gen', 1)
+  redis.call('ZADD', P..'pub', 'NX', nowms, ino)
+end
+return out
+"#,
+    )
+});
+
+// ARGV: P, ino, size, now_ns, now_ms, chunk_size, tail_idx, tail_base, tail_entry ('' = none)
+static TRUNCATE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ino, size, now, nowms, cs = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
+local ik, ck = P..'i:'..ino, P..'c:'..ino
+local k = redis.call('HGET', ik, 'k')
+if not k then return redis.error_reply('ENOENT') end
+if k ~= 'f' then return redis.error_reply('EISDIR') end
+local tidx, tbase, tentry = ARGV[7], ARGV[8], ARGV[9]
+local out = {}
+if tentry ~= '' then
+  local cur = redis.call('HGET', ck, tidx)
+  local cv = ver_of(cur) or '0'
+  if cv ~= tbase and cv ~= ver_of(tentry) then return redis.error_reply('ECONFLICT '..tidx) end
+  if cv ~= ver_of(tentry) then
+    redis.call('HSET', ck, tidx, tentry)
+    if cur then
+      redis.call('ZREM', P..'dirty', ino..':'..tidx..':'..cv)
+      table.insert(out, tidx); table.insert(out, cur)
+    end
+    if not is_persisted(tentry) then redis.call('ZADD', P..'dirty', 'NX', nowms, ino..':'..tidx..':'..ver_of(tentry)) end
+  end
+end
+local keep = math.ceil(size / cs)
+local cm = redis.call('HGETALL', ck)
+for i = 1, #cm, 2 do
+  if tonumber(cm[i]) >= keep then
+    redis.call('HDEL', ck, cm[i])
+    redis.call('ZREM', P..'dirty', ino..':'..cm[i]..':'..ver_of(cm[i+1]))
+    table.insert(out, cm[i]); table.insert(out, cm[i+1])
+  end
+end
+local implen = redis.call('HGET', ik, 'implen')
+if implen and tonumber(implen) > size then redis.call('HSET', ik, 'implen', size) end
+redis.call('HSET', ik, 'size', size)
+touch(ino, now)
+redis.call('HINCRBY', ik, 'gen', 1)
+redis.call('ZADD', P..'pub', 'NX', nowms, ino)
+return out
+"#,
+    )
+});
+
+// ARGV: P, ino, idx, ver
+static MARK_PERSISTED: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ino, idx, ver = ARGV[2], ARGV[3], ARGV[4]
+redis.call('ZREM', P..'dirty', ino..':'..idx..':'..ver)
+local cur = redis.call('HGET', P..'c:'..ino, idx)
+if not cur or ver_of(cur) ~= ver then return 0 end
+local v, l, h = string.match(cur, '^(%d+):(%d+):%d:(.*)$')
+redis.call('HSET', P..'c:'..ino, idx, v..':'..l..':1:'..h)
+return 1
+"#,
+    )
+});
+
+// ARGV: P, ino, idx, ver, holders
+static SET_HOLDERS: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ino, idx, ver = ARGV[2], ARGV[3], ARGV[4]
+local cur = redis.call('HGET', P..'c:'..ino, idx)
+if not cur or ver_of(cur) ~= ver then return 0 end
+local v, l, p = string.match(cur, '^(%d+):(%d+):(%d):')
+redis.call('HSET', P..'c:'..ino, idx, v..':'..l..':'..p..':'..ARGV[5])
+return 1
+"#,
+    )
+});
+
+// ARGV: P, ino, gen, xkey, clear_import, now_ms
+static MARK_PUBLISHED: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ino, gen, xkey = ARGV[2], ARGV[3], ARGV[4]
+local ik = P..'i:'..ino
+local cur = redis.call('HGET', ik, 'gen')
+if cur ~= gen or redis.call('EXISTS', P..'del:'..xkey) == 1 then
+  redis.call('ZADD', P..'pub', ARGV[6], ino)
+  return 0
+end
+local old = redis.call('HGET', ik, 'xkey')
+if old and old ~= '' and old ~= xkey then
+  if redis.call('HGET', P..'xk', old) == ino then redis.call('HDEL', P..'xk', old) end
+  redis.call('SADD', P..'unpub', old)
+end
+redis.call('HSET', ik, 'pgen', gen, 'xkey', xkey)
+redis.call('HSET', P..'xk', xkey, ino)
+redis.call('SREM', P..'unpub', xkey)
+if ARGV[5] == '1' then redis.call('HDEL', ik, 'imp', 'implen') end
+redis.call('ZREM', P..'pub', ino)
+return 1
+"#,
+    )
+});
+
+// ARGV: P
+static CLAIM_UNPUB: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+while true do
+  local key = redis.call('SPOP', P..'unpub')
+  if not key then return false end
+  if not redis.call('HGET', P..'xk', key) then
+    redis.call('SET', P..'del:'..key, '1', 'PX', 600000)
+    return key
+  end
+end
+"#,
+    )
+});
+
+// ARGV: P, parent, name, ino, key, size, now_ns
+static IMPORT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local parent, name, ino, key = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local pk = P..'i:'..parent
+local pkind = redis.call('HGET', pk, 'k')
+if not pkind then return redis.error_reply('ENOENT') end
+if pkind ~= 'd' then return redis.error_reply('ENOTDIR') end
+local cur = redis.call('HGET', P..'d:'..parent, name)
+if cur then return cur end
+redis.call('HSET', P..'d:'..parent, name, ino)
+redis.call('HSET', P..'i:'..ino, 'k', 'f', 'mode', 420, 'uid', 0, 'gid', 0, 'size', ARGV[6],
+  'mt', ARGV[7], 'ct', ARGV[7], 'at', ARGV[7], 'nl', 1, 'gen', 1, 'pgen', 1, 'par', parent, 'name', name,
+  'imp', key, 'implen', ARGV[6], 'xkey', key)
+redis.call('HSET', P..'xk', key, ino)
+return ino
+"#,
+    )
+});
+
+pub struct RedisMeta {
+    client: ::redis::Client,
+    url: String,
+    prefix: String,
+    pool: Mutex<Vec<Connection>>,
+    retry_for: Duration,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn map_err(e: RedisError) -> MetaError {
+    let code = e.code().unwrap_or("").to_string();
+    let text = e.to_string();
+    let has = |c: &str| code == c || text.contains(c);
+    if has("ENOENT") {
+        MetaError::NotFound
+    } else if has("EEXIST") {
+        MetaError::Exists
+    } else if has("ENOTDIR") {
+        MetaError::NotDir
+    } else if has("EISDIR") {
+        MetaError::IsDir
+    } else if has("ENOTEMPTY") {
+        MetaError::NotEmpty
+    } else if has("EINVAL") {
+        MetaError::Invalid
+    } else if has("ECONFLICT") {
+        let idx = text.split("ECONFLICT").nth(1).and_then(|s| s.split_whitespace().next()?.parse().ok());
+        MetaError::Conflict(idx.unwrap_or(0))
+    } else {
+        MetaError::Corrupt(text)
+    }
+}
+
+fn is_transient(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+        || matches!(e.kind(), ::redis::ErrorKind::BusyLoadingError | ::redis::ErrorKind::TryAgain)
+        || e.to_string().contains("LOADING")
+}
+
+fn s(v: &Value) -> Option<String> {
+    ::redis::from_redis_value::<String>(v).ok()
+}
+
+/// Decodes a flat `[idx, entry, idx, entry...]` reply (after `skip` leading items).
+fn entries(v: Vec<String>, skip: usize) -> MetaResult<Vec<(u64, ChunkEntry)>> {
+    v[skip.min(v.len())..]
+        .chunks(2)
+        .map(|p| {
+            let idx = p[0].parse().map_err(|_| MetaError::Corrupt(format!("chunk index {:?}", p[0])))?;
+            let e = p.get(1).and_then(|e| ChunkEntry::decode(e)).ok_or_else(|| MetaError::Corrupt(format!("{p:?}")))?;
+            Ok((idx, e))
+        })
+        .collect()
+}
+
+impl RedisMeta {
+    /// Connects to `url` (redis://host:port[/db]); `fs` names the file system
+    /// so several can share one Redis.
+    pub fn connect(url: &str, fs: &str) -> MetaResult<RedisMeta> {
+        let client = ::redis::Client::open(url).map_err(|e| MetaError::Unavailable(format!("bad Redis URL {url}: {e}")))?;
+        let m = RedisMeta {
+            client,
+            url: url.to_string(),
+            prefix: format!("bb:{fs}:"),
+            pool: Mutex::default(),
+            retry_for: Duration::from_secs(20),
+        };
+        // Fail fast with a clear message when Redis is not there at all.
+        let c = m.open_conn().map_err(|e| MetaError::Unavailable(format!("Redis at {url} unreachable: {e}")))?;
+        m.pool.lock().push(c);
+        Ok(m)
+    }
+
+    /// How long calls keep retrying a lost Redis before failing.
+    pub fn with_retry_for(mut self, d: Duration) -> Self {
+        self.retry_for = d;
+        self
+    }
+
+    fn open_conn(&self) -> Result<Connection, RedisError> {
+        let c = self.client.get_connection_with_timeout(Duration::from_secs(2))?;
+        c.set_read_timeout(Some(Duration::from_secs(10)))?;
+        c.set_write_timeout(Some(Duration::from_secs(10)))?;
+        Ok(c)
+    }
+
+    /// Runs `f` on a pooled connection, reconnecting and retrying while Redis is
+    /// unreachable, up to `retry_for`.
+    fn with<T>(&self, mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>) -> MetaResult<T> {
+        let start = Instant::now();
+        let mut logged = false;
+        loop {
+            let conn = self.pool.lock().pop();
+            let mut conn = match conn {
+                Some(c) => c,
+                None => match self.open_conn() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if start.elapsed() >= self.retry_for {
+                            tracing::error!("Redis at {} unreachable for {:?}: {e}", self.url, self.retry_for);
+                            return Err(MetaError::Unavailable(format!("Redis at {} unreachable: {e}", self.url)));
+                        }
+                        if !logged {
+                            tracing::warn!("Redis at {} unreachable ({e}); retrying", self.url);
+                            logged = true;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                },
+            };
+            match f(&mut conn) {
+                Ok(v) => {
+                    self.pool.lock().push(conn);
+                    return Ok(v);
+                }
+                Err(e) if is_transient(&e) => {
+                    if start.elapsed() >= self.retry_for {
+                        tracing::error!("Redis at {} failed: {e}", self.url);
+                        return Err(MetaError::Unavailable(format!("Redis at {}: {e}", self.url)));
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => {
+                    self.pool.lock().push(conn);
+                    return Err(map_err(e));
+                }
+            }
+        }
+    }
+
+    fn k(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    fn run<T: ::redis::FromRedisValue>(&self, sc: &Script, args: &[String]) -> MetaResult<T> {
+        self.with(|c| {
+            let mut inv = sc.prepare_invoke();
+            inv.arg(&self.prefix);
+            for a in args {
+                inv.arg(a);
+            }
+            inv.invoke::<T>(c)
+        })
+    }
+
+    fn parse_attr(&self, ino: Ino, h: &std::collections::HashMap<String, String>) -> MetaResult<Attr> {
+        if h.is_empty() {
+            return Err(MetaError::NotFound);
+        }
+        let num = |f: &str| -> i64 { h.get(f).and_then(|v| v.parse().ok()).unwrap_or(0) };
+        let kind = match h.get("k").map(String::as_str) {
+            Some("d") => Kind::Dir,
+            Some("f") => Kind::File,
+            other => return Err(MetaError::Corrupt(format!("inode {ino} has kind {other:?}"))),
+        };
+        Ok(Attr {
+            ino,
+            kind,
+            mode: num("mode") as u32,
+            uid: num("uid") as u32,
+            gid: num("gid") as u32,
+            size: num("size") as u64,
+            mtime_ns: num("mt"),
+            ctime_ns: num("ct"),
+            atime_ns: num("at"),
+            nlink: num("nl") as u32,
+            gen: num("gen") as u64,
+            pgen: num("pgen") as u64,
+            parent: num("par") as u64,
+            name: h.get("name").cloned().unwrap_or_default(),
+            import: h.get("imp").map(|k| (k.clone(), num("implen") as u64)),
+            xkey: h.get("xkey").filter(|x| !x.is_empty()).cloned(),
+        })
+    }
+
+    fn alloc_ino(&self) -> MetaResult<Ino> {
+        self.with(|c| ::redis::cmd("HINCRBY").arg(self.k("meta")).arg("next_ino").arg(1).query::<u64>(c))
+    }
+}
+
+fn now_ms_s() -> String {
+    now_ms().to_string()
+}
+
+impl MetaStore for RedisMeta {
+    fn format(&self, params: &FsParams) -> MetaResult<FsParams> {
+        let (meta, root) = (self.k("meta"), self.k(&format!("i:{ROOT}")));
+        self.with(|c| {
+            ::redis::cmd("HSETNX").arg(&meta).arg("chunk_size").arg(params.chunk_size).query::<()>(c)?;
+            ::redis::cmd("HSETNX").arg(&meta).arg("next_ino").arg(ROOT).query::<()>(c)?;
+            let now = crate::now_ns();
+            if !::redis::cmd("EXISTS").arg(&root).query::<bool>(c)? {
+                ::redis::cmd("HSET")
+                    .arg(&root)
+                    .arg(&["k", "d", "mode", "493", "uid", "0", "gid", "0", "size", "0", "nl", "2", "gen", "0", "pgen", "0", "par", "0", "name", ""])
+                    .arg(&["mt", &now.to_string(), "ct", &now.to_string(), "at", &now.to_string()])
+                    .query::<()>(c)?;
+            }
+            Ok(())
+        })?;
+        self.params()
+    }
+
+    fn params(&self) -> MetaResult<FsParams> {
+        let cs: Option<u64> = self.with(|c| ::redis::cmd("HGET").arg(self.k("meta")).arg("chunk_size").query(c))?;
+        match cs {
+            Some(chunk_size) if chunk_size > 0 => Ok(FsParams { chunk_size }),
+            _ => Err(MetaError::Corrupt(format!("file system {} is not formatted (no chunk size)", self.prefix))),
+        }
+    }
+
+    fn new_client_id(&self) -> MetaResult<u64> {
+        self.with(|c| ::redis::cmd("HINCRBY").arg(self.k("meta")).arg("clients").arg(1).query::<u64>(c))
+    }
+
+    fn lookup(&self, parent: Ino, name: &str) -> MetaResult<Attr> {
+        let ino: Option<u64> = self.with(|c| ::redis::cmd("HGET").arg(self.k(&format!("d:{parent}"))).arg(name).query(c))?;
+        match ino {
+            Some(ino) => self.getattr(ino),
+            None => {
+                // Distinguish "no such name" from "parent is not a directory".
+                match self.getattr(parent)?.kind {
+                    Kind::Dir => Err(MetaError::NotFound),
+                    Kind::File => Err(MetaError::NotDir),
+                }
+            }
+        }
+    }
+
+    fn getattr(&self, ino: Ino) -> MetaResult<Attr> {
+        let h: std::collections::HashMap<String, String> =
+            self.with(|c| ::redis::cmd("HGETALL").arg(self.k(&format!("i:{ino}"))).query(c))?;
+        self.parse_attr(ino, &h)
+    }
+
+    fn setattr(&self, ino: Ino, set: &SetAttr, now_ns: i64) -> MetaResult<Attr> {
+        let mut fields: Vec<String> = vec!["ct".into(), now_ns.to_string()];
+        let mut add = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                fields.push(k.into());
+                fields.push(v);
+            }
+        };
+        add("mode", set.mode.map(|m| m.to_string()));
+        add("uid", set.uid.map(|m| m.to_string()));
+        add("gid", set.gid.map(|m| m.to_string()));
+        add("at", set.atime_ns.map(|m| m.to_string()));
+        add("mt", set.mtime_ns.map(|m| m.to_string()));
+        let key = self.k(&format!("i:{ino}"));
+        // Only an existing inode: HSET on a vanished one would resurrect it.
+        let ok: i64 = self.with(|c| {
+            ::redis::Script::new("if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end redis.call('HSET', KEYS[1], unpack(ARGV)) return 1")
+                .key(&key)
+                .arg(&fields)
+                .invoke(c)
+        })?;
+        if ok == 0 {
+            return Err(MetaError::NotFound);
+        }
+        self.getattr(ino)
+    }
+
+    fn create(&self, parent: Ino, name: &str, kind: Kind, mode: u32, uid: u32, gid: u32, now_ns: i64) -> MetaResult<Attr> {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(MetaError::Invalid);
+        }
+        let ino = self.alloc_ino()?;
+        let _: String = self.run(
+            &CREATE,
+            &[parent.to_string(), name.into(), ino.to_string(), kind.code().into(), mode.to_string(), uid.to_string(),
+              gid.to_string(), now_ns.to_string(), now_ms_s()],
+        )?;
+        self.getattr(ino)
+    }
+
+    fn unlink(&self, parent: Ino, name: &str, now_ns: i64) -> MetaResult<Removed> {
+        let v: Vec<String> = self.run(&UNLINK, &[parent.to_string(), name.into(), now_ns.to_string(), "0".into()])?;
+        let ino = v.first().and_then(|i| i.parse().ok()).ok_or_else(|| MetaError::Corrupt("unlink reply".into()))?;
+        Ok(Removed { ino, chunks: entries(v, 1)? })
+    }
+
+    fn rmdir(&self, parent: Ino, name: &str, now_ns: i64) -> MetaResult<()> {
+        let _: Vec<String> = self.run(&UNLINK, &[parent.to_string(), name.into(), now_ns.to_string(), "1".into()])?;
+        Ok(())
+    }
+
+    fn rename(&self, parent: Ino, name: &str, new_parent: Ino, new_name: &str, now_ns: i64) -> MetaResult<Option<Removed>> {
+        if new_name.is_empty() || new_name.contains('/') || new_name == "." || new_name == ".." {
+            return Err(MetaError::Invalid);
+        }
+        let v: Vec<String> = self.run(
+            &RENAME,
+            &[parent.to_string(), name.into(), new_parent.to_string(), new_name.into(), now_ns.to_string(), now_ms_s()],
+        )?;
+        if v.is_empty() {
+            return Ok(None);
+        }
+        let ino = v[0].parse().map_err(|_| MetaError::Corrupt("rename reply".into()))?;
+        Ok(Some(Removed { ino, chunks: entries(v, 1)? }))
+    }
+
+    fn readdir(&self, ino: Ino) -> MetaResult<Vec<DirEntry>> {
+        let a = self.getattr(ino)?;
+        if a.kind != Kind::Dir {
+            return Err(MetaError::NotDir);
+        }
+        let names: Vec<(String, u64)> = self.with(|c| ::redis::cmd("HGETALL").arg(self.k(&format!("d:{ino}"))).query(c))?;
+        // Kinds in one pipelined round trip.
+        let kinds: Vec<Option<String>> = self.with(|c| {
+            let mut p = ::redis::pipe();
+            for (_, child) in &names {
+                p.cmd("HGET").arg(self.k(&format!("i:{child}"))).arg("k");
+            }
+            p.query(c)
+        })?;
+        let mut out: Vec<DirEntry> = names
+            .into_iter()
+            .zip(kinds)
+            .filter_map(|((name, ino), k)| {
+                let kind = match k?.as_str() {
+                    "d" => Kind::Dir,
+                    _ => Kind::File,
+                };
+                Some(DirEntry { name, ino, kind })
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn chunks(&self, ino: Ino, idxs: &[u64]) -> MetaResult<(FileView, Vec<Option<ChunkEntry>>)> {
+        let (head, raw): (Vec<Option<String>>, Vec<Option<String>>) = self.with(|c| {
+            let mut p = ::redis::pipe();
+            p.cmd("HMGET").arg(self.k(&format!("i:{ino}"))).arg(&["size", "imp", "implen"]);
+            if idxs.is_empty() {
+                p.cmd("HMGET").arg(self.k(&format!("c:{ino}"))).arg("-1");
+            } else {
+                p.cmd("HMGET").arg(self.k(&format!("c:{ino}"))).arg(idxs);
+            }
+            p.query(c)
+        })?;
+        let size = head.first().cloned().flatten().and_then(|s| s.parse().ok()).ok_or(MetaError::NotFound)?;
+        let import = match (head.get(1).cloned().flatten(), head.get(2).cloned().flatten()) {
+            (Some(k), Some(l)) => Some((k, l.parse().unwrap_or(0))),
+            _ => None,
+        };
+        let e = raw.into_iter().take(idxs.len()).map(|r| r.and_then(|s| ChunkEntry::decode(&s))).collect();
+        Ok((FileView { size, import }, e))
+    }
+
+    fn chunk_map(&self, ino: Ino) -> MetaResult<BTreeMap<u64, ChunkEntry>> {
+        let v: Vec<String> = self.with(|c| ::redis::cmd("HGETALL").arg(self.k(&format!("c:{ino}"))).query(c))?;
+        Ok(entries(v, 0)?.into_iter().collect())
+    }
+
+    fn commit(&self, ino: Ino, end: u64, updates: &[ChunkUpdate], now_ns: i64) -> MetaResult<Vec<(u64, ChunkEntry)>> {
+        self.commit_inner(ino, end, updates, now_ns, true)
+    }
+
+    fn materialize(&self, ino: Ino, update: &ChunkUpdate) -> MetaResult<()> {
+        self.commit_inner(ino, 0, std::slice::from_ref(update), 0, false).map(|_| ())
+    }
+
+    fn truncate(&self, ino: Ino, size: u64, tail: Option<&ChunkUpdate>, now_ns: i64) -> MetaResult<Vec<(u64, ChunkEntry)>> {
+        let params = self.params()?;
+        let (ti, tb, te) = match tail {
+            Some(u) => (u.idx.to_string(), u.base.unwrap_or(0).to_string(), u.entry.encode()),
+            None => (String::new(), String::new(), String::new()),
+        };
+        let v: Vec<String> = self.run(
+            &TRUNCATE,
+            &[ino.to_string(), size.to_string(), now_ns.to_string(), now_ms_s(), params.chunk_size.to_string(), ti, tb, te],
+        )?;
+        entries(v, 0)
+    }
+
+    fn dirty_oldest(&self, n: usize) -> MetaResult<Vec<(ChunkId, i64)>> {
+        let v: Vec<(String, f64)> = self.with(|c| {
+            ::redis::cmd("ZRANGE").arg(self.k("dirty")).arg(0).arg(n as i64 - 1).arg("WITHSCORES").query(c)
+        })?;
+        Ok(v.into_iter().filter_map(|(m, s)| Some((ChunkId::parse_member(&m)?, s as i64))).collect())
+    }
+
+    fn dirty_count(&self) -> MetaResult<u64> {
+        self.with(|c| ::redis::cmd("ZCARD").arg(self.k("dirty")).query(c))
+    }
+
+    fn is_dirty(&self, chunk: &ChunkId) -> MetaResult<bool> {
+        let s: Option<f64> = self.with(|c| ::redis::cmd("ZSCORE").arg(self.k("dirty")).arg(chunk.member()).query(c))?;
+        Ok(s.is_some())
+    }
+
+    fn expedite(&self, ino: Ino) -> MetaResult<()> {
+        let map = self.chunk_map(ino)?;
+        let members: Vec<String> = map
+            .iter()
+            .filter(|(_, e)| !e.persisted)
+            .map(|(idx, e)| ChunkId { ino, idx: *idx, ver: e.ver }.member())
+            .collect();
+        if members.is_empty() {
+            return Ok(());
+        }
+        // XX: only entries still in the log (a persisted one must not come back).
+        self.with(|c| {
+            let mut p = ::redis::pipe();
+            for m in &members {
+                p.cmd("ZADD").arg(self.k("dirty")).arg("XX").arg(0).arg(m).ignore();
+            }
+            p.query::<()>(c)
+        })
+    }
+
+    fn mark_persisted(&self, chunk: &ChunkId) -> MetaResult<bool> {
+        let r: i64 = self.run(&MARK_PERSISTED, &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string()])?;
+        Ok(r == 1)
+    }
+
+    fn set_holders(&self, chunk: &ChunkId, holders: &[String]) -> MetaResult<bool> {
+        let r: i64 = self.run(
+            &SET_HOLDERS,
+            &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string(), holders.join(",")],
+        )?;
+        Ok(r == 1)
+    }
+
+    fn publish_queue(&self, before_ms: i64, n: usize) -> MetaResult<Vec<Ino>> {
+        self.with(|c| {
+            ::redis::cmd("ZRANGEBYSCORE").arg(self.k("pub")).arg("-inf").arg(before_ms).arg("LIMIT").arg(0).arg(n).query(c)
+        })
+    }
+
+    fn requeue_publish(&self, ino: Ino, at_ms: i64) -> MetaResult<()> {
+        self.with(|c| ::redis::cmd("ZADD").arg(self.k("pub")).arg(at_ms).arg(ino).query::<()>(c))
+    }
+
+    fn drop_publish(&self, ino: Ino) -> MetaResult<()> {
+        self.with(|c| ::redis::cmd("ZREM").arg(self.k("pub")).arg(ino).query::<()>(c))
+    }
+
+    fn mark_published(&self, ino: Ino, gen: u64, xkey: &str, clear_import: bool) -> MetaResult<bool> {
+        let r: i64 = self.run(
+            &MARK_PUBLISHED,
+            &[ino.to_string(), gen.to_string(), xkey.into(), if clear_import { "1" } else { "0" }.into(), now_ms_s()],
+        )?;
+        Ok(r == 1)
+    }
+
+    fn publish_pending(&self) -> MetaResult<u64> {
+        self.with(|c| ::redis::cmd("ZCARD").arg(self.k("pub")).query(c))
+    }
+
+    fn claim_unpublish(&self) -> MetaResult<Option<String>> {
+        let v: Value = self.run(&CLAIM_UNPUB, &[])?;
+        Ok(s(&v))
+    }
+
+    fn unpublish_done(&self, key: &str) -> MetaResult<()> {
+        self.with(|c| ::redis::cmd("DEL").arg(self.k(&format!("del:{key}"))).query::<()>(c))
+    }
+
+    fn import_file(&self, parent: Ino, name: &str, key: &str, size: u64, now_ns: i64) -> MetaResult<Attr> {
+        let ino = self.alloc_ino()?;
+        let got: u64 = self.run(
+            &IMPORT,
+            &[parent.to_string(), name.into(), ino.to_string(), key.into(), size.to_string(), now_ns.to_string()],
+        )?;
+        self.getattr(got)
+    }
+
+    fn register_node(&self, node: &NodeInfo, ttl_ms: u64) -> MetaResult<()> {
+        let info = serde_json::to_string(node).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+        let exp = now_ms() + ttl_ms as i64;
+        self.with(|c| {
+            ::redis::pipe()
+                .cmd("ZADD").arg(self.k("nodes")).arg(exp).arg(&node.addr).ignore()
+                .cmd("HSET").arg(self.k("nodeinfo")).arg(&node.addr).arg(&info).ignore()
+                .query::<()>(c)
+        })
+    }
+
+    fn live_nodes(&self) -> MetaResult<Vec<NodeInfo>> {
+        let now = now_ms();
+        let addrs: Vec<String> =
+            self.with(|c| ::redis::cmd("ZRANGEBYSCORE").arg(self.k("nodes")).arg(now).arg("+inf").query(c))?;
+        if addrs.is_empty() {
+            return Ok(vec![]);
+        }
+        let infos: Vec<Option<String>> = self.with(|c| ::redis::cmd("HMGET").arg(self.k("nodeinfo")).arg(&addrs).query(c))?;
+        let mut out: Vec<NodeInfo> = addrs
+            .into_iter()
+            .zip(infos)
+            .map(|(addr, i)| i.and_then(|i| serde_json::from_str(&i).ok()).unwrap_or(NodeInfo { addr, capacity: 0 }))
+            .collect();
+        out.sort_by(|a, b| a.addr.cmp(&b.addr));
+        Ok(out)
+    }
+
+    fn deregister_node(&self, addr: &str) -> MetaResult<()> {
+        self.with(|c| ::redis::cmd("ZREM").arg(self.k("nodes")).arg(addr).query::<()>(c))
+    }
+}
+
+impl RedisMeta {
+    fn commit_inner(&self, ino: Ino, end: u64, updates: &[ChunkUpdate], now_ns: i64, bump: bool) -> MetaResult<Vec<(u64, ChunkEntry)>> {
+        let mut args = vec![
+            ino.to_string(),
+            end.to_string(),
+            now_ns.to_string(),
+            now_ms_s(),
+            if bump { "1" } else { "0" }.to_string(),
+            updates.len().to_string(),
+        ];
+        for u in updates {
+            args.push(u.idx.to_string());
+            args.push(u.base.unwrap_or(0).to_string());
+            args.push(u.entry.encode());
+        }
+        let v: Vec<String> = self.run(&COMMIT, &args)?;
+        entries(v, 0)
+    }
+}

@@ -1,0 +1,275 @@
+//! The client <-> I/O node wire protocol: length-prefixed frames over one
+//! persistent TCP connection, each tagged with a request id so that many
+//! requests are in flight at once and answers may come back in any order.
+//!
+//! Request frame:  `u32 len | u8 op | u64 id | body` (len counts op..body)
+//! Response frame: `u32 len | u8 status | u64 id | body`
+//! All integers are big-endian. Bodies:
+//! - `Put`:  chunk id (3 x u64) | u8 dirty | data
+//! - `Get`, `Delete`, `MarkClean`: chunk id
+//! - `Stat`: empty; its response body is a JSON `NodeStat`.
+
+use std::io::{self, Read, Write};
+
+/// Largest frame accepted (a chunk plus headers); bigger lengths are rejected
+/// before any allocation so a corrupt or hostile length cannot exhaust memory.
+pub const MAX_FRAME: usize = 64 * 1024 * 1024 + 64;
+
+/// One immutable chunk version: chunk `idx` of inode `ino`, version `ver`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChunkId {
+    pub ino: u64,
+    pub idx: u64,
+    pub ver: u64,
+}
+
+impl ChunkId {
+    /// The name used in the dirty log and in logs: `ino:idx:ver`.
+    pub fn member(&self) -> String {
+        format!("{}:{}:{}", self.ino, self.idx, self.ver)
+    }
+
+    pub fn parse_member(s: &str) -> Option<ChunkId> {
+        let mut it = s.split(':').map(|p| p.parse::<u64>().ok());
+        let c = ChunkId { ino: it.next()??, idx: it.next()??, ver: it.next()?? };
+        it.next().is_none().then_some(c)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Put { chunk: ChunkId, dirty: bool, data: Vec<u8> },
+    Get { chunk: ChunkId },
+    Delete { chunk: ChunkId },
+    MarkClean { chunk: ChunkId },
+    Stat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    Ok = 0,
+    NotFound = 1,
+    NoSpace = 2,
+    BadRequest = 3,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub status: Status,
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame length {0} is outside 9..={MAX_FRAME}")]
+    BadLength(usize),
+    #[error("unknown opcode {0}")]
+    UnknownOp(u8),
+    #[error("unknown status {0}")]
+    UnknownStatus(u8),
+    #[error("body of opcode {op} has {len} bytes, which does not fit")]
+    BadBody { op: u8, len: usize },
+}
+
+const OP_PUT: u8 = 1;
+const OP_GET: u8 = 2;
+const OP_DELETE: u8 = 3;
+const OP_MARK_CLEAN: u8 = 4;
+const OP_STAT: u8 = 5;
+
+fn put_chunk(out: &mut Vec<u8>, c: &ChunkId) {
+    out.extend_from_slice(&c.ino.to_be_bytes());
+    out.extend_from_slice(&c.idx.to_be_bytes());
+    out.extend_from_slice(&c.ver.to_be_bytes());
+}
+
+fn get_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_be_bytes(a)
+}
+
+fn get_chunk(b: &[u8]) -> ChunkId {
+    ChunkId { ino: get_u64(b), idx: get_u64(&b[8..]), ver: get_u64(&b[16..]) }
+}
+
+/// Encodes a request frame (with its length prefix).
+pub fn encode_request(id: u64, req: &Request) -> Vec<u8> {
+    let mut body = Vec::with_capacity(40);
+    let op = match req {
+        Request::Put { chunk, dirty, data } => {
+            body.reserve(data.len());
+            put_chunk(&mut body, chunk);
+            body.push(u8::from(*dirty));
+            body.extend_from_slice(data);
+            OP_PUT
+        }
+        Request::Get { chunk } => {
+            put_chunk(&mut body, chunk);
+            OP_GET
+        }
+        Request::Delete { chunk } => {
+            put_chunk(&mut body, chunk);
+            OP_DELETE
+        }
+        Request::MarkClean { chunk } => {
+            put_chunk(&mut body, chunk);
+            OP_MARK_CLEAN
+        }
+        Request::Stat => OP_STAT,
+    };
+    frame(op, id, &body)
+}
+
+pub fn encode_response(id: u64, resp: &Response) -> Vec<u8> {
+    frame(resp.status as u8, id, &resp.body)
+}
+
+fn frame(tag: u8, id: u64, body: &[u8]) -> Vec<u8> {
+    let len = 9 + body.len();
+    let mut out = Vec::with_capacity(4 + len);
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    out.push(tag);
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// Splits one frame payload (without the length prefix) into tag, id, body.
+fn split(payload: &[u8]) -> Result<(u8, u64, &[u8]), DecodeError> {
+    if payload.len() < 9 || payload.len() > MAX_FRAME {
+        return Err(DecodeError::BadLength(payload.len()));
+    }
+    Ok((payload[0], get_u64(&payload[1..]), &payload[9..]))
+}
+
+pub fn decode_request(payload: &[u8]) -> Result<(u64, Request), DecodeError> {
+    let (op, id, body) = split(payload)?;
+    let need = |n: usize, exact: bool| {
+        if body.len() < n || (exact && body.len() != n) {
+            Err(DecodeError::BadBody { op, len: body.len() })
+        } else {
+            Ok(())
+        }
+    };
+    let req = match op {
+        OP_PUT => {
+            need(25, false)?;
+            let dirty = match body[24] {
+                0 => false,
+                1 => true,
+                _ => return Err(DecodeError::BadBody { op, len: body.len() }),
+            };
+            Request::Put { chunk: get_chunk(body), dirty, data: body[25..].to_vec() }
+        }
+        OP_GET | OP_DELETE | OP_MARK_CLEAN => {
+            need(24, true)?;
+            let chunk = get_chunk(body);
+            match op {
+                OP_GET => Request::Get { chunk },
+                OP_DELETE => Request::Delete { chunk },
+                _ => Request::MarkClean { chunk },
+            }
+        }
+        OP_STAT => {
+            need(0, true)?;
+            Request::Stat
+        }
+        other => return Err(DecodeError::UnknownOp(other)),
+    };
+    Ok((id, req))
+}
+
+pub fn decode_response(payload: &[u8]) -> Result<(u64, Response), DecodeError> {
+    let (tag, id, body) = split(payload)?;
+    let status = match tag {
+        0 => Status::Ok,
+        1 => Status::NotFound,
+        2 => Status::NoSpace,
+        3 => Status::BadRequest,
+        other => return Err(DecodeError::UnknownStatus(other)),
+    };
+    Ok((id, Response { status, body: body.to_vec() }))
+}
+
+/// Reads one frame payload from a stream. `Ok(None)` on a clean EOF between frames.
+pub fn read_frame(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if !(9..=MAX_FRAME).contains(&len) {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, DecodeError::BadLength(len)));
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf)?;
+    Ok(Some(buf))
+}
+
+pub fn write_frame(w: &mut impl Write, frame: &[u8]) -> io::Result<()> {
+    w.write_all(frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn chunk() -> impl Strategy<Value = ChunkId> {
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(ino, idx, ver)| ChunkId { ino, idx, ver })
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        prop_oneof![
+            (chunk(), any::<bool>(), proptest::collection::vec(any::<u8>(), 0..300))
+                .prop_map(|(chunk, dirty, data)| Request::Put { chunk, dirty, data }),
+            chunk().prop_map(|chunk| Request::Get { chunk }),
+            chunk().prop_map(|chunk| Request::Delete { chunk }),
+            chunk().prop_map(|chunk| Request::MarkClean { chunk }),
+            Just(Request::Stat),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn request_roundtrips(id in any::<u64>(), req in request()) {
+            let f = encode_request(id, &req);
+            let payload = read_frame(&mut &f[..]).unwrap().unwrap();
+            prop_assert_eq!(decode_request(&payload).unwrap(), (id, req));
+        }
+
+        #[test]
+        fn response_roundtrips(id in any::<u64>(), st in 0u8..4, body in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let resp = Response { status: decode_response(&frame(st, 0, &[])).unwrap().1.status, body };
+            let f = encode_response(id, &resp);
+            let payload = read_frame(&mut &f[..]).unwrap().unwrap();
+            prop_assert_eq!(decode_response(&payload).unwrap(), (id, resp));
+        }
+
+        /// Arbitrary bytes never panic the parser; they decode or are rejected.
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_request(&bytes);
+            let _ = decode_response(&bytes);
+            let mut r = &bytes[..];
+            while let Ok(Some(p)) = read_frame(&mut r) {
+                let _ = decode_request(&p);
+            }
+        }
+
+        #[test]
+        fn member_roundtrips(c in chunk()) {
+            prop_assert_eq!(ChunkId::parse_member(&c.member()), Some(c));
+        }
+    }
+
+    #[test]
+    fn oversized_length_is_rejected_without_allocating() {
+        let f = [0xff, 0xff, 0xff, 0xff, 1, 2, 3];
+        assert_eq!(read_frame(&mut &f[..]).unwrap_err().kind(), io::ErrorKind::InvalidData);
+    }
+}

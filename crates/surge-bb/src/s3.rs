@@ -1,0 +1,194 @@
+//! The object store behind the buffer, through `object_store` (any
+//! S3-compatible endpoint). Blocking wrappers over one shared tokio runtime,
+//! because the rest of the tier (FUSE callbacks, node threads) is synchronous.
+//!
+//! Layout in the bucket (see docs/burst-buffer.md):
+//! - `.surge/chunks/{ino}/{idx}/{ver}`: one immutable chunk version
+//! - `.surge/manifests/{ino}/{gen}.json`: one immutable file version, written
+//!   after all its chunks
+//! - `{path}`: the file's content as an ordinary object (the export view), for
+//!   other S3 tools; surge itself reads it only when importing.
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use object_store::{ClientOptions, ObjectStore, PutPayload, RetryConfig, WriteMultipart};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+pub const INTERNAL_PREFIX: &str = ".surge";
+
+pub(crate) static RT: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bb-io")
+        .enable_all()
+        .build()
+        .expect("cannot start the tokio runtime")
+});
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct S3Config {
+    /// e.g. http://127.0.0.1:9000 (None: AWS itself).
+    pub endpoint: Option<String>,
+    pub bucket: String,
+    pub region: String,
+    pub access_key: Option<String>,
+    pub secret_key: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum S3Error {
+    #[error("S3 {op} of {key} failed: {msg}")]
+    Request { op: &'static str, key: String, msg: String },
+    #[error("S3 configuration: {0}")]
+    Config(String),
+}
+
+#[derive(Clone)]
+pub struct S3 {
+    store: Arc<dyn ObjectStore>,
+    pub bucket: String,
+}
+
+pub fn obj_path(key: &str) -> Path {
+    Path::parse(key).unwrap_or_else(|_| Path::from(key))
+}
+
+pub fn chunk_key(ino: u64, idx: u64, ver: u64) -> String {
+    format!("{INTERNAL_PREFIX}/chunks/{ino}/{idx}/{ver}")
+}
+
+pub fn manifest_key(ino: u64, gen: u64) -> String {
+    format!("{INTERNAL_PREFIX}/manifests/{ino}/{gen:020}.json")
+}
+
+/// The export key of a file at `a/b/c` (each name made a valid key segment).
+pub fn export_key(path: &str) -> String {
+    Path::from_iter(path.split('/').filter(|p| !p.is_empty())).as_ref().to_string()
+}
+
+impl S3 {
+    pub fn connect(cfg: &S3Config) -> Result<S3, S3Error> {
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(&cfg.bucket)
+            .with_region(&cfg.region)
+            .with_retry(RetryConfig { max_retries: 3, retry_timeout: Duration::from_secs(10), ..Default::default() })
+            .with_client_options(
+                ClientOptions::new().with_connect_timeout(Duration::from_secs(2)).with_timeout(Duration::from_secs(60)),
+            );
+        if let Some(e) = &cfg.endpoint {
+            b = b.with_endpoint(e).with_allow_http(true).with_virtual_hosted_style_request(false);
+        }
+        if let (Some(a), Some(s)) = (&cfg.access_key, &cfg.secret_key) {
+            b = b.with_access_key_id(a).with_secret_access_key(s);
+        }
+        let store = b.build().map_err(|e| S3Error::Config(e.to_string()))?;
+        Ok(S3 { store: Arc::new(store), bucket: cfg.bucket.clone() })
+    }
+
+    fn err(op: &'static str, key: &str, e: impl std::fmt::Display) -> S3Error {
+        S3Error::Request { op, key: key.to_string(), msg: e.to_string() }
+    }
+
+    pub fn put(&self, key: &str, data: Bytes) -> Result<(), S3Error> {
+        RT.block_on(self.store.put(&obj_path(key), PutPayload::from_bytes(data))).map_err(|e| Self::err("PUT", key, e))?;
+        Ok(())
+    }
+
+    /// `Ok(None)` when the object does not exist.
+    pub fn get(&self, key: &str) -> Result<Option<Bytes>, S3Error> {
+        let r = RT.block_on(async {
+            match self.store.get(&obj_path(key)).await {
+                Ok(g) => g.bytes().await.map(Some),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        r.map_err(|e| Self::err("GET", key, e))
+    }
+
+    pub fn get_range(&self, key: &str, range: std::ops::Range<u64>) -> Result<Bytes, S3Error> {
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        RT.block_on(self.store.get_range(&obj_path(key), range.start as usize..range.end as usize))
+            .map_err(|e| Self::err("GET range", key, e))
+    }
+
+    pub fn delete(&self, key: &str) -> Result<(), S3Error> {
+        match RT.block_on(self.store.delete(&obj_path(key))) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Self::err("DELETE", key, e)),
+        }
+    }
+
+    /// Uploads many objects with up to `parallel` in flight; one result each.
+    pub fn put_many(&self, objs: Vec<(String, Bytes)>, parallel: usize) -> Vec<Result<(), S3Error>> {
+        use futures::StreamExt;
+        RT.block_on(async {
+            futures::stream::iter(objs)
+                .map(|(key, data)| async move {
+                    self.store.put(&obj_path(&key), PutPayload::from_bytes(data)).await.map(|_| ()).map_err(|e| Self::err("PUT", &key, e))
+                })
+                .buffered(parallel.max(1))
+                .collect()
+                .await
+        })
+    }
+
+    /// Every (key, size) under `prefix` (used only by import).
+    pub fn list(&self, prefix: Option<&str>) -> Result<Vec<(String, u64)>, S3Error> {
+        let p = prefix.map(obj_path);
+        RT.block_on(async { self.store.list(p.as_ref()).map_ok(|m| (m.location.as_ref().to_string(), m.size as u64)).try_collect().await })
+            .map_err(|e| Self::err("LIST", prefix.unwrap_or(""), e))
+    }
+
+    /// Writes one object from a sequence of pieces produced on demand (a
+    /// multipart upload for big objects), so a large file never sits in memory whole.
+    pub fn put_streamed(
+        &self,
+        key: &str,
+        mut next: impl FnMut() -> Result<Option<Vec<u8>>, S3Error>,
+    ) -> Result<(), S3Error> {
+        let path = obj_path(key);
+        let first = next()?;
+        let Some(first) = first else { return self.put(key, Bytes::new()) };
+        let second = next()?;
+        let Some(second) = second else { return self.put(key, Bytes::from(first)) };
+        // Pieces are produced outside the runtime (producing one may itself do
+        // blocking S3 reads); each is handed to the upload inside it.
+        let mut w = RT
+            .block_on(self.store.put_multipart(&path))
+            .map(|u| WriteMultipart::new_with_chunk_size(u, 8 << 20))
+            .map_err(|e| Self::err("multipart PUT", key, e))?;
+        let mut piece = Some(first);
+        let mut pending = Some(second);
+        loop {
+            if let Some(p) = piece.take() {
+                RT.block_on(async {
+                    w.wait_for_capacity(4).await?;
+                    w.write(&p);
+                    Ok::<_, object_store::Error>(())
+                })
+                .map_err(|e| Self::err("multipart PUT", key, e))?;
+            }
+            piece = match pending.take() {
+                Some(p) => Some(p),
+                None => match next() {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = RT.block_on(w.abort());
+                        return Err(e);
+                    }
+                },
+            };
+            if piece.is_none() {
+                break;
+            }
+        }
+        RT.block_on(w.finish()).map_err(|e| Self::err("multipart PUT", key, e))?;
+        Ok(())
+    }
+}

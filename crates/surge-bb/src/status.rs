@@ -1,0 +1,122 @@
+//! What `surge bb status` shows: the pool (live nodes, memory, dirty bytes),
+//! the write-back backlog, and for files whether they are persisted in S3.
+
+use crate::meta::{self, Attr, Ino, Kind};
+use crate::tier::{DataError, Tier};
+
+#[derive(Debug, serde::Serialize)]
+pub struct NodeStatus {
+    pub addr: String,
+    pub reachable: bool,
+    pub stat: Option<crate::store::StoreStat>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct PoolStatus {
+    pub chunk_size: u64,
+    pub replicas: usize,
+    pub nodes: Vec<NodeStatus>,
+    /// Chunk versions not yet in S3.
+    pub dirty_chunks: u64,
+    /// Age of the oldest of them, seconds.
+    pub oldest_dirty_s: Option<f64>,
+    /// Files whose manifest/export object is not written yet.
+    pub publish_pending: u64,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct FileStatus {
+    pub path: String,
+    pub ino: Ino,
+    pub size: u64,
+    pub generation: u64,
+    pub persisted_generation: u64,
+    pub dirty_chunks: u64,
+    /// The current content is in S3 (chunks, manifest and export object).
+    pub persisted: bool,
+}
+
+pub fn pool(tier: &Tier) -> Result<PoolStatus, DataError> {
+    tier.forget_live_cache();
+    let nodes = tier
+        .live_nodes()
+        .into_iter()
+        .map(|addr| {
+            let stat = tier.pool.stat(&addr).ok();
+            NodeStatus { reachable: stat.is_some(), addr, stat }
+        })
+        .collect();
+    let oldest = tier.meta.dirty_oldest(1)?;
+    Ok(PoolStatus {
+        chunk_size: tier.params.chunk_size,
+        replicas: tier.replicas,
+        nodes,
+        dirty_chunks: tier.meta.dirty_count()?,
+        oldest_dirty_s: oldest.first().map(|(_, t)| (crate::now_ms() - t).max(0) as f64 / 1000.0),
+        publish_pending: tier.meta.publish_pending()?,
+    })
+}
+
+fn file_status(tier: &Tier, path: &str, a: &Attr) -> Result<FileStatus, DataError> {
+    let map = tier.meta.chunk_map(a.ino)?;
+    let dirty = map.values().filter(|e| !e.persisted).count() as u64;
+    Ok(FileStatus {
+        path: path.to_string(),
+        ino: a.ino,
+        size: a.size,
+        generation: a.gen,
+        persisted_generation: a.pgen,
+        dirty_chunks: dirty,
+        persisted: a.persisted() && dirty == 0,
+    })
+}
+
+/// Status of the file at `path`, or of every file below the directory at `path`.
+pub fn files(tier: &Tier, path: &str) -> Result<Vec<FileStatus>, DataError> {
+    let a = meta::resolve(tier.meta.as_ref(), path)?;
+    let mut out = Vec::new();
+    let mut stack = vec![(path.trim_matches('/').to_string(), a)];
+    while let Some((p, a)) = stack.pop() {
+        match a.kind {
+            Kind::File => out.push(file_status(tier, &p, &a)?),
+            Kind::Dir => {
+                for e in tier.meta.readdir(a.ino)?.into_iter().rev() {
+                    let child = tier.meta.getattr(e.ino)?;
+                    let cp = if p.is_empty() { e.name.clone() } else { format!("{p}/{}", e.name) };
+                    stack.push((cp, child));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Imports every object of the bucket (outside surge's own prefix) that is not
+/// in the namespace yet, creating directories along the keys. Returns the count.
+pub fn import(tier: &Tier, prefix: Option<&str>) -> Result<usize, DataError> {
+    let s3 = tier.s3.as_ref().ok_or_else(|| DataError::Unreadable { chunk: "-".into(), why: "no S3 configured".into() })?;
+    let mut n = 0;
+    for (key, size) in s3.list(prefix)? {
+        if key.starts_with(crate::s3::INTERNAL_PREFIX) {
+            continue;
+        }
+        let parts: Vec<&str> = key.split('/').filter(|p| !p.is_empty()).collect();
+        let Some((name, dirs)) = parts.split_last() else { continue };
+        let mut parent = meta::ROOT;
+        for d in dirs {
+            parent = match tier.meta.create(parent, d, Kind::Dir, 0o755, 0, 0, crate::now_ns()) {
+                Ok(a) => a.ino,
+                Err(meta::MetaError::Exists) => tier.meta.lookup(parent, d)?.ino,
+                Err(e) => return Err(e.into()),
+            };
+        }
+        if key.ends_with('/') {
+            continue; // a "directory marker" object
+        }
+        let a = tier.meta.import_file(parent, name, &key, size, crate::now_ns())?;
+        if a.import.as_ref().is_some_and(|(k, _)| *k == key) {
+            n += 1;
+        }
+    }
+    Ok(n)
+}

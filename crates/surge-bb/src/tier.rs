@@ -1,0 +1,240 @@
+//! What clients and I/O nodes share: the metadata store, membership, the node
+//! connections and S3, with the two data-path primitives built on them:
+//! storing a chunk version on R nodes, and reading a chunk version from
+//! wherever it is (its holders, its rendezvous node, then S3).
+
+use crate::conn::{NodeError, NodePool};
+use crate::membership::Membership;
+use crate::meta::{ChunkEntry, FsParams, MetaError, MetaStore};
+use crate::placement;
+use crate::proto::ChunkId;
+use crate::s3::{chunk_key, S3Error, S3};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    #[error("storing chunk {chunk}: only {got} of {want} I/O nodes took it ({why})")]
+    NotReplicated { chunk: String, got: usize, want: usize, why: String, full: bool },
+    #[error("reading chunk {chunk}: no I/O node has it and {why}")]
+    Unreadable { chunk: String, why: String },
+    #[error(transparent)]
+    S3(#[from] S3Error),
+}
+
+impl DataError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            DataError::Meta(m) => m.errno(),
+            DataError::NotReplicated { full: true, .. } => libc::ENOSPC,
+            _ => libc::EIO,
+        }
+    }
+}
+
+pub struct Tier {
+    pub meta: Arc<dyn MetaStore>,
+    pub members: Arc<dyn Membership>,
+    pub pool: Arc<NodePool>,
+    pub s3: Option<S3>,
+    pub params: FsParams,
+    /// Copies a dirty chunk needs before a write is acknowledged.
+    pub replicas: usize,
+    live_cache: Mutex<(Instant, Vec<String>)>,
+}
+
+impl Tier {
+    pub fn new(meta: Arc<dyn MetaStore>, members: Arc<dyn Membership>, s3: Option<S3>, replicas: usize) -> Result<Tier, MetaError> {
+        let params = meta.params()?;
+        Ok(Tier {
+            meta,
+            members,
+            pool: Arc::new(NodePool::default()),
+            s3,
+            params,
+            replicas: replicas.max(1),
+            live_cache: Mutex::new((Instant::now() - Duration::from_secs(60), vec![])),
+        })
+    }
+
+    /// Live node addresses, refreshed at most every 500 ms.
+    pub fn live_nodes(&self) -> Vec<String> {
+        {
+            let g = self.live_cache.lock();
+            if g.0.elapsed() < Duration::from_millis(500) {
+                return g.1.clone();
+            }
+        }
+        match self.members.live() {
+            Ok(v) => {
+                let addrs: Vec<String> = v.into_iter().map(|n| n.addr).collect();
+                *self.live_cache.lock() = (Instant::now(), addrs.clone());
+                addrs
+            }
+            Err(e) => {
+                tracing::warn!("membership: {e}; using the last known node list");
+                self.live_cache.lock().1.clone()
+            }
+        }
+    }
+
+    pub fn forget_live_cache(&self) {
+        self.live_cache.lock().0 = Instant::now() - Duration::from_secs(60);
+    }
+
+    /// Stores a dirty chunk version on `replicas` nodes in rendezvous order,
+    /// skipping nodes that fail or are full. Returns the holders.
+    pub fn store_chunk(&self, chunk: ChunkId, data: &[u8], exclude: &[String]) -> Result<Vec<String>, DataError> {
+        let live = self.live_nodes();
+        let want = self.replicas;
+        let mut holders = Vec::with_capacity(want);
+        let mut why = Vec::new();
+        let mut full = false;
+        // Candidates in rendezvous order; each round sends to as many as are
+        // still missing, in parallel, so a healthy store costs one round trip.
+        let mut candidates = placement::rank(&live, &chunk).into_iter().filter(|n| !exclude.iter().any(|e| e == n));
+        while holders.len() < want {
+            let round: Vec<&str> = candidates.by_ref().take(want - holders.len()).collect();
+            if round.is_empty() {
+                break;
+            }
+            let results: Vec<Result<(), NodeError>> = std::thread::scope(|s| {
+                let handles: Vec<_> = round.iter().map(|node| s.spawn(move || self.pool.put(node, chunk, data.to_vec(), true))).collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(NodeError::Rejected { node: "?".into(), why: "panicked".into() }))).collect()
+            });
+            for (node, r) in round.iter().zip(results) {
+                match r {
+                    Ok(()) => holders.push(node.to_string()),
+                    Err(e) => {
+                        full |= matches!(e, NodeError::Full { .. });
+                        tracing::warn!("chunk {}: {e}; trying the next node", chunk.member());
+                        why.push(e.to_string());
+                    }
+                }
+            }
+        }
+        if holders.len() < want {
+            if live.len() < want {
+                why.push(format!("{} live I/O nodes, {want} copies required", live.len()));
+            }
+            // Do not leave partial copies behind as dirty.
+            for h in &holders {
+                let _ = self.pool.delete(h, chunk);
+            }
+            let err = DataError::NotReplicated { chunk: chunk.member(), got: holders.len(), want, why: why.join("; "), full };
+            tracing::error!("{err}");
+            return Err(err);
+        }
+        Ok(holders)
+    }
+
+    /// Reads chunk version `e` of `(ino, idx)`: from a holder, else from the
+    /// node rendezvous picks (a cached clean copy), else from S3 (lazy fetch;
+    /// the copy is then cached clean on that node).
+    pub fn read_chunk(&self, ino: u64, idx: u64, e: &ChunkEntry) -> Result<Vec<u8>, DataError> {
+        let chunk = ChunkId { ino, idx, ver: e.ver };
+        let mut why = Vec::new();
+        for h in &e.holders {
+            match self.pool.get(h, chunk) {
+                Ok(Some(d)) => return Ok(d),
+                Ok(None) => why.push(format!("{h} does not hold it")),
+                Err(err) => why.push(err.to_string()),
+            }
+        }
+        let live = self.live_nodes();
+        let cache_node = placement::rank(&live, &chunk).into_iter().find(|n| !e.holders.iter().any(|h| h == n));
+        if e.persisted {
+            if let Some(n) = cache_node {
+                if let Ok(Some(d)) = self.pool.get(n, chunk) {
+                    return Ok(d);
+                }
+            }
+            let s3 = self.s3.as_ref().ok_or_else(|| DataError::Unreadable { chunk: chunk.member(), why: "no S3 configured".into() })?;
+            let key = chunk_key(ino, idx, e.ver);
+            match s3.get(&key) {
+                Ok(Some(d)) => {
+                    let d = d.to_vec();
+                    if let Some(n) = cache_node {
+                        let _ = self.pool.put(n, chunk, d.clone(), false);
+                    }
+                    return Ok(d);
+                }
+                Ok(None) => why.push(format!("S3 object {key} is missing")),
+                Err(err) => why.push(err.to_string()),
+            }
+        } else {
+            why.push("it is not in S3 yet".into());
+        }
+        let err = DataError::Unreadable { chunk: chunk.member(), why: why.join("; ") };
+        tracing::error!("{err}");
+        Err(err)
+    }
+
+    /// Bytes `[idx*cs, ..)` of an imported object still backing chunk `idx`.
+    pub fn read_imported(&self, ino: u64, import: &Option<(String, u64)>, idx: u64) -> Result<Vec<u8>, DataError> {
+        let Some((key, limit)) = import else { return Ok(vec![]) };
+        let cs = self.params.chunk_size;
+        let start = idx * cs;
+        let end = ((idx + 1) * cs).min(*limit);
+        if start >= end {
+            return Ok(vec![]);
+        }
+        let s3 = self.s3.as_ref().ok_or_else(|| DataError::Unreadable { chunk: format!("{ino}:{idx}"), why: "no S3 configured".into() })?;
+        match s3.get_range(key, start..end) {
+            Ok(b) => Ok(b.to_vec()),
+            Err(e) => {
+                tracing::error!("lazy fetch of imported {key} bytes {start}..{end}: {e}");
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Drops node copies of chunk versions nobody references any more.
+    pub fn discard(&self, ino: u64, removed: &[(u64, ChunkEntry)]) {
+        for (idx, e) in removed {
+            let c = ChunkId { ino, idx: *idx, ver: e.ver };
+            for h in &e.holders {
+                let _ = self.pool.delete(h, c);
+            }
+        }
+    }
+}
+
+/// Everything needed to reach a burst buffer, as given on the command line.
+#[derive(Clone, Debug)]
+pub struct TierConfig {
+    /// redis://HOST:PORT/ of the metadata store.
+    pub redis: String,
+    /// File-system name (several can share one Redis and one bucket prefix).
+    pub fs: String,
+    /// `redis` (default), `etcd:http://HOST:PORT` or `static:ADDR,ADDR`.
+    pub membership: String,
+    pub s3: Option<crate::s3::S3Config>,
+    pub replicas: usize,
+    /// Chunk size used if the file system is formatted now.
+    pub chunk_size: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    #[error(transparent)]
+    Membership(#[from] crate::membership::MembershipError),
+    #[error(transparent)]
+    S3(#[from] S3Error),
+}
+
+impl TierConfig {
+    /// Connects to metadata (formatting it if new), membership and S3.
+    pub fn open(&self) -> Result<Arc<Tier>, OpenError> {
+        let meta: Arc<dyn MetaStore> = Arc::new(crate::meta::redis::RedisMeta::connect(&self.redis, &self.fs)?);
+        meta.format(&FsParams { chunk_size: self.chunk_size })?;
+        let members = crate::membership::open(&self.membership, &self.fs, meta.clone())?;
+        let s3 = self.s3.as_ref().map(S3::connect).transpose()?;
+        Ok(Arc::new(Tier::new(meta, members, s3, self.replicas)?))
+    }
+}

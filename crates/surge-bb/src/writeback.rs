@@ -1,0 +1,341 @@
+//! Write-back, run by every I/O node: dirty chunk versions go to S3 oldest
+//! first (each by the first live node holding it), then each changed file's
+//! manifest and export object; dirty chunks that lost a holder are copied to
+//! another node first. Every step is idempotent: S3 keys are never reused, so
+//! a node dying half-way leaves nothing another node cannot redo.
+
+use crate::meta::{self, ChunkEntry, ChunkUpdate, Ino, Kind, MetaError};
+use crate::placement;
+use crate::proto::ChunkId;
+use crate::s3::{chunk_key, export_key, manifest_key};
+use crate::store::ChunkStore;
+use crate::tier::{DataError, Tier};
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+pub struct WritebackConfig {
+    /// A dirty chunk waits this long before write-back (lets rewrites coalesce);
+    /// an fsync that waits for S3 skips the wait.
+    pub delay: Duration,
+    /// A chunk still dirty after this long is logged as late.
+    pub deadline: Duration,
+    /// Uploads in flight per node.
+    pub parallel: usize,
+    /// A dirty chunk on a node that the dirty log no longer lists, older than
+    /// this, is an orphan (a client died before committing it): made evictable.
+    pub orphan_grace: Duration,
+}
+
+impl Default for WritebackConfig {
+    fn default() -> Self {
+        WritebackConfig {
+            delay: Duration::from_millis(500),
+            deadline: Duration::from_secs(30),
+            parallel: 8,
+            orphan_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Manifest<'a> {
+    ino: Ino,
+    path: &'a str,
+    size: u64,
+    gen: u64,
+    chunk_size: u64,
+    chunks: Vec<ManifestChunk>,
+}
+
+#[derive(serde::Serialize)]
+struct ManifestChunk {
+    idx: u64,
+    key: String,
+    len: u64,
+}
+
+pub struct Writeback {
+    tier: Arc<Tier>,
+    store: Arc<ChunkStore>,
+    me: String,
+    cfg: WritebackConfig,
+    late_logged: Mutex<HashSet<ChunkId>>,
+    last_error: Mutex<Option<Instant>>,
+}
+
+impl Writeback {
+    pub fn new(tier: Arc<Tier>, store: Arc<ChunkStore>, me: String, cfg: WritebackConfig) -> Writeback {
+        Writeback { tier, store, me, cfg, late_logged: Mutex::default(), last_error: Mutex::default() }
+    }
+
+    /// Logs an error at most every 5 s (S3 down would otherwise flood the log).
+    fn log_error(&self, what: &str) {
+        let mut g = self.last_error.lock();
+        if g.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
+            tracing::error!("write-back: {what}");
+            *g = Some(Instant::now());
+        }
+    }
+
+    /// One pass of everything: chunks, publishes, unpublishes. Returns chunks written.
+    pub fn tick(&self) -> usize {
+        let n = match self.write_back_chunks() {
+            Ok(n) => n,
+            Err(e) => {
+                self.log_error(&e.to_string());
+                0
+            }
+        };
+        if let Err(e) = self.publish_files() {
+            self.log_error(&format!("publishing: {e}"));
+        }
+        if let Err(e) = self.unpublish() {
+            self.log_error(&format!("removing export objects: {e}"));
+        }
+        n
+    }
+
+    fn write_back_chunks(&self) -> Result<usize, DataError> {
+        let Some(s3) = &self.tier.s3 else { return Ok(0) };
+        let live = self.tier.live_nodes();
+        let now = crate::now_ms();
+        let mut batch = Vec::new();
+        for (c, logged) in self.tier.meta.dirty_oldest(1024)? {
+            if logged != 0 && now - logged < self.cfg.delay.as_millis() as i64 {
+                break; // the log is ordered: everything after is younger
+            }
+            if now - logged > self.cfg.deadline.as_millis() as i64 && self.late_logged.lock().insert(c) {
+                tracing::warn!("chunk {} dirty for {} s, past the {:?} write-back deadline", c.member(), (now - logged) / 1000, self.cfg.deadline);
+            }
+            let local = self.store.get(&c);
+            let (_, e) = self.tier.meta.chunks(c.ino, &[c.idx])?;
+            let Some(e) = e.into_iter().next().flatten().filter(|e| e.ver == c.ver) else {
+                // Superseded or deleted since it was logged: nothing to write.
+                self.tier.meta.mark_persisted(&c)?;
+                continue;
+            };
+            let first_live = e.holders.iter().find(|h| live.contains(h));
+            match first_live {
+                Some(h) if *h == self.me => {}
+                Some(_) => continue,
+                None => {
+                    self.log_error(&format!("chunk {}: no holder of it is alive ({:?})", c.member(), e.holders));
+                    continue;
+                }
+            }
+            let data = match local {
+                Some(d) => d.to_vec(),
+                // This node restarted and lost its copy: take another holder's.
+                None => self.tier.read_chunk(c.ino, c.idx, &e)?,
+            };
+            batch.push((c, e, data));
+            if batch.len() >= self.cfg.parallel * 4 {
+                break;
+            }
+        }
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let puts: Vec<(String, bytes::Bytes)> =
+            batch.iter().map(|(c, _, d)| (chunk_key(c.ino, c.idx, c.ver), bytes::Bytes::from(d.clone()))).collect();
+        let results = s3.put_many(puts, self.cfg.parallel);
+        let mut done = 0;
+        for ((c, e, _), r) in batch.iter().zip(results) {
+            match r {
+                Ok(()) => {
+                    self.tier.meta.mark_persisted(c)?;
+                    for h in &e.holders {
+                        if *h == self.me {
+                            self.store.mark_clean(c);
+                        } else {
+                            let _ = self.tier.pool.mark_clean(h, *c);
+                        }
+                    }
+                    self.late_logged.lock().remove(c);
+                    done += 1;
+                }
+                Err(err) => self.log_error(&format!("chunk {} stays dirty: {err}", c.member())),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Is this node the one (of the live ones) that publishes `ino`?
+    fn mine(&self, live: &[String], ino: Ino) -> bool {
+        placement::rank(live, &ChunkId { ino, idx: u64::MAX, ver: 0 }).first().is_some_and(|n| *n == self.me)
+    }
+
+    fn publish_files(&self) -> Result<(), DataError> {
+        if self.tier.s3.is_none() {
+            return Ok(());
+        }
+        let live = self.tier.live_nodes();
+        let before = crate::now_ms() - self.cfg.delay.as_millis() as i64;
+        for ino in self.tier.meta.publish_queue(before, 64)? {
+            if !self.mine(&live, ino) {
+                continue;
+            }
+            match self.publish_one(ino) {
+                Ok(()) => {}
+                Err(DataError::Meta(MetaError::NotFound)) => self.tier.meta.drop_publish(ino)?,
+                Err(e) => {
+                    self.tier.meta.requeue_publish(ino, crate::now_ms() + 1000)?;
+                    self.log_error(&format!("publishing inode {ino}: {e}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the manifest and the export object of one file once all its
+    /// chunks are in S3; a directory (after a rename) queues its children.
+    fn publish_one(&self, ino: Ino) -> Result<(), DataError> {
+        let meta = &self.tier.meta;
+        let s3 = self.tier.s3.as_ref().expect("checked by caller");
+        let a = meta.getattr(ino)?;
+        if a.kind == Kind::Dir {
+            let now = crate::now_ms();
+            for child in meta.readdir(ino)? {
+                meta.requeue_publish(child.ino, now)?;
+            }
+            meta.drop_publish(ino)?;
+            return Ok(());
+        }
+        let path = meta::path_of(meta.as_ref(), ino)?;
+        let xkey = export_key(&path);
+        if a.persisted() && a.xkey.as_deref() == Some(xkey.as_str()) {
+            meta.drop_publish(ino)?;
+            return Ok(());
+        }
+        let cs = self.tier.params.chunk_size;
+        let n = a.size.div_ceil(cs);
+        let mut map = meta.chunk_map(ino)?;
+        for idx in 0..n {
+            match map.get(&idx) {
+                Some(e) if !e.persisted => {
+                    // Not all chunks are in S3 yet: come back later.
+                    meta.requeue_publish(ino, crate::now_ms() + self.cfg.delay.as_millis() as i64)?;
+                    return Ok(());
+                }
+                Some(_) => {}
+                None if a.import.as_ref().is_some_and(|(_, lim)| idx * cs < *lim) => {
+                    // Copy the imported bytes into a chunk object first, so the
+                    // export object (maybe the same key) can be replaced.
+                    let data = self.tier.read_imported(ino, &a.import, idx)?;
+                    let ver = (u64::MAX >> 1) - a.gen; // unique per (ino, idx): imports happen once per gen
+                    let e = ChunkEntry { ver, len: data.len() as u64, persisted: true, holders: vec![] };
+                    s3.put(&chunk_key(ino, idx, ver), bytes::Bytes::from(data))?;
+                    meta.materialize(ino, &ChunkUpdate { idx, base: None, entry: e.clone() })?;
+                    map.insert(idx, e);
+                }
+                None => {}
+            }
+        }
+        let manifest = Manifest {
+            ino,
+            path: &path,
+            size: a.size,
+            gen: a.gen,
+            chunk_size: cs,
+            chunks: map.iter().filter(|(i, _)| **i < n).map(|(i, e)| ManifestChunk { idx: *i, key: chunk_key(ino, *i, e.ver), len: e.len }).collect(),
+        };
+        let body = serde_json::to_vec_pretty(&manifest).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+        s3.put(&manifest_key(ino, a.gen), bytes::Bytes::from(body))?;
+        let mut idx = 0;
+        s3.put_streamed(&xkey, || {
+            if idx >= n {
+                return Ok(None);
+            }
+            let want = (a.size - idx * cs).min(cs) as usize;
+            let mut piece = match map.get(&idx) {
+                Some(e) => self.tier.read_chunk(ino, idx, e).map_err(|e| crate::s3::S3Error::Request {
+                    op: "assemble",
+                    key: xkey.clone(),
+                    msg: e.to_string(),
+                })?,
+                None => vec![],
+            };
+            piece.resize(want, 0);
+            idx += 1;
+            Ok(Some(piece))
+        })?;
+        if meta.mark_published(ino, a.gen, &xkey, a.import.is_some())? {
+            tracing::debug!("published {path} (inode {ino}, generation {})", a.gen);
+        }
+        Ok(())
+    }
+
+    fn unpublish(&self) -> Result<(), DataError> {
+        let Some(s3) = &self.tier.s3 else { return Ok(()) };
+        for _ in 0..64 {
+            let Some(key) = self.tier.meta.claim_unpublish()? else { break };
+            if let Err(e) = s3.delete(&key) {
+                self.log_error(&format!("export object {key} not deleted: {e}"));
+            }
+            self.tier.meta.unpublish_done(&key)?;
+        }
+        Ok(())
+    }
+
+    /// Re-replicates dirty chunks that lost a holder, and releases orphans.
+    pub fn maintain(&self) {
+        if let Err(e) = self.rereplicate() {
+            self.log_error(&format!("re-replication: {e}"));
+        }
+        for c in self.store.dirty_older_than(self.cfg.orphan_grace) {
+            match self.tier.meta.is_dirty(&c) {
+                Ok(false) => {
+                    tracing::info!("chunk {} on this node is not in the dirty log: released (persisted, superseded or never committed)", c.member());
+                    self.store.mark_clean(&c);
+                }
+                Ok(true) => {}
+                Err(e) => {
+                    self.log_error(&format!("orphan check: {e}"));
+                    break;
+                }
+            }
+        }
+    }
+
+    fn rereplicate(&self) -> Result<(), DataError> {
+        self.tier.forget_live_cache();
+        let live = self.tier.live_nodes();
+        for (c, _) in self.tier.meta.dirty_oldest(4096)? {
+            let Some(local) = self.store.get(&c) else { continue };
+            let (_, e) = self.tier.meta.chunks(c.ino, &[c.idx])?;
+            let Some(e) = e.into_iter().next().flatten().filter(|e| e.ver == c.ver) else { continue };
+            let alive: Vec<String> = e.holders.iter().filter(|h| live.contains(h)).cloned().collect();
+            if alive.len() >= self.tier.replicas.min(live.len()) && alive.len() == e.holders.len() {
+                continue;
+            }
+            if alive.first() != Some(&self.me) {
+                continue;
+            }
+            let mut holders = alive.clone();
+            let mut target = self.tier.replicas.saturating_sub(holders.len());
+            for node in placement::rank(&live, &c) {
+                if target == 0 {
+                    break;
+                }
+                if holders.iter().any(|h| h == node) {
+                    continue;
+                }
+                match self.tier.pool.put(node, c, local.to_vec(), true) {
+                    Ok(()) => {
+                        holders.push(node.to_string());
+                        target -= 1;
+                    }
+                    Err(err) => tracing::warn!("re-replicating chunk {} to {node}: {err}", c.member()),
+                }
+            }
+            let dead: Vec<&String> = e.holders.iter().filter(|h| !live.contains(h)).collect();
+            if self.tier.meta.set_holders(&c, &holders)? {
+                tracing::info!("chunk {}: holders {:?} -> {:?} (dead: {:?})", c.member(), e.holders, holders, dead);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,69 @@
+//! The device a provider hands out from `attach`: the volume's device until
+//! `detach`, then a device that fails every request (a detached volume is
+//! gone from the machine; a stale handle must not reach it).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use surge_block::{BlockDev, BlockError, Caps, Extent, ZeroMode};
+
+pub struct Attachment {
+    id: String,
+    dev: Arc<dyn BlockDev>,
+    gone: AtomicBool,
+}
+
+impl Attachment {
+    pub fn new(id: &str, dev: Arc<dyn BlockDev>) -> Self {
+        Attachment { id: id.to_string(), dev, gone: AtomicBool::new(false) }
+    }
+
+    /// Every request fails from now on.
+    pub fn detach(&self) {
+        self.gone.store(true, Ordering::Release);
+    }
+
+    fn check(&self) -> surge_block::Result<()> {
+        if self.gone.load(Ordering::Acquire) {
+            Err(BlockError::Gone(format!("volume {} was detached", self.id)))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl BlockDev for Attachment {
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+    fn caps(&self) -> Caps {
+        self.dev.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        self.check()?;
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        self.check()?;
+        self.dev.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        self.check()?;
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        self.check()?;
+        self.dev.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
+        self.check()?;
+        self.dev.write_zeroes(offset, len, mode)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
+        self.check()?;
+        self.dev.block_status(offset, len)
+    }
+    fn prefetch(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        self.check()?;
+        self.dev.prefetch(offset, len)
+    }
+}

@@ -1,0 +1,259 @@
+//! `surge bb`: the burst buffer (crate surge-bb). I/O nodes, FUSE mounts,
+//! status, import, and a local redis-server for a one-machine setup.
+
+use anyhow::Context;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use surge_bb::client::{Client, ClientConfig};
+use surge_bb::fuse::MountConfig;
+use surge_bb::node::NodeConfig;
+use surge_bb::s3::S3Config;
+use surge_bb::store::StoreConfig;
+use surge_bb::tier::TierConfig;
+use surge_bb::writeback::WritebackConfig;
+use surge_block::units::{parse_duration, parse_size};
+
+#[derive(clap::Args, Debug)]
+#[command(
+    about = "Burst buffer: a shared memory tier in front of S3 (I/O nodes, FUSE mount)",
+    after_long_help = "One machine:\n  surge bb redis --dir /tmp/bb-redis &\n  export SURGE_BB_S3_ENDPOINT=http://127.0.0.1:9000 SURGE_BB_BUCKET=bb\n  surge bb node --listen 127.0.0.1:7401 &\n  surge bb node --listen 127.0.0.1:7402 &\n  surge bb mount /mnt/bb &\n  surge bb status /"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub action: Action,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Common {
+    /// Metadata store (Redis URL).
+    #[arg(long, env = "SURGE_BB_REDIS", default_value = "redis://127.0.0.1:6379/")]
+    pub redis: String,
+    /// File-system name (several may share one Redis).
+    #[arg(long, env = "SURGE_BB_FS", default_value = "default")]
+    pub fs: String,
+    /// Node membership: `redis` (leases in the metadata store), `etcd:http://HOST:PORT`
+    /// or `static:ADDR,ADDR`.
+    #[arg(long, env = "SURGE_BB_MEMBERSHIP", default_value = "redis")]
+    pub membership: String,
+    /// S3-compatible endpoint (unset: AWS). Credentials come from AWS_ACCESS_KEY_ID /
+    /// AWS_SECRET_ACCESS_KEY.
+    #[arg(long, env = "SURGE_BB_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// Bucket behind the buffer (unset: no write-back; data lives only on the nodes).
+    #[arg(long, env = "SURGE_BB_BUCKET")]
+    pub bucket: Option<String>,
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    pub region: String,
+    /// Copies of each dirty chunk on distinct I/O nodes before a write is acknowledged.
+    #[arg(long, env = "SURGE_BB_REPLICAS", default_value_t = 2)]
+    pub replicas: usize,
+    /// Chunk size (fixed when the file system is first used).
+    #[arg(long, default_value = "4MiB", value_parser = parse_size)]
+    pub chunk_size: u64,
+}
+
+impl Common {
+    fn tier(&self) -> anyhow::Result<Arc<surge_bb::tier::Tier>> {
+        let s3 = self.bucket.as_ref().map(|b| S3Config {
+            endpoint: self.s3_endpoint.clone(),
+            bucket: b.clone(),
+            region: self.region.clone(),
+            access_key: std::env::var("AWS_ACCESS_KEY_ID").ok(),
+            secret_key: std::env::var("AWS_SECRET_ACCESS_KEY").ok(),
+        });
+        let cfg = TierConfig {
+            redis: self.redis.clone(),
+            fs: self.fs.clone(),
+            membership: self.membership.clone(),
+            s3,
+            replicas: self.replicas,
+            chunk_size: self.chunk_size,
+        };
+        Ok(cfg.open()?)
+    }
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Action {
+    /// Run an I/O node: hold chunks in memory, write dirty ones back to S3.
+    Node {
+        #[command(flatten)]
+        common: Common,
+        /// Address to serve chunks on (loopback by default).
+        #[arg(long, default_value = "127.0.0.1:7400")]
+        listen: String,
+        /// Memory for chunks.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        memory: u64,
+        /// Directory (an SSD) that evicted clean chunks spill to.
+        #[arg(long)]
+        spill_dir: Option<PathBuf>,
+        #[arg(long, default_value = "10GiB", value_parser = parse_size)]
+        spill_size: u64,
+        /// A dirty chunk waits this long before write-back (rewrites coalesce).
+        #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+        writeback_delay: std::time::Duration,
+        /// A chunk dirty longer than this is logged as late.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        writeback_deadline: std::time::Duration,
+    },
+    /// Mount the burst buffer at DIR (FUSE) until unmounted or signalled.
+    Mount {
+        dir: PathBuf,
+        #[command(flatten)]
+        common: Common,
+        /// Direct-I/O opens: read-after-write across mounts (default: close-to-open).
+        #[arg(long)]
+        strict: bool,
+        /// fsync returns only once the file is persisted in S3.
+        #[arg(long)]
+        fsync_s3: bool,
+        /// Write-behind budget.
+        #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+        write_behind: u64,
+        /// Chunks prefetched ahead of sequential readers.
+        #[arg(long, default_value_t = 4)]
+        read_ahead: u64,
+        /// Kernel attribute cache lifetime.
+        #[arg(long, default_value = "0s", value_parser = parse_duration)]
+        attr_ttl: std::time::Duration,
+        /// Import the bucket's existing objects into the namespace first.
+        #[arg(long)]
+        import: bool,
+    },
+    /// Pool and write-back state; with PATH, whether each file is persisted in S3.
+    Status {
+        path: Option<String>,
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add the bucket's existing objects (outside .surge/) to the namespace.
+    Import {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        prefix: Option<String>,
+    },
+    /// Run a local redis-server (append-only, fsync always) for a one-machine setup.
+    Redis {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 6379)]
+        port: u16,
+    },
+}
+
+fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    Ok(stop)
+}
+
+fn wait_for(stop: &AtomicBool) {
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.action {
+        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline } => {
+            let tier = common.tier()?;
+            let cfg = NodeConfig {
+                listen,
+                store: StoreConfig { capacity: memory, spill_dir, spill_capacity: spill_size },
+                writeback: WritebackConfig { delay: writeback_delay, deadline: writeback_deadline, ..Default::default() },
+            };
+            let stop = stop_flag()?;
+            let node = surge_bb::node::start(cfg, tier).context("starting the I/O node")?;
+            println!("{}", node.addr);
+            wait_for(&stop);
+            node.stop();
+            Ok(())
+        }
+        Action::Mount { dir, common, strict, fsync_s3, write_behind, read_ahead, attr_ttl, import } => {
+            let tier = common.tier()?;
+            if import {
+                let n = surge_bb::status::import(&tier, None)?;
+                tracing::info!("imported {n} objects from the bucket");
+            }
+            let ccfg = ClientConfig {
+                write_behind,
+                read_ahead,
+                fsync_waits_for_s3: fsync_s3,
+                cache_open_attrs: !strict,
+                ..Default::default()
+            };
+            let client = Client::new(tier, ccfg)?;
+            let stop = stop_flag()?;
+            surge_bb::fuse::mount(client, &dir, MountConfig { strict, attr_ttl, ..Default::default() }, stop)
+                .with_context(|| format!("mounting {}", dir.display()))
+        }
+        Action::Status { path, common, json } => {
+            let tier = common.tier()?;
+            match path {
+                None => {
+                    let s = surge_bb::status::pool(&tier)?;
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&s)?);
+                    } else {
+                        println!("chunk size {} B, {} copies per dirty chunk", s.chunk_size, s.replicas);
+                        println!("{:<24} {:>10} {:>12} {:>12} {:>12}", "node", "chunks", "used MiB", "dirty MiB", "memory MiB");
+                        for n in &s.nodes {
+                            match &n.stat {
+                                Some(st) => println!(
+                                    "{:<24} {:>10} {:>12.1} {:>12.1} {:>12.1}",
+                                    n.addr,
+                                    st.chunks,
+                                    st.used_bytes as f64 / 1048576.0,
+                                    st.dirty_bytes as f64 / 1048576.0,
+                                    st.capacity_bytes as f64 / 1048576.0
+                                ),
+                                None => println!("{:<24} unreachable", n.addr),
+                            }
+                        }
+                        println!(
+                            "dirty chunks: {} (oldest {}), files waiting for publish: {}",
+                            s.dirty_chunks,
+                            s.oldest_dirty_s.map_or("-".into(), |t| format!("{t:.1} s")),
+                            s.publish_pending
+                        );
+                    }
+                }
+                Some(p) => {
+                    let files = surge_bb::status::files(&tier, &p)?;
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&files)?);
+                    } else {
+                        println!("{:<14} {:>14} {:>6}  path", "state", "bytes", "dirty");
+                        for f in &files {
+                            let state = if f.persisted { "persisted" } else { "NOT persisted" };
+                            println!("{state:<14} {:>14} {:>6}  {}", f.size, f.dirty_chunks, f.path);
+                        }
+                        let n = files.iter().filter(|f| !f.persisted).count();
+                        println!("{} files, {} persisted, {} not yet", files.len(), files.len() - n, n);
+                    }
+                }
+            }
+            Ok(())
+        }
+        Action::Import { common, prefix } => {
+            let tier = common.tier()?;
+            let n = surge_bb::status::import(&tier, prefix.as_deref())?;
+            println!("imported {n} objects");
+            Ok(())
+        }
+        Action::Redis { dir, port } => {
+            let stop = stop_flag()?;
+            let _r = surge_bb::local::LocalRedis::start(&dir, port)?;
+            println!("redis://127.0.0.1:{port}/");
+            wait_for(&stop);
+            Ok(())
+        }
+    }
+}

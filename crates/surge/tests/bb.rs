@@ -1,0 +1,397 @@
+//! Burst buffer end to end: real redis-server, real S3 server (moto), I/O
+//! nodes as processes on loopback, FUSE mounts through `surge bb mount`.
+
+mod bb_support;
+
+use bb_support::*;
+use rand::{Rng, SeedableRng};
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::Duration;
+
+fn errno<T>(r: &std::io::Result<T>) -> Option<i32> {
+    r.as_ref().err().map(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+fn mmap_read(path: &Path) -> std::io::Result<Vec<u8>> {
+    let f = fs::File::open(path)?;
+    let len = f.metadata()?.len() as usize;
+    if len == 0 {
+        return Ok(vec![]);
+    }
+    use std::os::fd::AsRawFd;
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0);
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let v = std::slice::from_raw_parts(p as *const u8, len).to_vec();
+        libc::munmap(p, len);
+        Ok(v)
+    }
+}
+
+fn listing(dir: &Path) -> std::io::Result<Vec<(String, bool)>> {
+    let mut v: Vec<(String, bool)> = fs::read_dir(dir)?
+        .map(|e| e.map(|e| (e.file_name().to_string_lossy().into_owned(), e.file_type().map(|t| t.is_dir()).unwrap_or(false))))
+        .collect::<std::io::Result<_>>()?;
+    v.sort();
+    Ok(v)
+}
+
+/// Random POSIX operations on the mount and on a local directory must give
+/// the same results, errors and contents (small chunks: many chunk edges).
+#[test]
+fn posix_operations_match_a_local_directory() {
+    let bb = Bb::new("posix", "64KiB");
+    let _nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    let local = bb.dir.path().join("local");
+    fs::create_dir(&local).unwrap();
+    let files = ["a", "b", "c", "d0/a", "d0/b", "d0/sub/z", "d1/x"];
+    let dirs = ["d0", "d1", "d0/sub", "d2"];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let mut counts = std::collections::BTreeMap::new();
+    for step in 0..400 {
+        let op = rng.gen_range(0..11);
+        let f = files[rng.gen_range(0..files.len())];
+        let d = dirs[rng.gen_range(0..dirs.len())];
+        let (mp, lp) = (m.dir.join(f), local.join(f));
+        let what = match op {
+            0..=2 => {
+                let off = rng.gen_range(0..300_000u64);
+                let data = pattern(step, rng.gen_range(1..200_000));
+                let w = |p: &Path| OpenOptions::new().create(true).write(true).truncate(false).open(p).and_then(|f| f.write_all_at(&data, off));
+                let (a, b) = (w(&mp), w(&lp));
+                assert_eq!(errno(&a), errno(&b), "step {step}: write {f} at {off}");
+                "write"
+            }
+            3 => {
+                let (a, b) = (fs::read(&mp), fs::read(&lp));
+                assert_eq!(errno(&a), errno(&b), "step {step}: read {f}");
+                if let (Ok(a), Ok(b)) = (a, b) {
+                    assert!(a == b, "step {step}: contents of {f} differ ({} vs {} bytes)", a.len(), b.len());
+                }
+                "read"
+            }
+            4 => {
+                let size = rng.gen_range(0..400_000u64);
+                let t = |p: &Path| OpenOptions::new().write(true).open(p).and_then(|f| f.set_len(size));
+                assert_eq!(errno(&t(&mp)), errno(&t(&lp)), "step {step}: truncate {f} to {size}");
+                "truncate"
+            }
+            5 => {
+                let to = if rng.gen_bool(0.7) { files[rng.gen_range(0..files.len())] } else { dirs[rng.gen_range(0..dirs.len())] };
+                let from = if rng.gen_bool(0.8) { f } else { d };
+                let (a, b) = (fs::rename(m.dir.join(from), m.dir.join(to)), fs::rename(local.join(from), local.join(to)));
+                assert_eq!(errno(&a), errno(&b), "step {step}: rename {from} -> {to}");
+                "rename"
+            }
+            6 => {
+                assert_eq!(errno(&fs::remove_file(&mp)), errno(&fs::remove_file(&lp)), "step {step}: unlink {f}");
+                "unlink"
+            }
+            7 => {
+                let (a, b) = (fs::create_dir(m.dir.join(d)), fs::create_dir(local.join(d)));
+                assert_eq!(errno(&a), errno(&b), "step {step}: mkdir {d}");
+                if rng.gen_bool(0.3) {
+                    let (a, b) = (fs::remove_dir(m.dir.join(d)), fs::remove_dir(local.join(d)));
+                    assert_eq!(errno(&a), errno(&b), "step {step}: rmdir {d}");
+                }
+                "mkdir/rmdir"
+            }
+            8 => {
+                for dd in ["", "d0", "d1", "d0/sub", "d2"] {
+                    let (a, b) = (listing(&m.dir.join(dd)), listing(&local.join(dd)));
+                    assert_eq!(errno(&a), errno(&b), "step {step}: readdir {dd}");
+                    if let (Ok(a), Ok(b)) = (a, b) {
+                        assert_eq!(a, b, "step {step}: readdir {dd}");
+                    }
+                }
+                "readdir"
+            }
+            9 => {
+                let (a, b) = (mmap_read(&mp), mmap_read(&lp));
+                assert_eq!(errno(&a), errno(&b), "step {step}: mmap {f}");
+                if let (Ok(a), Ok(b)) = (a, b) {
+                    assert!(a == b, "step {step}: mmap contents of {f} differ");
+                }
+                "mmap"
+            }
+            _ => {
+                let (a, b) = (fs::metadata(&mp), fs::metadata(&lp));
+                assert_eq!(errno(&a), errno(&b), "step {step}: stat {f}");
+                if let (Ok(a), Ok(b)) = (a, b) {
+                    assert_eq!((a.len(), a.is_dir()), (b.len(), b.is_dir()), "step {step}: stat {f}");
+                }
+                "stat"
+            }
+        };
+        *counts.entry(what).or_insert(0) += 1;
+    }
+    // Everything must also reach S3 intact: the export objects equal the files.
+    let _ = counts;
+    bb.wait_persisted("/", Duration::from_secs(60));
+    let s3 = bb.s3();
+    for f in files {
+        if let Ok(want) = fs::read(local.join(f)) {
+            let got = s3.get(f).unwrap().unwrap_or_else(|| panic!("{f} missing from S3"));
+            assert!(got.to_vec() == want, "S3 object {f} differs from the file");
+        }
+    }
+}
+
+/// A write committed on one mount (fsync) is read by another mount at once,
+/// also through a file the reader already had open (strict mounts), and
+/// close-to-open holds on default mounts.
+#[test]
+fn read_after_write_between_two_mounts() {
+    let bb = Bb::new("raw", "1MiB");
+    let _nodes: Vec<Node> = (0..2).map(|_| bb.node(&[])).collect();
+    let (a, b) = (bb.mount("a", &["--strict"]), bb.mount("b", &["--strict"]));
+    let mut w = fs::File::create(a.dir.join("f")).unwrap();
+    w.write_all(&pattern(1, 3 << 20)).unwrap();
+    w.sync_all().unwrap();
+    let r = fs::File::open(b.dir.join("f")).unwrap();
+    let mut buf = vec![0u8; 3 << 20];
+    r.read_exact_at(&mut buf, 0).unwrap();
+    assert!(buf == pattern(1, 3 << 20), "reader must see the committed write");
+    for round in 2..12u64 {
+        let data = pattern(round, 100_000);
+        let off = round * 200_000;
+        w.write_all_at(&data, off).unwrap();
+        w.sync_data().unwrap();
+        let mut got = vec![0u8; data.len()];
+        r.read_exact_at(&mut got, off).unwrap();
+        assert!(got == data, "round {round}: stale read through an open file on the other mount");
+    }
+    drop(w);
+    // Default (close-to-open) mounts: after close on one, an open on the other sees it.
+    let (c, d) = (bb.mount("c", &[]), bb.mount("d", &[]));
+    for round in 0..5u64 {
+        let data = pattern(100 + round, 70_000 + round as usize);
+        fs::write(c.dir.join("g"), &data).unwrap();
+        assert!(fs::read(d.dir.join("g")).unwrap() == data, "round {round}: close-to-open violated");
+        assert!(fs::read(a.dir.join("g")).unwrap() == data);
+    }
+}
+
+/// Dirty chunks are on two nodes when fsync returns; SIGKILL one node while
+/// write-back is held back: the survivors re-replicate and write back every
+/// acknowledged byte, which then reads back from S3 and from the mount.
+#[test]
+fn sigkill_of_a_node_during_write_back_loses_nothing() {
+    let mut bb = Bb::new("kill", "256KiB");
+    bb.node_args = vec!["--writeback-delay".into(), "3s".into()];
+    let mut nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    let mut want = Vec::new();
+    for i in 0..6u64 {
+        let data = pattern(i, 700_000 + 123_457 * i as usize);
+        let mut f = fs::File::create(m.dir.join(format!("f{i}"))).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap(); // acknowledged: on 2 nodes
+        want.push(data);
+    }
+    let (ok, st, _) = bb.run(&["status", "--json"]);
+    assert!(ok);
+    let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+    assert!(st["dirty_chunks"].as_u64().unwrap() > 0, "the write-back delay must leave dirty chunks: {st}");
+    // Kill the node holding the most dirty bytes.
+    let victim = st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|n| n["stat"]["dirty_bytes"].as_u64().unwrap_or(0))
+        .unwrap()["addr"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let vi = nodes.iter().position(|n| n.addr == victim).unwrap();
+    nodes[vi].kill9();
+    // Writes keep working on the survivors.
+    fs::write(m.dir.join("after"), pattern(99, 300_000)).unwrap();
+    bb.wait_persisted("/", Duration::from_secs(60));
+    let s3 = bb.s3();
+    for (i, data) in want.iter().enumerate() {
+        let got = s3.get(&format!("f{i}")).unwrap().expect("object in S3");
+        assert!(got.to_vec() == *data, "f{i}: S3 copy differs");
+        assert!(fs::read(m.dir.join(format!("f{i}"))).unwrap() == *data, "f{i}: read back differs");
+    }
+    assert!(s3.get("after").unwrap().unwrap().to_vec() == pattern(99, 300_000));
+    let logs = bb.logs();
+    assert!(logs.contains("dead:"), "a survivor must log the re-replication:\n{logs}");
+}
+
+/// Files committed before Redis is killed (SIGKILL) and restarted are all
+/// there afterwards; the mount and nodes carry on without a restart.
+#[test]
+fn redis_restart_loses_no_committed_file() {
+    let mut bb = Bb::new("redis", "128KiB");
+    let _nodes: Vec<Node> = (0..2).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    fs::create_dir(m.dir.join("d")).unwrap();
+    for i in 0..20u64 {
+        let mut f = fs::File::create(m.dir.join(format!("d/f{i}"))).unwrap();
+        f.write_all(&pattern(i, 50_000 + i as usize * 1000)).unwrap();
+        f.sync_all().unwrap();
+    }
+    bb.redis.restart().unwrap();
+    for i in 20..30u64 {
+        fs::write(m.dir.join(format!("d/f{i}")), pattern(i, 50_000 + i as usize * 1000)).unwrap();
+    }
+    for i in 0..30u64 {
+        let got = fs::read(m.dir.join(format!("d/f{i}"))).unwrap();
+        assert!(got == pattern(i, 50_000 + i as usize * 1000), "d/f{i} after the Redis restart");
+    }
+    bb.wait_persisted("/d", Duration::from_secs(60));
+}
+
+/// Objects already in the bucket appear as files, read lazily from S3; a
+/// changed one is written back as an ordinary object again.
+#[test]
+fn existing_bucket_objects_are_imported_and_written_back() {
+    let bb = Bb::new("import", "64KiB");
+    let s3 = bb.s3();
+    let big = pattern(7, 300_000);
+    s3.put("data/big.bin", big.clone().into()).unwrap();
+    s3.put("data/sub/small.txt", b"hello from s3\n".to_vec().into()).unwrap();
+    let _nodes: Vec<Node> = (0..2).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &["--import"]);
+    assert_eq!(fs::read(m.dir.join("data/sub/small.txt")).unwrap(), b"hello from s3\n");
+    assert!(fs::read(m.dir.join("data/big.bin")).unwrap() == big);
+    let (ok, out, _) = bb.run(&["status", "/data", "--json"]);
+    assert!(ok && out.contains("\"persisted\": true"), "imported files are persisted: {out}");
+    // Change the middle of the big one.
+    let f = OpenOptions::new().write(true).open(m.dir.join("data/big.bin")).unwrap();
+    f.write_all_at(b"CHANGED", 100_000).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let mut want = big;
+    want[100_000..100_007].copy_from_slice(b"CHANGED");
+    bb.wait_persisted("/data", Duration::from_secs(60));
+    assert!(s3.get("data/big.bin").unwrap().unwrap().to_vec() == want, "S3 object must hold the new content");
+    assert!(fs::read(m.dir.join("data/big.bin")).unwrap() == want);
+    // Renaming moves the export object.
+    fs::rename(m.dir.join("data/sub"), m.dir.join("moved")).unwrap();
+    bb.wait_persisted("/moved", Duration::from_secs(60));
+    let start = std::time::Instant::now();
+    while s3.get("data/sub/small.txt").unwrap().is_some() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(s3.get("moved/small.txt").unwrap().unwrap().to_vec(), b"hello from s3\n");
+    assert!(s3.get("data/sub/small.txt").unwrap().is_none(), "the old export key must be removed");
+}
+
+/// Missing services, a full node and a lost chunk give clear errors.
+#[test]
+fn faults_give_clear_errors() {
+    let mut bb = Bb::new("faults", "1MiB");
+    // Unreachable Redis: the command fails at once and says why.
+    let dead = format!("redis://127.0.0.1:{}/", free_port());
+    let out = std::process::Command::new(BIN).args(["bb", "status", "--redis", &dead]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("unreachable"), "{err}");
+    // Unreachable etcd.
+    bb.membership = format!("etcd:http://127.0.0.1:{}", free_port());
+    let (ok, _, err) = bb.run(&["status"]);
+    // Without the etcd feature the build says so instead.
+    let why = if cfg!(feature = "etcd") { "unreachable" } else { "without etcd support" };
+    assert!(!ok && err.contains("etcd") && err.contains(why), "{err}");
+    bb.membership = "redis".into();
+    // Full nodes: ENOSPC to the writer.
+    bb.replicas = 2;
+    let _small: Vec<Node> = (0..2).map(|_| bb.node(&["--memory", "2MiB", "--writeback-delay", "60s"])).collect();
+    let m = bb.mount("m", &[]);
+    let r = (|| {
+        let mut f = fs::File::create(m.dir.join("big"))?;
+        f.write_all(&pattern(1, 8 << 20))?;
+        f.sync_all()
+    })();
+    assert_eq!(errno(&r), Some(libc::ENOSPC), "{r:?}");
+    assert!(bb.logs().contains("full"), "the client must log why");
+    // S3 unreachable: writes still succeed on the nodes, stay dirty, logged.
+    let mut nos3 = Bb::new("nos3", "1MiB");
+    nos3.endpoint = format!("http://127.0.0.1:{}", free_port());
+    let _n: Vec<Node> = (0..2).map(|_| nos3.node(&[])).collect();
+    let m2 = nos3.mount("m", &[]);
+    fs::write(m2.dir.join("f"), pattern(3, 100_000)).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, out, _) = nos3.run(&["status", "/"]);
+    assert!(out.contains("NOT persisted"), "{out}");
+    assert!(nos3.logs().contains("stays dirty"), "the node must log the failed write-back");
+    // A chunk no node holds and S3 does not have: EIO and a log line.
+    let mut lost = Bb::new("lost", "1MiB");
+    lost.endpoint = format!("http://127.0.0.1:{}", free_port());
+    let mut ns: Vec<Node> = (0..2).map(|_| lost.node(&[])).collect();
+    let m3 = lost.mount("m", &[]);
+    fs::write(m3.dir.join("f"), pattern(4, 100_000)).unwrap();
+    for n in &mut ns {
+        n.kill9();
+    }
+    let _fresh = lost.node(&[]);
+    // A second mount (the writer's own client still caches the chunk it wrote).
+    let m4 = lost.mount("m4", &[]);
+    let r = fs::read(m4.dir.join("f"));
+    assert_eq!(errno(&r), Some(libc::EIO), "{:?}", r.map(|v| v.len()));
+    assert!(lost.logs().contains("reading chunk"), "the client must log which chunk failed");
+}
+
+/// A client killed in the middle of writing: what it had fsynced is intact,
+/// the rest is simply not there, and the file system stays usable.
+#[test]
+fn client_dying_mid_write_keeps_what_was_acknowledged() {
+    let bb = Bb::new("client", "256KiB");
+    let _nodes: Vec<Node> = (0..2).map(|_| bb.node(&[])).collect();
+    let mut m = bb.mount("m", &[]);
+    let acked = pattern(5, 1 << 20);
+    let mut f = fs::File::create(m.dir.join("f")).unwrap();
+    f.write_all(&acked).unwrap();
+    f.sync_all().unwrap();
+    f.write_all(&pattern(6, 3 << 20)).unwrap(); // not acknowledged
+    // Kill the mount process (SIGKILL) with that write buffered.
+    unsafe { libc::kill(m_pid(&m), libc::SIGKILL) };
+    drop(f);
+    let _ = std::process::Command::new("fusermount3").args(["-u", "-z"]).arg(&m.dir).status();
+    m.unmount();
+    let m2 = bb.mount("m2", &[]);
+    let got = fs::read(m2.dir.join("f")).unwrap();
+    assert!(got.len() >= acked.len() && got[..acked.len()] == acked[..], "acknowledged bytes lost");
+    fs::write(m2.dir.join("g"), b"still works").unwrap();
+    assert_eq!(fs::read(m2.dir.join("g")).unwrap(), b"still works");
+    bb.wait_persisted("/", Duration::from_secs(60));
+}
+
+fn m_pid(m: &Mount) -> i32 {
+    m.pid() as i32
+}
+
+/// Membership through etcd leases: nodes register, clients find them, a
+/// killed node drops out when its lease expires.
+#[test]
+#[cfg(feature = "etcd")]
+fn etcd_membership_tracks_node_leases() {
+    let mut bb = Bb::new("etcd", "1MiB");
+    let etcd = Etcd::start(bb.dir.path());
+    bb.membership = format!("etcd:{}", etcd.url);
+    let mut nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    fs::write(m.dir.join("f"), pattern(8, 2_500_000)).unwrap();
+    let live = |bb: &Bb| {
+        let (ok, out, err) = bb.run(&["status", "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["nodes"].as_array().unwrap().len()
+    };
+    assert_eq!(live(&bb), 3);
+    nodes[0].kill9();
+    let start = std::time::Instant::now();
+    while live(&bb) != 2 {
+        assert!(start.elapsed() < Duration::from_secs(15), "the dead node's lease did not expire");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(fs::read(m.dir.join("f")).unwrap() == pattern(8, 2_500_000));
+    bb.wait_persisted("/", Duration::from_secs(60));
+}
