@@ -48,6 +48,7 @@ enum Command {
     /// Kill/restart an export again and again and check that no acknowledged data is lost.
     Torture(cmd::torture::Args),
     Bb(cmd::bb::Args),
+    StripeBench(cmd::stripe_bench::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -63,6 +64,7 @@ fn main() -> std::process::ExitCode {
         Command::Qos(a) => cmd::qos::run(a),
         Command::Experiment(a) => cmd::experiment::run(a),
         Command::Torture(a) => cmd::torture::run(a),
+        Command::StripeBench(a) => cmd::stripe_bench::run(a),
         Command::Bb(a) => cmd::bb::run(a),
     };
     match result {
