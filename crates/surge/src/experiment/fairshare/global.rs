@@ -394,7 +394,7 @@ pub fn report(g: &GlobalResults) -> String {
     s.push_str("\nWith one request outstanding per client and its chunks spread over the servers, no single proxy sees the favoured application's requests waiting often enough for its weight to act: local SFQ(D) is work-conserving and gives the idle share away, as the paper found. Cooperating proxies charge each tenant for the service it received everywhere, so the favoured tenant's next chunk at any server starts ahead of the other's.\n\n");
     s.push_str("### Backlogged variant\n\n");
     ratio_rows(&mut s, g, true);
-    s.push_str("\nWith several requests in flight per client every proxy always has both tenants queued, and local SFQ(D) alone already holds the ratio; cooperation must not disturb it.\n\n");
+    s.push_str("\nWith several requests in flight per client the proxies see both tenants queued far more often and local SFQ(D) alone comes much closer to the target (local-only column); cooperation must close the rest and not overshoot.\n\n");
     let a = &g.asymmetric;
     s.push_str(&format!(
         "### Asymmetric server use: a over all {n} servers, b over {} of them, weights {}:{}\n\n",
