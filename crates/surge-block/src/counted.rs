@@ -33,12 +33,18 @@ pub struct IoStats {
 
 pub struct Counted {
     inner: Arc<dyn BlockDev>,
-    c: Counters,
+    c: Arc<Counters>,
 }
 
 impl Counted {
     pub fn new(inner: Arc<dyn BlockDev>) -> Self {
-        Counted { inner, c: Counters::default() }
+        Counted { inner, c: Arc::default() }
+    }
+
+    /// Another device counted in the same counters (e.g. the device a
+    /// connection was routed to instead of the export's own).
+    pub fn sharing(&self, inner: Arc<dyn BlockDev>) -> Counted {
+        Counted { inner, c: self.c.clone() }
     }
 
     pub fn stats(&self) -> IoStats {

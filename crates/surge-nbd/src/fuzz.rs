@@ -29,7 +29,8 @@ pub fn fuzz_handshake(data: &[u8]) {
     let Ok(Some(mut st)) = handshake::greet(&mut reader, &mut out, crate::access::Peer::Unix) else { return };
     // TLS is off here, so STARTTLS is refused and never ends the haggling.
     if let Ok(Outcome::Transmission(neg)) = handshake::options(&shared, &mut st, &mut reader, &mut out) {
-        let _ = transmission::serve(&shared, &neg, reader, Box::new(std::io::sink()), None, 1, false);
+        let dev = shared.exports[neg.export].export.dev.clone();
+        let _ = transmission::serve(&shared, &neg, &*dev, reader, Box::new(std::io::sink()), None, 1, false);
     }
 }
 
@@ -48,5 +49,6 @@ pub fn fuzz_requests(data: &[u8]) {
         meta_context: (structured && mode & 2 != 0).then_some(BASE_ALLOCATION_ID),
     };
     let reader = BufReader::new(Cursor::new(rest));
-    let _ = transmission::serve(&shared, &neg, reader, Box::new(std::io::sink()), None, 1, false);
+    let dev = shared.exports[neg.export].export.dev.clone();
+    let _ = transmission::serve(&shared, &neg, &*dev, reader, Box::new(std::io::sink()), None, 1, false);
 }

@@ -31,11 +31,25 @@ pub struct Export {
     /// Clients that may use this export (`None`: everyone). Others do not see
     /// it in NBD_OPT_LIST and get NBD_REP_ERR_POLICY on NBD_OPT_INFO/GO.
     pub allow: Option<AllowList>,
+    /// Picks another device (of the same size) per connection from the
+    /// client's address, e.g. the share of the application on that host.
+    pub route: Option<Arc<dyn PeerRoute>>,
+}
+
+/// Chooses the device a connection uses from the client's address.
+pub trait PeerRoute: Send + Sync {
+    /// `None`: the export's own device.
+    fn device_for(&self, peer: &Peer) -> Option<Arc<dyn BlockDev>>;
 }
 
 impl Export {
     pub fn new(name: impl Into<String>, dev: Arc<dyn BlockDev>) -> Self {
-        Export { name: name.into(), description: String::new(), dev, read_only: false, allow: None }
+        Export { name: name.into(), description: String::new(), dev, read_only: false, allow: None, route: None }
+    }
+
+    /// The device a connection from `peer` uses.
+    pub fn device_for(&self, peer: &Peer) -> Arc<dyn BlockDev> {
+        self.route.as_ref().and_then(|r| r.device_for(peer)).unwrap_or_else(|| self.dev.clone())
     }
 
     /// Whether a client at `peer` may use this export.
@@ -567,7 +581,8 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     export.counters.connections.fetch_add(1, Ordering::Relaxed);
     export.counters.active_connections.fetch_add(1, Ordering::Relaxed);
     let threads = shared.threads_per_connection;
-    let out = transmission::serve(shared, &neg, reader, writer, Some(control.try_clone()?), threads, shared.zero_copy && session.is_none());
+    let dev = export.export.device_for(&peer_of(&socket));
+    let out = transmission::serve(shared, &neg, &*dev, reader, writer, Some(control.try_clone()?), threads, shared.zero_copy && session.is_none());
     export.counters.active_connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(s) = session {
         s.close(&socket);

@@ -194,6 +194,9 @@ pub(crate) struct Conn<'a> {
     big_tokens: Sender<()>,
     broken: AtomicBool,
     control: Option<Socket>,
+    /// The device this connection uses: the export's, or the one its route
+    /// picked for the client's address.
+    dev: &'a dyn BlockDev,
     /// Set for plain sockets to exports that are plain files.
     zero_copy: Option<ZeroCopy<'a>>,
 }
@@ -322,6 +325,7 @@ struct Intake<R> {
 pub(crate) fn serve<R: Read + Send>(
     shared: &Shared,
     neg: &Negotiated,
+    dev: &dyn BlockDev,
     reader: BufReader<R>,
     writer: Box<dyn Write + Send>,
     control: Option<Socket>,
@@ -331,7 +335,7 @@ pub(crate) fn serve<R: Read + Send>(
     let export = &shared.exports[neg.export];
     // Zero copy needs the bare socket (not TLS) and a device that is a plain file.
     let zero_copy = match (&control, plain) {
-        (Some(sock), true) => export.export.dev.file_span().map(|span| ZeroCopy::new(std::os::unix::io::AsRawFd::as_raw_fd(sock), span)),
+        (Some(sock), true) => dev.file_span().map(|span| ZeroCopy::new(std::os::unix::io::AsRawFd::as_raw_fd(sock), span)),
         _ => None,
     };
     let max = shared.max_in_flight;
@@ -349,6 +353,7 @@ pub(crate) fn serve<R: Read + Send>(
         big_tokens: big_tx,
         broken: AtomicBool::new(false),
         control,
+        dev,
         zero_copy,
     };
     let intake = Mutex::new(Intake { reader, done: None });
@@ -642,7 +647,7 @@ fn check_flags(conn: &Conn, req: &Req) -> Result<(), Fail> {
 fn execute(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Result<(), Fail> {
     check_flags(conn, req)?;
     let c = &export.counters;
-    let dev = &*export.export.dev;
+    let dev = conn.dev;
     let fua = req.flags & CMD_FLAG_FUA != 0;
     match req.cmd {
         CMD_READ => {
@@ -727,7 +732,7 @@ fn spliced_write(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg,
         }
     }
     // FUA: the file device's flush is what its own FUA write would do (fdatasync).
-    flush_if(&*export.export.dev, req.flags & CMD_FLAG_FUA != 0)?;
+    flush_if(conn.dev, req.flags & CMD_FLAG_FUA != 0)?;
     let c = &export.counters;
     c.writes.fetch_add(1, Ordering::Relaxed);
     c.zero_copy_writes.fetch_add(1, Ordering::Relaxed);
@@ -985,7 +990,7 @@ fn block_status(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) 
         return Err(Fail::new(EINVAL, "block status of zero bytes"));
     }
     check_bounds(export, req, EINVAL)?;
-    let extents = export.export.dev.block_status(req.offset, req.len)?;
+    let extents = conn.dev.block_status(req.offset, req.len)?;
     let one = req.flags & CMD_FLAG_REQ_ONE != 0;
     // Merged (len, flags) descriptors, clipped to the request (so they fit 32
     // bits whenever the request did).

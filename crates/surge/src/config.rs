@@ -17,6 +17,12 @@
 //! name = "shared"
 //! spec = "file:/srv/shared.img"
 //!
+//! [coop]                               # optional: shares over several daemons (docs/fairshare.md)
+//! listen = "tcp:10.0.0.1:10900"
+//! peers = ["tcp:10.0.0.2:10900", "tcp:10.0.0.3:10900"]
+//! period = "20ms"                      # optional
+//! peer_timeout = "500ms"               # optional
+//!
 //! [[export]]                           # in order: the first also answers to ""
 //! name = "disk"
 //! spec = "file:/var/lib/surge/disk.img,create=10GiB"
@@ -195,6 +201,21 @@ pub struct FileConfig {
     pub provider: Option<crate::cloud::ProviderKind>,
     /// Settings of the AWS provider.
     pub aws: Option<crate::cloud::AwsSection>,
+    /// Cooperation with other daemons' pools (as `--coop-*`).
+    #[serde(default)]
+    pub coop: Option<CoopEntry>,
+}
+
+/// The `[coop]` table.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CoopEntry {
+    pub listen: String,
+    #[serde(default)]
+    pub peers: Vec<String>,
+    pub name: Option<String>,
+    pub period: Option<String>,
+    pub peer_timeout: Option<String>,
 }
 
 impl FileConfig {

@@ -6,6 +6,7 @@ mod cloud;
 mod cmd;
 mod config;
 mod control;
+mod coop;
 mod experiment;
 mod logging;
 mod metrics;
@@ -49,6 +50,7 @@ enum Command {
     /// Kill/restart an export again and again and check that no acknowledged data is lost.
     Torture(cmd::torture::Args),
     Bb(cmd::bb::Args),
+    StripeBench(cmd::stripe_bench::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,6 +67,7 @@ fn main() -> std::process::ExitCode {
         Command::Experiment(a) => cmd::experiment::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Torture(a) => cmd::torture::run(a),
+        Command::StripeBench(a) => cmd::stripe_bench::run(a),
         Command::Bb(a) => cmd::bb::run(a),
     };
     match result {

@@ -6,16 +6,26 @@
 //! thread parks until the scheduler dispatches it, does the I/O on the shared
 //! device outside the lock, and its completion frees a slot for the next one.
 //! Weights, reservations, limits, the depth and adaptive control change live.
+//!
+//! Cooperation across servers ([`global`]): the queue reports what it served
+//! ([`FairQueue::report`]) and takes in its peers' reports
+//! ([`FairQueue::apply_report`]); the transport is the daemon's business.
 
 pub mod adaptive;
+pub mod global;
 pub mod sched;
 pub mod stats;
+#[cfg(test)]
+mod cluster;
+#[cfg(test)]
+mod global_tests;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod tests;
 
 pub use adaptive::AdaptiveConfig;
+pub use global::{Anticipate, Credit, GlobalConfig, Ledger, PeerStatus, Report, TenantReport};
 pub use sched::{Dispatch, Phase, ReqId, SchedConfig, Scheduler, TenantConfig, TenantCounters, TenantId};
 pub use stats::{Histogram, RecentStats};
 
@@ -55,6 +65,8 @@ struct Shared {
     sched: Scheduler,
     waiters: HashMap<ReqId, Arc<Waiter>>,
     tenants: Vec<TenantInfo>,
+    /// What peers reported (used while `sched`'s config has `global`).
+    ledger: Ledger,
 }
 
 /// One shared device, many weighted tenants.
@@ -80,6 +92,12 @@ pub struct TenantStats {
     pub queued: usize,
     pub in_flight: usize,
     pub by_reservation: u64,
+    /// Cost served at other servers, as peers reported it.
+    pub remote_cost: u64,
+    /// Times a request was held back for a tenant owed service.
+    pub held: u64,
+    /// Total service (here and elsewhere) per unit of weight, in bytes.
+    pub global_service: f64,
     pub recent: RecentStats,
 }
 
@@ -90,11 +108,16 @@ pub struct QueueStats {
     pub depth: usize,
     pub outstanding: usize,
     pub tenants: Vec<TenantStats>,
+    /// Peers heard from (cooperation across servers).
+    pub peers: Vec<PeerStatus>,
+    /// Holds for owed tenants that ran out their anticipation bound.
+    pub holds_expired: u64,
 }
 
 impl FairQueue {
     pub fn new(dev: Arc<dyn BlockDev>, cfg: SchedConfig, clock: Arc<dyn Clock>) -> Arc<Self> {
-        let shared = Shared { sched: Scheduler::new(cfg), waiters: HashMap::new(), tenants: Vec::new() };
+        let timeout = cfg.global.as_ref().map_or(GlobalConfig::default().peer_timeout, |g| g.peer_timeout);
+        let shared = Shared { sched: Scheduler::new(cfg), waiters: HashMap::new(), tenants: Vec::new(), ledger: Ledger::new(timeout) };
         Arc::new(FairQueue { dev, clock, shared: Mutex::new(shared) })
     }
 
@@ -153,6 +176,46 @@ impl FairQueue {
         });
     }
 
+    /// Cooperate with peers (or stop: plain SFQ(D) from now on).
+    pub fn set_global(&self, global: Option<GlobalConfig>) {
+        let _ = self.update(|s, now| {
+            if let Some(g) = &global {
+                s.ledger.set_timeout(g.peer_timeout);
+            }
+            s.sched.set_global(global);
+            refresh_activity(s, now);
+            Ok(())
+        });
+    }
+
+    /// Per tenant: cost dispatched here so far, its reservation part, and
+    /// whether it was busy here since the previous report.
+    pub fn report(&self) -> Vec<TenantReport> {
+        let mut s = self.shared.lock();
+        let names = s.names();
+        global::local_report(&mut s.sched, &names)
+    }
+
+    /// Take in a peer's report: credit what its tenants got there, note who is busy.
+    /// Tenants this queue does not have are ignored.
+    pub fn apply_report(&self, r: &Report) {
+        let _ = self.update(|s, now| {
+            let (names, on) = (s.names(), s.sched.config().global.is_some());
+            let Shared { sched, ledger, .. } = s;
+            ledger.apply_to(sched, &names, r, now, on);
+            Ok(())
+        });
+    }
+
+    /// Re-judge which peers are live (call every report period): a silent
+    /// peer's tenants stop counting as busy once it times out.
+    pub fn refresh_peers(&self) {
+        let _ = self.update(|s, now| {
+            refresh_activity(s, now);
+            Ok(())
+        });
+    }
+
     pub fn set_adaptive(&self, adaptive: Option<AdaptiveConfig>) {
         let _ = self.update(|s, _| {
             s.sched.set_adaptive(adaptive);
@@ -176,7 +239,7 @@ impl FairQueue {
     pub fn stats(&self) -> QueueStats {
         let now = self.clock.now();
         let mut s = self.shared.lock();
-        let Shared { sched, tenants, .. } = &mut *s;
+        let Shared { sched, tenants, ledger, .. } = &mut *s;
         let tenants = tenants
             .iter_mut()
             .enumerate()
@@ -190,11 +253,21 @@ impl FairQueue {
                     queued: c.queued,
                     in_flight: c.in_flight,
                     by_reservation: c.by_reservation,
+                    remote_cost: c.remote_cost,
+                    held: c.held,
+                    global_service: sched.global_service(id),
                     recent: t.recent.snapshot(now),
                 }
             })
             .collect();
-        QueueStats { config: sched.config().clone(), depth: sched.depth(), outstanding: sched.outstanding(), tenants }
+        QueueStats {
+            config: sched.config().clone(),
+            depth: sched.depth(),
+            outstanding: sched.outstanding(),
+            tenants,
+            peers: ledger.peers(now),
+            holds_expired: sched.holds_expired(),
+        }
     }
 
     /// Run `io` for tenant `id` once the scheduler lets a request of `bytes` through.
@@ -243,6 +316,18 @@ impl FairQueue {
         }
         pump(&mut s, now);
     }
+}
+
+impl Shared {
+    fn names(&self) -> Vec<String> {
+        self.tenants.iter().map(|t| t.name.clone()).collect()
+    }
+}
+
+/// Which tenants live peers report busy (none while cooperation is off).
+fn refresh_activity(s: &mut Shared, now: Duration) {
+    let (names, on) = (s.names(), s.sched.config().global.is_some());
+    s.ledger.refresh(&mut s.sched, &names, now, on);
 }
 
 /// Dispatch all that may go now and wake their callers.

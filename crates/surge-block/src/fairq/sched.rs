@@ -17,8 +17,23 @@
 //!
 //! Tags are computed when a request reaches the head of its tenant's queue, so a
 //! live change of weight, reservation or limit applies from the next head on.
+//!
+//! * Across servers (with [`SchedConfig::global`]; see [`super::global`]):
+//!   service a tenant received at other servers is [`Scheduler::credit`]ed as
+//!   DSFQ's delay and dmClock's delta and rho: it is added to the tenant's next
+//!   start tag (cost / weight), its limit tag (cost / limit) and, for the part
+//!   served by reservation, its reservation tag, so weights, limits and
+//!   reservations hold over the total. Start tags alone cannot help a tenant
+//!   that has no request *here* at the moment (a striped client waiting for its
+//!   other chunks): so each tenant also has a global service tag, its total
+//!   service / weight, and a request of a tenant more than `lag` ahead of a
+//!   tenant that is owed service, busy at other servers (peers say so) and has
+//!   used this server recently, is held back, for at most the anticipation
+//!   bound per dispatch. With no live peer nothing is held and no credit
+//!   arrives: plain SFQ(D).
 
 use super::adaptive::{Adaptive, AdaptiveConfig, Share, Window};
+use super::global::GlobalConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -57,11 +72,14 @@ pub struct SchedConfig {
     pub overhead: u64,
     /// Let the scheduler move D itself (within bounds); `depth` is its start.
     pub adaptive: Option<AdaptiveConfig>,
+    /// Cooperate with the schedulers of other servers (shares of the total).
+    #[serde(default)]
+    pub global: Option<GlobalConfig>,
 }
 
 impl Default for SchedConfig {
     fn default() -> Self {
-        SchedConfig { depth: 2, overhead: 0, adaptive: None }
+        SchedConfig { depth: 2, overhead: 0, adaptive: None, global: None }
     }
 }
 
@@ -91,6 +109,12 @@ pub struct TenantCounters {
     pub queued: usize,
     /// Dispatched, not yet complete.
     pub in_flight: usize,
+    /// Cost dispatched for the reservation (part of `dispatched_cost`).
+    pub reserved_cost: u64,
+    /// Cost served at other servers, as peers reported it.
+    pub remote_cost: u64,
+    /// Times this tenant's request was held back for a tenant owed service.
+    pub held: u64,
 }
 
 #[derive(Debug)]
@@ -119,6 +143,17 @@ struct TenantState {
     last_r: Option<u128>,
     last_l: Option<u128>,
     counters: TenantCounters,
+    /// Total service / weight (WSCALE units): here and, as credited, elsewhere.
+    global: u128,
+    /// Service elsewhere not yet in this tenant's tags (applied at the next tagging).
+    pending: u64,
+    pending_reserved: u64,
+    /// A live peer reports this tenant busy.
+    remote_active: bool,
+    /// When a request of this tenant last arrived here.
+    last_arrival: Option<Duration>,
+    /// Busy here since the last report to peers.
+    busy_since_report: bool,
 }
 
 #[derive(Debug)]
@@ -138,6 +173,12 @@ pub struct Scheduler {
     next_id: ReqId,
     adaptive: Option<Adaptive>,
     window: Window,
+    /// Since when a free slot has been kept for a tenant owed service.
+    hold_since: Option<Duration>,
+    /// Mean device latency (exponentially weighted), for the anticipation bound.
+    mean_latency: Option<Duration>,
+    /// Holds that ran out their bound and served a tenant that was ahead.
+    holds_expired: u64,
 }
 
 fn nanos(d: Duration) -> u128 {
@@ -161,6 +202,9 @@ impl Scheduler {
             next_id: 0,
             adaptive,
             window: Window::default(),
+            hold_since: None,
+            mean_latency: None,
+            holds_expired: 0,
         }
     }
 
@@ -174,6 +218,12 @@ impl Scheduler {
             last_r: None,
             last_l: None,
             counters: TenantCounters::default(),
+            global: 0,
+            pending: 0,
+            pending_reserved: 0,
+            remote_active: false,
+            last_arrival: None,
+            busy_since_report: false,
         });
         self.window.tenants.push(Default::default());
         self.tenants.len() - 1
@@ -222,6 +272,15 @@ impl Scheduler {
         self.cfg.overhead = overhead;
     }
 
+    /// Turn cooperation with other servers on or off (or change its settings).
+    /// Off: credits already taken stay in the tags; nothing is held any more.
+    pub fn set_global(&mut self, global: Option<GlobalConfig>) {
+        if global.is_none() {
+            self.hold_since = None;
+        }
+        self.cfg.global = global;
+    }
+
     pub fn set_adaptive(&mut self, adaptive: Option<AdaptiveConfig>) {
         self.adaptive = adaptive.clone().map(Adaptive::new);
         self.cfg.adaptive = adaptive;
@@ -246,10 +305,15 @@ impl Scheduler {
         let id = self.next_id;
         self.next_id += 1;
         let cost = self.cost_of(bytes);
+        if !self.is_active(t) {
+            self.catch_up(t);
+        }
         let ts = &mut self.tenants[t];
         if ts.queue.is_empty() && ts.counters.in_flight == 0 {
             self.window.tenants[t].went_idle = true;
         }
+        ts.last_arrival = Some(now);
+        ts.busy_since_report = true;
         ts.queue.push_back(Pending { id, cost });
         ts.counters.queued += 1;
         if ts.head.is_none() {
@@ -266,11 +330,14 @@ impl Scheduler {
             ts.head = None;
             return;
         };
-        let start = vtime.max(ts.last_finish);
+        // Service elsewhere since the last tagging (DSFQ's delay, dmClock's delta and rho).
+        let (elsewhere, reserved_elsewhere) = (std::mem::take(&mut ts.pending), std::mem::take(&mut ts.pending_reserved));
+        let start = vtime.max(ts.last_finish + elsewhere as u128 * WSCALE / ts.cfg.weight as u128);
         let finish = start + p.cost as u128 * WSCALE / ts.cfg.weight as u128;
         let now = nanos(now);
-        let r = ts.cfg.reservation.map(|rate| ts.last_r.map_or(now, |prev| (prev + rate_step(p.cost, rate)).max(now)));
-        let l = ts.cfg.limit.map(|rate| ts.last_l.map_or(now, |prev| (prev + rate_step(p.cost, rate)).max(now)));
+        let tag = |prev: Option<u128>, rate: u64, extra: u64| prev.map_or(now, |prev| (prev + rate_step(p.cost + extra, rate)).max(now));
+        let r = ts.cfg.reservation.map(|rate| tag(ts.last_r, rate, reserved_elsewhere));
+        let l = ts.cfg.limit.map(|rate| tag(ts.last_l, rate, elsewhere));
         ts.head = Some(Head { start, finish, r, l });
     }
 
@@ -294,9 +361,128 @@ impl Scheduler {
         self.heads().filter_map(|(t, h)| h.r.filter(|&r| r <= now).map(|r| (r, t))).min().map(|(_, t)| t)
     }
 
-    fn pick_weight(&self, now: Duration) -> Option<TenantId> {
-        let now = nanos(now);
-        self.heads().filter(|(_, h)| h.l.is_none_or(|l| l <= now)).map(|(t, h)| (h.start, t)).min().map(|(_, t)| t)
+    /// The smallest start tag among heads within their limits; with
+    /// cooperation on, the smallest not held for a tenant owed service (see
+    /// the module comment), or, once a hold has run out its bound, the smallest.
+    fn pick_weight(&mut self, now: Duration) -> Option<TenantId> {
+        let n = nanos(now);
+        let mut ready: Vec<(u128, TenantId)> =
+            self.heads().filter(|(_, h)| h.l.is_none_or(|l| l <= n)).map(|(t, h)| (h.start, t)).collect();
+        ready.sort_unstable();
+        let Some(&(_, first)) = ready.first() else {
+            self.hold_since = None;
+            return None;
+        };
+        let Some(g) = self.cfg.global.clone() else { return Some(first) };
+        let mut held: Vec<TenantId> = Vec::new();
+        for &(_, t) in &ready {
+            if !self.owes(t, now, &g) {
+                self.hold_since = None;
+                for h in held {
+                    self.tenants[h].counters.held += 1;
+                }
+                return Some(t);
+            }
+            held.push(t);
+        }
+        if self.hold_since.is_none() {
+            for &t in &held {
+                self.tenants[t].counters.held += 1;
+            }
+        }
+        let since = *self.hold_since.get_or_insert(now);
+        if now >= since + g.anticipate.bound(self.mean_latency) {
+            self.hold_since = None;
+            self.holds_expired += 1;
+            return Some(first);
+        }
+        None
+    }
+
+    /// Whether `t` is more than the lag ahead of a tenant owed service that is
+    /// busy elsewhere and has used this server recently. Tenants with a limit
+    /// are not waited for (their limit, not their share, decides their pace).
+    fn owes(&self, t: TenantId, now: Duration, g: &GlobalConfig) -> bool {
+        let me = &self.tenants[t];
+        let lag = g.lag as u128 * WSCALE / me.cfg.weight as u128;
+        self.tenants.iter().enumerate().any(|(u, o)| {
+            u != t
+                && o.cfg.limit.is_none()
+                && o.remote_active
+                && o.last_arrival.is_some_and(|a| now.saturating_sub(a) <= g.recent)
+                && me.global > o.global + lag
+        })
+    }
+
+    /// Busy here, or elsewhere as far as live peers say.
+    fn is_active(&self, t: TenantId) -> bool {
+        let ts = &self.tenants[t];
+        !ts.queue.is_empty() || ts.counters.in_flight > 0 || ts.remote_active
+    }
+
+    /// A tenant becoming busy banks nothing for its idle time: its global tag
+    /// starts no lower than the lowest of the tenants already busy.
+    fn catch_up(&mut self, t: TenantId) {
+        let floor = (0..self.tenants.len()).filter(|&u| u != t && self.is_active(u)).map(|u| self.tenants[u].global).min();
+        if let Some(floor) = floor {
+            let ts = &mut self.tenants[t];
+            ts.global = ts.global.max(floor);
+        }
+    }
+
+    /// Service tenant `t` received at another server (from a peer's report):
+    /// `cost` in all, `reserved` of it for its reservation.
+    /// A waiting head is re-tagged at once (else a tenant's tags would lag the
+    /// service it gets elsewhere by a whole wait each time); otherwise the next
+    /// tagging takes it.
+    pub fn credit(&mut self, t: TenantId, cost: u64, reserved: u64) {
+        let ts = &mut self.tenants[t];
+        let norm = cost as u128 * WSCALE / ts.cfg.weight as u128;
+        ts.global += norm;
+        ts.counters.remote_cost += cost;
+        match &mut ts.head {
+            Some(h) => {
+                h.start += norm;
+                h.finish += norm;
+                if let (Some(l), Some(rate)) = (h.l.as_mut(), ts.cfg.limit) {
+                    *l += rate_step(cost, rate);
+                }
+                if let (Some(r), Some(rate)) = (h.r.as_mut(), ts.cfg.reservation) {
+                    *r += rate_step(reserved, rate);
+                }
+            }
+            None => {
+                ts.pending += cost;
+                ts.pending_reserved += reserved;
+            }
+        }
+    }
+
+    /// Whether live peers report tenant `t` busy.
+    pub fn set_remote_active(&mut self, t: TenantId, active: bool) {
+        if active && !self.is_active(t) {
+            self.catch_up(t);
+        }
+        self.tenants[t].remote_active = active;
+    }
+
+    /// What to tell peers about tenant `t`: cumulative cost dispatched here,
+    /// the reservation part, and whether it was busy here since the last call.
+    pub fn report(&mut self, t: TenantId) -> (u64, u64, bool) {
+        let ts = &mut self.tenants[t];
+        let busy = ts.busy_since_report || !ts.queue.is_empty() || ts.counters.in_flight > 0;
+        ts.busy_since_report = false;
+        (ts.counters.dispatched_cost, ts.counters.reserved_cost, busy)
+    }
+
+    /// Tenant `t`'s global service tag, in bytes per unit of weight.
+    pub fn global_service(&self, t: TenantId) -> f64 {
+        self.tenants[t].global as f64 / WSCALE as f64
+    }
+
+    /// Holds that ran out their anticipation bound.
+    pub fn holds_expired(&self) -> u64 {
+        self.holds_expired
     }
 
     fn heads(&self) -> impl Iterator<Item = (TenantId, Head)> + '_ {
@@ -316,8 +502,11 @@ impl Scheduler {
         c.in_flight += 1;
         c.dispatched += 1;
         c.dispatched_cost += p.cost;
+        ts.global += p.cost as u128 * WSCALE / ts.cfg.weight as u128;
+        ts.busy_since_report = true;
         if phase == Phase::Reservation {
             c.by_reservation += 1;
+            c.reserved_cost += p.cost;
         } else {
             self.vtime = self.vtime.max(head.start);
         }
@@ -331,6 +520,7 @@ impl Scheduler {
     pub fn complete(&mut self, req: ReqId, now: Duration) -> Option<(TenantId, Duration)> {
         let o = self.outstanding.remove(&req)?;
         let latency = now.saturating_sub(o.dispatched_at);
+        self.mean_latency = Some(self.mean_latency.map_or(latency, |m| (m * 7 + latency) / 8));
         let c = &mut self.tenants[o.tenant].counters;
         c.in_flight -= 1;
         c.completed += 1;
@@ -366,12 +556,19 @@ impl Scheduler {
     /// When a queued request that is waiting only for time (a limit, or a
     /// reservation not yet due) becomes eligible; `None` if none is.
     pub fn next_wakeup(&self, now: Duration) -> Option<Duration> {
-        let now = nanos(now);
-        self.heads()
-            .filter(|(_, h)| h.l.is_some_and(|l| l > now))
-            .filter_map(|(_, h)| h.r.filter(|&r| r > now).map_or(h.l, |r| h.l.map(|l| l.min(r))))
+        let n = nanos(now);
+        let timed = self
+            .heads()
+            .filter(|(_, h)| h.l.is_some_and(|l| l > n))
+            .filter_map(|(_, h)| h.r.filter(|&r| r > n).map_or(h.l, |r| h.l.map(|l| l.min(r))))
             .min()
-            .map(|t| Duration::from_nanos(t.min(u64::MAX as u128) as u64))
+            .map(|t| Duration::from_nanos(t.min(u64::MAX as u128) as u64));
+        // A slot kept for an owed tenant is given up when the bound runs out.
+        let hold = match (&self.cfg.global, self.hold_since) {
+            (Some(g), Some(since)) if self.outstanding.len() < self.depth => Some(since + g.anticipate.bound(self.mean_latency)),
+            _ => None,
+        };
+        timed.into_iter().chain(hold).min()
     }
 }
 

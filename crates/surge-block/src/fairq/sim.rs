@@ -18,7 +18,7 @@ pub struct Device {
 }
 
 impl Device {
-    fn service(&self, bytes: u64) -> Duration {
+    pub fn service(&self, bytes: u64) -> Duration {
         self.fixed + Duration::from_nanos((bytes as u128 * 1_000_000_000 / self.bytes_per_sec as u128) as u64)
     }
 }

@@ -237,7 +237,7 @@ fn depth_is_never_exceeded_and_changes_live() {
 fn overhead_makes_small_requests_cost_more() {
     // With 60 KiB of overhead a 4 KiB request costs 64 KiB, as much as a 4 KiB +
     // 60 KiB one; equal weights then give equal request counts, not equal bytes.
-    let mut s = Scheduler::new(SchedConfig { depth: 1, overhead: 60 * KIB, adaptive: None });
+    let mut s = Scheduler::new(SchedConfig { depth: 1, overhead: 60 * KIB, ..Default::default() });
     s.add_tenant(TenantConfig::default());
     s.add_tenant(TenantConfig::default());
     for _ in 0..40 {
@@ -271,7 +271,7 @@ fn adaptive_depth_rises_while_latency_stays_under_target() {
     // 8 servers, 0.64 ms per 64 KiB request: latency stays flat up to D=8, then
     // requests queue in the device. Target 2 ms: D should settle between.
     let dev = Device { servers: 8, bytes_per_sec: 100 * MIB, fixed: Duration::ZERO };
-    let mut s = Scheduler::new(SchedConfig { depth: 1, overhead: 0, adaptive: Some(adaptive(2_000, 64)) });
+    let mut s = Scheduler::new(SchedConfig { depth: 1, adaptive: Some(adaptive(2_000, 64)), ..Default::default() });
     s.add_tenant(TenantConfig::default());
     s.add_tenant(TenantConfig::default());
     let mut sim = Sim::new(s, dev, vec![Load::new(0, 32, 64 * KIB), Load::new(1, 32, 64 * KIB)]);
@@ -293,7 +293,7 @@ fn adaptive_depth_rises_while_latency_stays_under_target() {
 #[test]
 fn adaptive_depth_backs_off_when_latency_exceeds_target() {
     // One server with a FIFO: latency grows by 10 ms per outstanding request.
-    let mut s = Scheduler::new(SchedConfig { depth: 16, overhead: 0, adaptive: Some(adaptive(25_000, 64)) });
+    let mut s = Scheduler::new(SchedConfig { depth: 16, adaptive: Some(adaptive(25_000, 64)), ..Default::default() });
     s.add_tenant(TenantConfig::default());
     let mut sim = Sim::new(s, DISK, vec![Load::new(0, 32, MIB)]);
     sim.run(secs(30), |_, _, _| {});
@@ -311,7 +311,7 @@ fn adaptive_depth_falls_when_fairness_would_suffer() {
     let n = completions_between(&mut fixed, secs(20), secs(10));
     assert!(n[0] <= n[1] + 1, "fixed D=8 split {n:?}");
 
-    let mut s = Scheduler::new(SchedConfig { depth: 8, overhead: 0, adaptive: Some(adaptive(1_000_000, 64)) });
+    let mut s = Scheduler::new(SchedConfig { depth: 8, adaptive: Some(adaptive(1_000_000, 64)), ..Default::default() });
     s.add_tenant(TenantConfig { weight: 4, ..Default::default() });
     s.add_tenant(TenantConfig { weight: 1, ..Default::default() });
     let mut sim = Sim::new(s, dev, loads());

@@ -14,6 +14,9 @@ pub struct Args {
     /// Reduced scale for CI: same proportions, shorter run.
     #[arg(long)]
     pub quick: bool,
+    /// Data servers of the parallel store (fairshare; the paper had 8).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..=32))]
+    pub servers: u64,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -21,7 +24,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::experiment::progress::start(&args.name);
     let r = match args.name.as_str() {
         "elastic" => crate::experiment::elastic::run(&args.out, args.quick),
-        "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick),
+        "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick, args.servers as usize),
         "streaming" => crate::experiment::streaming::run(&args.out, args.quick),
         "burstable" => crate::experiment::burstable::run(&args.out, args.quick),
         other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare, streaming, burstable")),

@@ -8,5 +8,6 @@ pub mod qos;
 pub mod serve;
 pub mod set;
 pub mod status;
+pub mod stripe_bench;
 pub mod top;
 pub mod torture;

@@ -3,6 +3,8 @@
 
 use crate::config::{self, ExportAllow, FileConfig, ListenAddr, TlsSetting, NBD_PORT};
 use crate::control::{self, Controllable, ControlServer, Registry};
+use crate::coop::{Coop, CoopConfig};
+use crate::stack::share::{self, CoopTiming};
 use crate::stack::{self, BuildContext, ExportSpec};
 use anyhow::Context as _;
 use parking_lot::RwLock;
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use surge_block::{BlockDev, Counted, SystemClock};
-use surge_nbd::{AllowList, Export, Listen, Server, ServerConfig};
+use surge_nbd::{AllowList, Export, Listen, Peer, PeerRoute, Server, ServerConfig};
 
 const ABOUT: &str = "Export volumes over NBD (unix socket and TCP)";
 
@@ -65,6 +67,15 @@ RULES (comma-separated: 127.0.0.1, ::1, 10.0.0.0/8, fd00::/8, or `unix` for \
 unix-socket clients); others do not see it in the export list and are refused \
 (NBD_REP_ERR_POLICY). Without --allow an export is open to every client that \
 reaches a listener. Repeat --allow for more exports or more rules.
+
+Shares over several servers (docs/fairshare.md): daemons each in front of one \
+storage server, with a `share:` pool of the same name, cooperate when given \
+--coop-listen ADDR (where this daemon hears its peers) and --coop-peer ADDR for \
+each other daemon. Every --coop-period (20ms) each sends the others what each \
+tenant was served; weights, reservations and limits then hold over the total. \
+A peer unheard for --coop-timeout (500ms) stops counting: its pools fall back \
+to local SFQ(D); I/O never waits for a peer. A tenant with clients=RANGE+RANGE \
+serves every connection from those client addresses to its pool's exports.
 
 SIGINT or SIGTERM stops accepting connections, finishes the requests already \
 received (for 2 s newer requests get ESHUTDOWN, which tells clients to \
@@ -150,6 +161,22 @@ pub struct Args {
     /// file exports over plain sockets (which otherwise use sendfile/splice).
     #[arg(long)]
     pub no_zero_copy: bool,
+    /// Hear cooperating daemons' reports here (unix:PATH or tcp:HOST:PORT);
+    /// `share:` pools then hold their shares over all of them.
+    #[arg(long, value_name = "ADDR")]
+    pub coop_listen: Option<ListenAddr>,
+    /// Another cooperating daemon's --coop-listen address (repeatable).
+    #[arg(long = "coop-peer", value_name = "ADDR")]
+    pub coop_peers: Vec<ListenAddr>,
+    /// This daemon's name among its peers [default: its --coop-listen address].
+    #[arg(long, value_name = "NAME")]
+    pub coop_name: Option<String>,
+    /// How often to report to peers [default: 20ms].
+    #[arg(long, value_name = "DURATION")]
+    pub coop_period: Option<String>,
+    /// A peer unheard this long no longer counts [default: 500ms].
+    #[arg(long, value_name = "DURATION")]
+    pub coop_timeout: Option<String>,
     /// Serve Prometheus metrics on HOST:PORT at /metrics (docs/metrics.md).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<std::net::SocketAddr>,
@@ -178,6 +205,7 @@ pub struct Plan {
     pub zero_copy: bool,
     /// Allow-lists by export name (config entries and flags for one name are merged).
     pub allow: Vec<(String, AllowList)>,
+    pub coop: Option<CoopConfig>,
     pub metrics: Option<std::net::SocketAddr>,
     pub provider: crate::cloud::ProviderKind,
     /// The config file and what it said at start (SIGHUP compares against it).
@@ -234,6 +262,10 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
     let mut pools = file.pool_specs()?;
     pools.extend(args.pools);
     check_unique(pools.iter().map(|s| s.name.as_str()), "pool")?;
+    let coop = coop_plan(&args.coop_listen, &args.coop_peers, &args.coop_name, &args.coop_period, &args.coop_timeout, file.coop.as_ref())?;
+    if let Some(c) = &coop {
+        c.listen.check_exposure(insecure).context("--coop-listen")?;
+    }
 
     let metrics = args.metrics.or(file.metrics);
     let provider = args.provider.or(file.provider).unwrap_or_default();
@@ -253,7 +285,44 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
         tls_verify_peer,
         zero_copy: !args.no_zero_copy,
         allow,
+        coop,
     })
+}
+
+/// Flags over the `[coop]` table; nothing without a listen address.
+fn coop_plan(
+    listen: &Option<ListenAddr>,
+    peers: &[ListenAddr],
+    name: &Option<String>,
+    period: &Option<String>,
+    timeout: &Option<String>,
+    file: Option<&config::CoopEntry>,
+) -> anyhow::Result<Option<CoopConfig>> {
+    let listen = match (listen, file) {
+        (Some(l), _) => l.clone(),
+        (None, Some(f)) => f.listen.parse().context("config [coop] listen")?,
+        (None, None) => {
+            anyhow::ensure!(peers.is_empty(), "--coop-peer needs --coop-listen (where this daemon hears its peers)");
+            return Ok(None);
+        }
+    };
+    let mut all: Vec<ListenAddr> = match file {
+        Some(f) => f.peers.iter().map(|p| p.parse()).collect::<anyhow::Result<_>>().context("config [coop] peers")?,
+        None => Vec::new(),
+    };
+    all.extend(peers.iter().cloned());
+    all.retain(|p| *p != listen);
+    let dur = |flag: &Option<String>, file: Option<&String>, default: &str, what: &str| -> anyhow::Result<Duration> {
+        let v = flag.as_deref().or(file.map(String::as_str)).unwrap_or(default);
+        let d = surge_block::units::parse_duration(v).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        anyhow::ensure!(!d.is_zero(), "{what} must be more than 0");
+        Ok(d)
+    };
+    let period = dur(period, file.and_then(|f| f.period.as_ref()), "20ms", "--coop-period")?;
+    let peer_timeout = dur(timeout, file.and_then(|f| f.peer_timeout.as_ref()), "500ms", "--coop-timeout")?;
+    anyhow::ensure!(peer_timeout > period, "--coop-timeout ({peer_timeout:?}) must be longer than --coop-period ({period:?})");
+    let name = name.clone().or(file.and_then(|f| f.name.clone())).unwrap_or_else(|| listen.to_string());
+    Ok(Some(CoopConfig { name, listen, peers: all, period, peer_timeout }))
 }
 
 /// One allow-list per export (rules for the same name add up); every name must be an export.
@@ -371,8 +440,17 @@ fn prepare(
     let counted = Arc::new(Counted::new(dev));
     let read_only = read_only || counted.caps().read_only;
     let allow_text = allow.as_ref().map(|a| a.to_string());
-    let export =
-        Export { name: spec.name.clone(), description: built.description.clone(), dev: counted.clone(), read_only, allow };
+    // Connections routed to another tenant by address are counted here too.
+    let route = share::route_for(ctx, &spec.name)
+        .map(|route| Arc::new(CountedRoute { route, counted: counted.clone() }) as Arc<dyn PeerRoute>);
+    let export = Export {
+        name: spec.name.clone(),
+        description: built.description.clone(),
+        dev: counted.clone(),
+        read_only,
+        allow,
+        route,
+    };
     let control = Arc::new(ExportControl {
         name: spec.name.clone(),
         kind: spec.kind.clone(),
@@ -384,6 +462,18 @@ fn prepare(
         server: server.clone(),
     });
     Ok(Prepared { export, control, extra: built.controls })
+}
+
+/// A route whose devices count in the export's counters.
+struct CountedRoute {
+    route: Arc<dyn PeerRoute>,
+    counted: Arc<Counted>,
+}
+
+impl PeerRoute for CountedRoute {
+    fn device_for(&self, peer: &Peer) -> Option<Arc<dyn BlockDev>> {
+        self.route.device_for(peer).map(|d| Arc::new(self.counted.sharing(d)) as Arc<dyn BlockDev>)
+    }
 }
 
 fn to_listen(l: &ListenAddr) -> Listen {
@@ -421,6 +511,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&plan.data_dir).with_context(|| format!("creating data dir {}", plan.data_dir.display()))?;
 
     let ctx = build_context(&plan)?;
+    share::set_coop(&ctx, plan.coop.as_ref().map(|c| CoopTiming { period: c.period, peer_timeout: c.peer_timeout }));
     let cell: ServerCell = Arc::new(RwLock::new(None));
     let registry = Registry::new();
     let metrics = plan.metrics.map(|_| crate::metrics::Metrics::new(registry.clone()));
@@ -473,6 +564,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             return Err(e);
         }
     };
+    let coop = match plan.coop.clone().map(|c| Coop::start(c, ctx.fair_queues.clone())).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = shutdown(&cell);
+            return Err(e);
+        }
+    };
+    if let Some(c) = &coop {
+        registry.register(c.control())?;
+    }
     let metrics_server = match (plan.metrics, metrics) {
         (Some(addr), Some(m)) => match crate::metrics::MetricsServer::start(addr, m) {
             Ok(s) => Some(s),
@@ -506,6 +607,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     exit_if_shutdown_hangs(signals, SHUTDOWN_LIMIT);
     drop(metrics_server);
     drop(control);
+    drop(coop);
     shutdown(&cell).context("shutting down")?;
     Ok(())
 }

@@ -7,7 +7,10 @@
 //! requests, asymmetric client counts at equal weight (Fig. 6) and throughput
 //! over time in 5 s bins at 2:1 (Fig. 7).
 
+pub mod client;
+mod global;
 mod plot;
+mod procs;
 mod rig;
 
 use plot::{Chart, Series};
@@ -202,6 +205,8 @@ struct Results {
     asymmetric: Vec<AsymRow>,
     asymmetric_jain: f64,
     timeline: Timeline,
+    /// Across several servers: per-server SFQ(D) vs cooperating proxies (issue 17).
+    global: global::GlobalResults,
     elapsed_s: f64,
     /// /proc/loadavg at start and end: the machine is shared, CPU-bound cases
     /// (64 KiB requests) slow down under load.
@@ -338,7 +343,7 @@ impl Runner<'_> {
     }
 }
 
-pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
+pub fn run(out: &Path, quick: bool, servers: usize) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let load0 = load_avg();
     let plan = Plan::new(quick);
@@ -348,6 +353,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let ratios = r.ratios()?;
     let asymmetric = r.asymmetric()?;
     let timeline = r.timeline()?;
+    let global = global::run(&global::GlobalPlan::new(quick, servers))?;
     let native: f64 = overhead.iter().map(|o| o.native_mbps).sum();
     let sfq: f64 = overhead.iter().map(|o| o.sfq_mbps).sum();
     let results = Results {
@@ -360,12 +366,16 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         overhead,
         asymmetric,
         timeline,
+        global,
         elapsed_s: started.elapsed().as_secs_f64(),
         load_avg: [load0, load_avg()],
     };
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     plots(out, &results)?;
+    global::plot(out, &results.global)?;
     std::fs::write(out.join("report.md"), report(&results))?;
+    // The parallel-store table is what this experiment adds over one scheduler: print it.
+    println!("{}", global::report(&results.global));
     crate::experiment::progress::step(format!("fairshare: wrote {}/report.md, results.json and plots in {:.0} s", out.display(), results.elapsed_s), true);
     Ok(())
 }
@@ -497,6 +507,7 @@ fn report(r: &Results) -> String {
         w(&mut s, format!("| {:.0}-{:.0} s | {:.1} | {:.1} | {:.2} |", i as f64 * t.bin_s, (i + 1) as f64 * t.bin_s, a, b, q));
     }
     w(&mut s, "\nPlots: `timeline.svg`, `depth.svg`, `ratios.svg`.\n".into());
+    w(&mut s, global::report(&r.global));
     w(&mut s, format!(
         "Run time: {:.0} s on a shared 2-core machine (load average at start / end: {} / {}); the 64 KiB cases move ~2,000 requests/s through NBD and are CPU-bound when the machine is busy, which lowers their total throughput but not their ratio.",
         r.elapsed_s, r.load_avg[0], r.load_avg[1]

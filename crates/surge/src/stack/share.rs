@@ -4,23 +4,123 @@
 //! (`surge_block::fairq`) behind an export; the first share of a pool creates
 //! the queue. Each tenant is a control target `qos/TENANT` whose status carries
 //! its share and recent I/O and whose settings change it live (`surge qos`).
+//!
+//! Tenants are named by the export a client opens, or, as the paper's proxies
+//! did, by the client's address: a tenant given `clients=RANGES` serves every
+//! connection from those addresses to any share export of its pool (the most
+//! specific matching range wins), whichever export the client opened. Ranges
+//! change live (`surge qos set TENANT clients=...`) and apply to the next
+//! request, also on connections already open.
+//!
+//! With `global=on` (the default when the daemon has `--coop-peer`s) the pool's
+//! queue cooperates with the same pool of other daemons (see `crate::coop`):
+//! shares, reservations and limits then hold over the total service.
 
 use crate::control::Controllable;
 use crate::stack::{parse_rate, parse_size, BuildContext, Built, Opts, SpecError};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use surge_block::fairq::{AdaptiveConfig, FairQueue, SchedConfig, Tenant, TenantConfig};
+use std::time::Duration;
+use surge_block::fairq::{AdaptiveConfig, Anticipate, FairQueue, GlobalConfig, SchedConfig, Tenant, TenantConfig};
+use surge_block::{BlockDev, Caps, Extent, ZeroMode};
+use surge_nbd::{AllowRule, Peer, PeerRoute};
+
+/// The shares of a daemon: pools, the routes of their exports, and the
+/// cooperation timing (set when the daemon has peers).
+#[derive(Default)]
+pub struct Shares {
+    pub pools: BTreeMap<String, Arc<PoolShare>>,
+    /// By export name: how its connections find their tenant.
+    pub routes: BTreeMap<String, Arc<dyn PeerRoute>>,
+    pub coop: Option<CoopTiming>,
+}
+
+/// Report period and peer timeout of the daemon's cooperation.
+#[derive(Debug, Clone, Copy)]
+pub struct CoopTiming {
+    pub period: Duration,
+    pub peer_timeout: Duration,
+}
 
 /// Fair queues by pool name, shared by every `share:` export of a daemon.
-pub type Queues = Arc<Mutex<BTreeMap<String, Arc<FairQueue>>>>;
+pub type Queues = Arc<Mutex<Shares>>;
 
-const KEYS: &[&str] = &["tenant", "weight", "reservation", "limit", "depth", "overhead", "adaptive"];
+/// One pool: its fair queue and the tenants that claim client addresses.
+pub struct PoolShare {
+    pub queue: Arc<FairQueue>,
+    clients: RwLock<Vec<Claim>>,
+}
 
-/// `share:POOL[,tenant=NAME][,weight=N][,reservation=RATE][,limit=RATE][,depth=D][,overhead=SIZE][,adaptive=on|off|MS]`.
-/// The tenant defaults to the export name; depth, overhead and adaptive apply
-/// to the pool's queue (the first export that names them sets them).
+struct Claim {
+    tenant: Arc<Tenant>,
+    rules: Vec<AllowRule>,
+}
+
+impl PoolShare {
+    /// The tenant whose ranges contain `peer` most specifically (on a tie, the
+    /// one whose ranges were set first).
+    fn tenant_for(&self, peer: &Peer) -> Option<Arc<Tenant>> {
+        let claims = self.clients.read();
+        let mut best: Option<(u8, &Claim)> = None;
+        for c in claims.iter() {
+            let Some(len) = c.rules.iter().filter(|r| r.matches(peer)).map(specificity).max() else { continue };
+            if best.is_none_or(|(b, _)| len > b) {
+                best = Some((len, c));
+            }
+        }
+        best.map(|(_, c)| c.tenant.clone())
+    }
+
+    fn set_clients(&self, tenant: &Arc<Tenant>, rules: Vec<AllowRule>) {
+        let mut claims = self.clients.write();
+        let name = tenant.name();
+        match claims.iter().position(|c| c.tenant.name() == name) {
+            Some(i) if rules.is_empty() => {
+                claims.remove(i);
+            }
+            Some(i) => claims[i].rules = rules,
+            None if rules.is_empty() => {}
+            None => claims.push(Claim { tenant: tenant.clone(), rules }),
+        }
+    }
+
+    fn clients_of(&self, tenant: &str) -> Vec<String> {
+        let claims = self.clients.read();
+        claims.iter().filter(|c| c.tenant.name() == tenant).flat_map(|c| c.rules.iter().map(|r| r.to_string())).collect()
+    }
+}
+
+fn specificity(r: &AllowRule) -> u8 {
+    match r {
+        AllowRule::Unix => 0,
+        AllowRule::Net(n) => n.prefix_len(),
+    }
+}
+
+/// The pools of `queues`, for the cooperation service.
+pub fn pools(queues: &Queues) -> Vec<(String, Arc<FairQueue>)> {
+    queues.lock().pools.iter().map(|(n, p)| (n.clone(), p.queue.clone())).collect()
+}
+
+/// How connections to `export` find their tenant (share exports only).
+pub fn route_for(ctx: &BuildContext, export: &str) -> Option<Arc<dyn PeerRoute>> {
+    ctx.fair_queues.lock().routes.get(export).cloned()
+}
+
+/// Turn cooperation on by default for pools built from now on.
+pub fn set_coop(ctx: &BuildContext, timing: Option<CoopTiming>) {
+    ctx.fair_queues.lock().coop = timing;
+}
+
+const KEYS: &[&str] =
+    &["tenant", "weight", "reservation", "limit", "depth", "overhead", "adaptive", "clients", "global", "lag", "anticipate"];
+
+/// `share:POOL[,tenant=NAME][,weight=N][,reservation=RATE][,limit=RATE][,clients=RANGE+RANGE...]`
+/// and pool-wide `[,depth=D][,overhead=SIZE][,adaptive=on|off|MS][,global=on|off][,lag=SIZE][,anticipate=auto|off|DURATION]`.
+/// The tenant defaults to the export name; pool-wide options apply to the
+/// pool's queue (the first export that names them sets them).
 pub fn build_share(export: &str, args: &str, ctx: &BuildContext) -> Result<Built, SpecError> {
     let mut o = Opts::parse("share", args)?;
     let pool = o.positional_required("POOL")?;
@@ -30,6 +130,8 @@ pub fn build_share(export: &str, args: &str, ctx: &BuildContext) -> Result<Built
         reservation: o.take_rate("reservation")?,
         limit: o.take_rate("limit")?,
     };
+    let clients = o.take("clients").map(|c| parse_clients(&c)).transpose().map_err(|m| share_err(&m))?;
+    let timing = ctx.fair_queues.lock().coop;
     let mut sched = SchedConfig::default();
     if let Some(d) = o.take("depth") {
         sched.depth = parse_depth(&d).map_err(|m| share_err(&m))?;
@@ -40,16 +142,40 @@ pub fn build_share(export: &str, args: &str, ctx: &BuildContext) -> Result<Built
     if let Some(v) = o.take("adaptive") {
         sched.adaptive = parse_adaptive(&v).map_err(|m| share_err(&m))?;
     }
+    let global_on = match o.take("global") {
+        Some(v) => parse_on_off(&v).map_err(|m| share_err(&format!("global: {m}")))?,
+        None => timing.is_some(),
+    };
+    let mut global = global_config(timing);
+    if let Some(lag) = o.take_size("lag")? {
+        global.lag = lag;
+    }
+    if let Some(a) = o.take("anticipate") {
+        global.anticipate = parse_anticipate(&a).map_err(|m| share_err(&m))?;
+    }
+    sched.global = global_on.then_some(global);
     o.finish(KEYS)?;
     if tenant.is_empty() {
         return Err(share_err("name the tenant with tenant=NAME"));
     }
     crate::stack::validate_name(&tenant)?;
     let dev = ctx.pool("share", &pool)?;
-    let (queue, _) = queue_for(&ctx.fair_queues, &pool, dev, sched, ctx);
+    let share = pool_for(&ctx.fair_queues, &pool, dev, sched, ctx);
+    let queue = share.queue.clone();
     let is_new = !queue.tenant_names().contains(&tenant);
     let handle = queue.tenant(&tenant, cfg);
-    let detail = json!({ "pool": pool, "tenant": tenant, "share": queue.tenant_config(&tenant).ok() });
+    if let Some(rules) = clients {
+        share.set_clients(&handle, rules);
+    }
+    let route: Arc<dyn PeerRoute> = Arc::new(TenantRoute { pool: share.clone(), default: handle.clone() });
+    ctx.fair_queues.lock().routes.insert(export.to_string(), route);
+    let detail = json!({
+        "pool": pool,
+        "tenant": tenant,
+        "share": queue.tenant_config(&tenant).ok(),
+        "clients": share.clients_of(&tenant),
+        "global": queue.stats().config.global.is_some(),
+    });
     let mut built = Built {
         dev: handle.clone(),
         description: format!("share of pool {pool} (tenant {tenant})"),
@@ -57,25 +183,86 @@ pub fn build_share(export: &str, args: &str, ctx: &BuildContext) -> Result<Built
         controls: Vec::new(),
     };
     if is_new {
-        built.controls.push(Arc::new(TenantControl { pool, handle }));
+        built.controls.push(Arc::new(TenantControl { pool, share, handle }));
     }
     Ok(built)
 }
 
-fn queue_for(
-    queues: &Queues,
-    pool: &str,
-    dev: Arc<dyn surge_block::BlockDev>,
-    sched: SchedConfig,
-    ctx: &BuildContext,
-) -> (Arc<FairQueue>, bool) {
+/// Cooperation settings from the daemon's timing (or the defaults).
+fn global_config(timing: Option<CoopTiming>) -> GlobalConfig {
+    let mut g = GlobalConfig::default();
+    if let Some(t) = timing {
+        g.period = t.period;
+        g.peer_timeout = t.peer_timeout;
+    }
+    g
+}
+
+fn pool_for(queues: &Queues, pool: &str, dev: Arc<dyn BlockDev>, sched: SchedConfig, ctx: &BuildContext) -> Arc<PoolShare> {
     let mut q = queues.lock();
-    if let Some(existing) = q.get(pool) {
-        return (existing.clone(), false);
+    if let Some(existing) = q.pools.get(pool) {
+        return existing.clone();
     }
     let queue = FairQueue::new(dev, sched, ctx.clock.clone());
-    q.insert(pool.to_string(), queue.clone());
-    (queue, true)
+    let share = Arc::new(PoolShare { queue, clients: RwLock::new(Vec::new()) });
+    q.pools.insert(pool.to_string(), share.clone());
+    share
+}
+
+/// Connections to a share export: each request goes to the tenant that claims
+/// the client's address now, else to the export's own tenant.
+struct TenantRoute {
+    pool: Arc<PoolShare>,
+    default: Arc<Tenant>,
+}
+
+impl PeerRoute for TenantRoute {
+    fn device_for(&self, peer: &Peer) -> Option<Arc<dyn BlockDev>> {
+        Some(Arc::new(Classified { pool: self.pool.clone(), peer: *peer, default: self.default.clone() }))
+    }
+}
+
+/// One connection's view of a pool, classified by its client's address per request.
+struct Classified {
+    pool: Arc<PoolShare>,
+    peer: Peer,
+    default: Arc<Tenant>,
+}
+
+impl Classified {
+    fn tenant(&self) -> Arc<Tenant> {
+        self.pool.tenant_for(&self.peer).unwrap_or_else(|| self.default.clone())
+    }
+}
+
+impl BlockDev for Classified {
+    fn size(&self) -> u64 {
+        self.default.size()
+    }
+    fn caps(&self) -> Caps {
+        self.default.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        self.tenant().read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        self.tenant().write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        self.tenant().flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        self.tenant().discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
+        self.tenant().write_zeroes(offset, len, mode)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
+        self.tenant().block_status(offset, len)
+    }
+    fn prefetch(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        self.tenant().prefetch(offset, len)
+    }
 }
 
 fn share_err(msg: &str) -> SpecError {
@@ -93,6 +280,33 @@ fn parse_depth(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(d) if (1..=4096).contains(&d) => Ok(d),
         _ => Err(format!("depth {s:?} must be a whole number from 1 to 4096")),
+    }
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("{s:?}: use on or off")),
+    }
+}
+
+/// `RANGE+RANGE...` (addresses, networks, `unix`), or `none`.
+pub fn parse_clients(s: &str) -> Result<Vec<AllowRule>, String> {
+    if matches!(s, "none" | "off") {
+        return Ok(Vec::new());
+    }
+    s.split('+').map(|r| r.parse::<AllowRule>().map_err(|e| format!("clients: {e} (join ranges with +)"))).collect()
+}
+
+/// `auto`, `off` or a duration (`5ms`).
+fn parse_anticipate(s: &str) -> Result<Anticipate, String> {
+    match s {
+        "auto" => Ok(Anticipate::Auto),
+        "off" | "0" => Ok(Anticipate::Off),
+        d => surge_block::units::parse_duration(d)
+            .map(|d| Anticipate::Micros(d.as_micros() as u64))
+            .map_err(|e| format!("anticipate: {e} (or auto, off)")),
     }
 }
 
@@ -119,6 +333,7 @@ fn parse_optional_rate(s: &str) -> Result<Option<u64>, String> {
 /// One tenant on the control API.
 struct TenantControl {
     pool: String,
+    share: Arc<PoolShare>,
     handle: Arc<Tenant>,
 }
 
@@ -137,10 +352,13 @@ impl Controllable for TenantControl {
         json!({
             "pool": self.pool,
             "tenant": me,
+            "clients": self.share.clients_of(&self.handle.name()),
             "pool_depth": q.depth,
             "pool_outstanding": q.outstanding,
             "pool_config": q.config,
             "pool_tenants": q.tenants.iter().map(|t| &t.name).collect::<Vec<_>>(),
+            "pool_peers": q.peers,
+            "pool_holds_expired": q.holds_expired,
         })
     }
 
@@ -164,9 +382,30 @@ impl Controllable for TenantControl {
                 q.set_adaptive(parse_adaptive(value)?);
                 return Ok(());
             }
+            "clients" => {
+                self.share.set_clients(&self.handle, parse_clients(value)?);
+                return Ok(());
+            }
+            "global" | "lag" | "anticipate" => {
+                let current = q.stats().config.global;
+                let mut g = current.clone().unwrap_or_default();
+                let on = match key {
+                    "global" => parse_on_off(value)?,
+                    "lag" => {
+                        g.lag = parse_size(value).map_err(|e| e.to_string())?;
+                        current.is_some()
+                    }
+                    _ => {
+                        g.anticipate = parse_anticipate(value)?;
+                        current.is_some()
+                    }
+                };
+                q.set_global(on.then_some(g));
+                return Ok(());
+            }
             other => {
                 return Err(format!(
-                    "{} has no setting {other:?} (weight, reservation, limit; pool-wide: depth, overhead, adaptive)",
+                    "{} has no setting {other:?} (weight, reservation, limit, clients; pool-wide: depth, overhead, adaptive, global, lag, anticipate)",
                     self.name()
                 ))
             }
@@ -194,7 +433,7 @@ mod tests {
         let b = build_share("b", "pool,weight=1,limit=10MB/s", &c).unwrap();
         let a2 = build_share("a2", "pool,tenant=a", &c).unwrap();
         assert_eq!((a.controls.len(), b.controls.len(), a2.controls.len()), (1, 1, 0));
-        let q = c.fair_queues.lock().get("pool").cloned().unwrap();
+        let q = c.fair_queues.lock().pools.get("pool").map(|p| p.queue.clone()).unwrap();
         assert_eq!(q.tenant_names(), vec!["a", "b"]);
         assert_eq!(q.stats().depth, 3);
         assert_eq!(q.tenant_config("a").unwrap().weight, 4);
@@ -203,6 +442,99 @@ mod tests {
         let mut buf = [0u8; 4096];
         a2.dev.read_at(&mut buf, 0).unwrap();
         assert_eq!(buf, [1u8; 4096], "both handles reach the same device");
+    }
+
+    fn pool_of(c: &BuildContext) -> Arc<FairQueue> {
+        c.fair_queues.lock().pools.get("pool").map(|p| p.queue.clone()).unwrap()
+    }
+
+    fn tcp(ip: &str) -> Peer {
+        Peer::tcp(ip.parse().unwrap())
+    }
+
+    fn bytes_of(q: &FairQueue, tenant: &str) -> u64 {
+        q.stats().tenants.iter().find(|t| t.name == tenant).map_or(0, |t| t.bytes)
+    }
+
+    #[test]
+    fn connections_are_served_as_the_tenant_that_claims_their_address() {
+        let c = ctx();
+        build_share("a", "pool,weight=16,clients=127.0.1.0/24", &c).unwrap();
+        build_share("b", "pool,weight=1,clients=127.0.2.0/24+127.0.1.7", &c).unwrap();
+        let anyone = build_share("pfs", "pool", &c).unwrap();
+        let route = route_for(&c, "pfs").unwrap();
+        let q = pool_of(&c);
+        for (ip, tenant) in [("127.0.1.3", "a"), ("127.0.2.200", "b"), ("127.0.1.7", "b"), ("10.1.1.1", "pfs")] {
+            let dev = route.device_for(&tcp(ip)).unwrap();
+            let before = bytes_of(&q, tenant);
+            dev.write_at(&[1u8; 4096], 0, false).unwrap();
+            assert_eq!(bytes_of(&q, tenant) - before, 4096, "{ip} should be served as {tenant}");
+        }
+        // Unix clients match no range: the export's own tenant.
+        let before = bytes_of(&q, "pfs");
+        route.device_for(&Peer::Unix).unwrap().write_at(&[1u8; 512], 0, false).unwrap();
+        assert_eq!(bytes_of(&q, "pfs") - before, 512);
+        assert_eq!(anyone.dev.size(), 1 << 20);
+    }
+
+    #[test]
+    fn client_ranges_change_live_even_for_open_connections() {
+        let c = ctx();
+        let a = build_share("a", "pool,clients=127.0.1.0/24", &c).unwrap();
+        build_share("b", "pool", &c).unwrap();
+        let q = pool_of(&c);
+        let conn = route_for(&c, "b").unwrap().device_for(&tcp("127.0.1.9")).unwrap();
+        conn.write_at(&[1u8; 4096], 0, false).unwrap();
+        assert_eq!((bytes_of(&q, "a"), bytes_of(&q, "b")), (4096, 0));
+        a.controls[0].set("clients", "127.0.3.0/24").unwrap();
+        conn.write_at(&[1u8; 4096], 0, false).unwrap();
+        assert_eq!((bytes_of(&q, "a"), bytes_of(&q, "b")), (4096, 4096), "the next request follows the new ranges");
+        assert_eq!(a.controls[0].status()["clients"], json!(["127.0.3.0/24"]));
+        a.controls[0].set("clients", "none").unwrap();
+        assert_eq!(a.controls[0].status()["clients"], json!([]));
+        assert!(a.controls[0].set("clients", "127.0.1.1/24").unwrap_err().contains("host bits"));
+    }
+
+    #[test]
+    fn cooperation_is_on_with_peers_and_switches_live() {
+        let c = ctx();
+        let solo = build_share("a", "pool", &c).unwrap();
+        assert!(pool_of(&c).stats().config.global.is_none(), "no peers: local SFQ(D)");
+        solo.controls[0].set("global", "on").unwrap();
+        solo.controls[0].set("lag", "4MiB").unwrap();
+        solo.controls[0].set("anticipate", "3ms").unwrap();
+        let g = pool_of(&c).stats().config.global.unwrap();
+        assert_eq!((g.lag, g.anticipate), (4 << 20, Anticipate::Micros(3000)));
+        solo.controls[0].set("global", "off").unwrap();
+        assert!(pool_of(&c).stats().config.global.is_none());
+
+        let c = ctx();
+        set_coop(&c, Some(CoopTiming { period: Duration::from_millis(10), peer_timeout: Duration::from_millis(300) }));
+        build_share("a", "pool,lag=2MiB,anticipate=off", &c).unwrap();
+        let g = pool_of(&c).stats().config.global.unwrap();
+        assert_eq!((g.period, g.peer_timeout, g.lag, g.anticipate), (Duration::from_millis(10), Duration::from_millis(300), 2 << 20, Anticipate::Off));
+        let c2 = ctx();
+        set_coop(&c2, Some(CoopTiming { period: Duration::from_millis(10), peer_timeout: Duration::from_millis(300) }));
+        build_share("a", "pool,global=off", &c2).unwrap();
+        assert!(pool_of(&c2).stats().config.global.is_none());
+        assert!(build_share("x", "pool,anticipate=soon", &c2).err().unwrap().to_string().contains("anticipate"));
+        assert!(build_share("x", "pool,clients=300.1.1.1", &c2).err().unwrap().to_string().contains("clients"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn client_lists_parse_or_fail_without_panicking(s in "[0-9a-z./:+]{0,40}") {
+            let _ = parse_clients(&s);
+        }
+
+        #[test]
+        fn printed_client_lists_parse_back(a in 0u8..=255, b in 0u8..=255, len in 8u8..=32) {
+            let net = ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(10, a, b, 0), len).unwrap().trunc();
+            let text = format!("{net}+unix+127.0.0.{a}");
+            let rules = parse_clients(&text).unwrap();
+            let back: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
+            proptest::prop_assert_eq!(parse_clients(&back.join("+")).unwrap(), rules);
+        }
     }
 
     #[test]

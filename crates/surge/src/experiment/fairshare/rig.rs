@@ -74,7 +74,7 @@ fn device(spec: &DeviceSpec) -> anyhow::Result<Arc<dyn BlockDev>> {
 pub fn run(dev_spec: &DeviceSpec, spec: &RunSpec) -> anyhow::Result<RunOutcome> {
     let dev = device(dev_spec)?;
     let queue = spec.depth.map(|depth| {
-        let cfg = SchedConfig { depth, overhead: 0, adaptive: spec.adaptive.clone() };
+        let cfg = SchedConfig { depth, adaptive: spec.adaptive.clone(), ..Default::default() };
         FairQueue::new(dev.clone(), cfg, Arc::new(SystemClock::new()))
     });
     let exports: Vec<Export> = ["a", "b"]

@@ -1,0 +1,347 @@
+//! Shares that hold across servers: what cooperating proxies tell each other,
+//! and what one proxy makes of it. Pure: no sockets, no clock (time is passed in).
+//!
+//! Every proxy of a parallel store schedules only its own server. To give each
+//! tenant its weighted share of the *total* service, each proxy periodically
+//! sends its peers a [`Report`]: per tenant, the cost it has dispatched so far
+//! (cumulative, so differences telescope: a late or merged report delays a
+//! charge but never loses or doubles it), the part dispatched for reservations,
+//! and whether the tenant was busy there. A receiving proxy keeps a [`Ledger`]
+//! of its peers and turns each report into [`Credit`]s, service the tenant got
+//! elsewhere, which its [`super::Scheduler`] charges as DSFQ charges a delay
+//! (Wang and Merchant, FAST 2007) and dmClock its delta and rho: to the
+//! tenant's start tags, its global service, its limit (all service) and its
+//! reservation (reservation service only).
+//!
+//! Staleness: while a peer reports every `period`, what a proxy knows of it is
+//! at most one period plus the transit time old. A peer silent for longer than
+//! `peer_timeout` is treated as gone: its tenants no longer count as busy
+//! there, so the proxy's scheduler decides on local knowledge alone (plain
+//! SFQ(D) once every peer is gone), and I/O never waits for a peer. When a
+//! peer returns (or restarts), its first report is only a new baseline: service
+//! it gave while unheard is not charged afterwards.
+
+use super::sched::Scheduler;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// How a proxy cooperates with its peers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GlobalConfig {
+    /// Reports are sent this often.
+    #[serde(with = "micros")]
+    pub period: Duration,
+    /// A peer unheard for this long no longer counts.
+    #[serde(with = "micros")]
+    pub peer_timeout: Duration,
+    /// Cost a tenant may run ahead of its weighted share of the total before it
+    /// yields this server to a tenant that is owed service (bytes of its own service).
+    pub lag: u64,
+    /// How long this server may wait, with a free slot, for an owed tenant's
+    /// next request before it serves one that is ahead anyway.
+    pub anticipate: Anticipate,
+    /// A tenant owed service is waited for only on servers it used this recently.
+    #[serde(with = "micros")]
+    pub recent: Duration,
+}
+
+impl Default for GlobalConfig {
+    fn default() -> Self {
+        GlobalConfig {
+            period: Duration::from_millis(20),
+            peer_timeout: Duration::from_millis(500),
+            lag: 1 << 20,
+            anticipate: Anticipate::Auto,
+            recent: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The bound on waiting for an owed tenant (BFQ's idling, dmClock's anticipation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Anticipate {
+    /// Never wait: an owed tenant is favoured only when it has a request here.
+    Off,
+    /// The mean device latency of recent requests (dispatch to completion), within 1..=200 ms.
+    Auto,
+    /// A fixed bound, in microseconds.
+    Micros(u64),
+}
+
+impl Anticipate {
+    pub const AUTO_MIN: Duration = Duration::from_millis(1);
+    pub const AUTO_MAX: Duration = Duration::from_millis(200);
+
+    /// The bound in force given the mean device latency measured so far.
+    pub fn bound(self, mean_latency: Option<Duration>) -> Duration {
+        match self {
+            Anticipate::Off => Duration::ZERO,
+            Anticipate::Micros(us) => Duration::from_micros(us),
+            Anticipate::Auto => mean_latency.unwrap_or(Self::AUTO_MIN).clamp(Self::AUTO_MIN, Self::AUTO_MAX),
+        }
+    }
+}
+
+mod micros {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_micros() as u64)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_micros)
+    }
+}
+
+/// One tenant in a report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantReport {
+    pub name: String,
+    /// Cost dispatched at the reporting server since it started (all phases).
+    pub cost: u64,
+    /// The part of `cost` dispatched for the tenant's reservation.
+    pub reserved: u64,
+    /// The tenant had requests queued or in flight there since the previous report.
+    pub active: bool,
+}
+
+/// What one proxy tells its peers about one pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The sender's name (unique among the peers).
+    pub from: String,
+    /// Changes when the sender restarts (its counters start again from zero).
+    pub incarnation: u64,
+    /// Increases with every report of one incarnation.
+    pub seq: u64,
+    pub tenants: Vec<TenantReport>,
+}
+
+/// Service a tenant received at a peer since that peer's previous report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credit {
+    pub tenant: String,
+    pub cost: u64,
+    pub reserved: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Seen {
+    cost: u64,
+    reserved: u64,
+    active: bool,
+}
+
+#[derive(Debug)]
+struct PeerView {
+    incarnation: u64,
+    seq: u64,
+    received: Duration,
+    tenants: HashMap<String, Seen>,
+}
+
+/// What one proxy knows of its peers.
+#[derive(Debug)]
+pub struct Ledger {
+    timeout: Duration,
+    peers: BTreeMap<String, PeerView>,
+}
+
+/// A peer as `surge status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PeerStatus {
+    pub name: String,
+    pub fresh: bool,
+    /// Time since its last report was applied, in microseconds.
+    pub age_us: u64,
+    pub seq: u64,
+}
+
+impl Ledger {
+    pub fn new(peer_timeout: Duration) -> Self {
+        Ledger { timeout: peer_timeout, peers: BTreeMap::new() }
+    }
+
+    pub fn set_timeout(&mut self, peer_timeout: Duration) {
+        self.timeout = peer_timeout;
+    }
+
+    fn is_fresh(&self, p: &PeerView, now: Duration) -> bool {
+        now.saturating_sub(p.received) <= self.timeout
+    }
+
+    /// Take in a report received at `now`; returns the service it adds. The
+    /// first report of a peer, of a new incarnation, or after the peer was
+    /// stale only sets the baseline. Old or repeated reports are ignored.
+    pub fn apply(&mut self, r: &Report, now: Duration) -> Vec<Credit> {
+        let rebase = match self.peers.get(&r.from) {
+            None => true,
+            Some(p) if p.incarnation != r.incarnation || !self.is_fresh(p, now) => true,
+            Some(p) if r.seq <= p.seq => return Vec::new(),
+            Some(_) => false,
+        };
+        let seen: HashMap<String, Seen> =
+            r.tenants.iter().map(|t| (t.name.clone(), Seen { cost: t.cost, reserved: t.reserved, active: t.active })).collect();
+        let mut credits = Vec::new();
+        if !rebase {
+            let before = &self.peers[&r.from].tenants;
+            for t in &r.tenants {
+                // A tenant new to this incarnation started from zero there.
+                let old = before.get(&t.name).copied().unwrap_or_default();
+                // Counters only grow within an incarnation; if one did not, re-baseline it.
+                let (cost, reserved) = if t.cost >= old.cost && t.reserved >= old.reserved {
+                    (t.cost - old.cost, t.reserved - old.reserved)
+                } else {
+                    (0, 0)
+                };
+                if cost > 0 || reserved > 0 {
+                    credits.push(Credit { tenant: t.name.clone(), cost, reserved });
+                }
+            }
+        }
+        self.peers.insert(r.from.clone(), PeerView { incarnation: r.incarnation, seq: r.seq, received: now, tenants: seen });
+        credits
+    }
+
+    /// Whether a live peer reported `tenant` busy in its latest report.
+    pub fn active(&self, tenant: &str, now: Duration) -> bool {
+        self.peers.values().any(|p| self.is_fresh(p, now) && p.tenants.get(tenant).is_some_and(|s| s.active))
+    }
+
+    /// Peers heard from within the timeout.
+    pub fn fresh_peers(&self, now: Duration) -> usize {
+        self.peers.values().filter(|p| self.is_fresh(p, now)).count()
+    }
+
+    /// Take in `r` for `sched` (whose tenant `i` is `names[i]`): credit what
+    /// its tenants got at the peer, then re-judge who is busy elsewhere.
+    /// Tenants `sched` does not have are ignored; with `credit` false (cooperation
+    /// off) only the baselines move.
+    pub fn apply_to(&mut self, sched: &mut Scheduler, names: &[String], r: &Report, now: Duration, credit: bool) {
+        for c in self.apply(r, now) {
+            if let (true, Some(t)) = (credit, names.iter().position(|n| *n == c.tenant)) {
+                sched.credit(t, c.cost, c.reserved);
+            }
+        }
+        self.refresh(sched, names, now, credit);
+    }
+
+    /// Tell `sched` which of its tenants live peers report busy (none if `on` is false).
+    pub fn refresh(&self, sched: &mut Scheduler, names: &[String], now: Duration, on: bool) {
+        for (t, name) in names.iter().enumerate() {
+            sched.set_remote_active(t, on && self.active(name, now));
+        }
+    }
+
+    pub fn peers(&self, now: Duration) -> Vec<PeerStatus> {
+        self.peers
+            .iter()
+            .map(|(name, p)| PeerStatus {
+                name: name.clone(),
+                fresh: self.is_fresh(p, now),
+                age_us: now.saturating_sub(p.received).as_micros() as u64,
+                seq: p.seq,
+            })
+            .collect()
+    }
+}
+
+/// What `sched` (tenant `i` named `names[i]`) tells its peers now.
+pub fn local_report(sched: &mut Scheduler, names: &[String]) -> Vec<TenantReport> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(t, name)| {
+            let (cost, reserved, active) = sched.report(t);
+            TenantReport { name: name.clone(), cost, reserved, active }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn report(from: &str, incarnation: u64, seq: u64, tenants: &[(&str, u64, u64, bool)]) -> Report {
+        Report {
+            from: from.into(),
+            incarnation,
+            seq,
+            tenants: tenants
+                .iter()
+                .map(|&(name, cost, reserved, active)| TenantReport { name: name.into(), cost, reserved, active })
+                .collect(),
+        }
+    }
+
+    fn credit(tenant: &str, cost: u64, reserved: u64) -> Credit {
+        Credit { tenant: tenant.into(), cost, reserved }
+    }
+
+    #[test]
+    fn the_first_report_is_a_baseline_and_later_ones_credit_the_difference() {
+        let mut l = Ledger::new(ms(100));
+        assert_eq!(l.apply(&report("p", 1, 1, &[("a", 5000, 0, true)]), ms(0)), vec![]);
+        assert_eq!(l.apply(&report("p", 1, 2, &[("a", 8000, 1000, true), ("b", 300, 0, false)]), ms(10)), vec![
+            credit("a", 3000, 1000),
+            credit("b", 300, 0)
+        ]);
+        // Nothing new: no credit.
+        assert_eq!(l.apply(&report("p", 1, 3, &[("a", 8000, 1000, false), ("b", 300, 0, false)]), ms(20)), vec![]);
+    }
+
+    #[test]
+    fn lost_or_reordered_reports_never_lose_or_double_a_charge() {
+        let mut l = Ledger::new(ms(100));
+        l.apply(&report("p", 1, 1, &[("a", 0, 0, true)]), ms(0));
+        // Reports 2 and 3 are lost; 5 arrives before 4.
+        let c5 = l.apply(&report("p", 1, 5, &[("a", 50_000, 0, true)]), ms(50));
+        let c4 = l.apply(&report("p", 1, 4, &[("a", 40_000, 0, true)]), ms(51));
+        let c6 = l.apply(&report("p", 1, 6, &[("a", 60_000, 0, true)]), ms(60));
+        assert_eq!((c5, c4, c6), (vec![credit("a", 50_000, 0)], vec![], vec![credit("a", 10_000, 0)]));
+    }
+
+    #[test]
+    fn a_restarted_or_returning_peer_is_rebased_not_charged() {
+        let mut l = Ledger::new(ms(100));
+        l.apply(&report("p", 1, 1, &[("a", 1000, 0, true)]), ms(0));
+        // Restart: counters begin again.
+        assert_eq!(l.apply(&report("p", 2, 1, &[("a", 10, 0, true)]), ms(10)), vec![]);
+        assert_eq!(l.apply(&report("p", 2, 2, &[("a", 110, 0, true)]), ms(20)), vec![credit("a", 100, 0)]);
+        // Silent past the timeout, then back with the same incarnation.
+        assert!(l.active("a", ms(120)));
+        assert!(!l.active("a", ms(121)));
+        assert_eq!(l.fresh_peers(ms(121)), 0);
+        assert_eq!(l.apply(&report("p", 2, 9, &[("a", 90_110, 0, true)]), ms(500)), vec![]);
+        assert_eq!(l.apply(&report("p", 2, 10, &[("a", 90_210, 0, true)]), ms(510)), vec![credit("a", 100, 0)]);
+    }
+
+    #[test]
+    fn activity_comes_from_live_peers_only() {
+        let mut l = Ledger::new(ms(100));
+        l.apply(&report("p", 1, 1, &[("a", 0, 0, true), ("b", 0, 0, false)]), ms(0));
+        l.apply(&report("q", 1, 1, &[("b", 0, 0, false)]), ms(50));
+        assert!(l.active("a", ms(100)) && !l.active("b", ms(100)) && !l.active("c", ms(100)));
+        l.apply(&report("q", 1, 2, &[("b", 0, 0, true)]), ms(60));
+        assert!(l.active("b", ms(160)));
+        assert!(!l.active("a", ms(101)), "p went silent");
+        assert_eq!(l.fresh_peers(ms(101)), 1);
+        let st = l.peers(ms(101));
+        assert_eq!(st.iter().map(|p| (p.name.as_str(), p.fresh)).collect::<Vec<_>>(), vec![("p", false), ("q", true)]);
+    }
+
+    #[test]
+    fn anticipation_bounds() {
+        assert_eq!(Anticipate::Off.bound(Some(ms(5))), Duration::ZERO);
+        assert_eq!(Anticipate::Micros(2500).bound(None), Duration::from_micros(2500));
+        assert_eq!(Anticipate::Auto.bound(Some(ms(30))), ms(30));
+        assert_eq!(Anticipate::Auto.bound(None), ms(1));
+        assert_eq!(Anticipate::Auto.bound(Some(ms(5000))), ms(200));
+    }
+}

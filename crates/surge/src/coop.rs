@@ -1,0 +1,368 @@
+//! Cooperation among proxies: the coordination channel of
+//! `surge_block::fairq::global`, as peer connections among `surge serve`
+//! daemons listed statically (`--coop-listen`, `--coop-peer`).
+//!
+//! Every period a daemon sends each peer one JSON line: its name, incarnation,
+//! a sequence number and, per pool, what each tenant was dispatched there so
+//! far and whether it was busy. Receivers apply it to the pool of the same
+//! name. Sending and receiving run on their own threads and never take part
+//! in I/O: a peer that is slow, gone or refusing connections only stops being
+//! heard, and after the peer timeout its pool falls back to local SFQ(D).
+//! Reports are not authenticated: keep the coop listener on a trusted network
+//! (the NBD exposure rule applies to it too).
+
+use crate::config::ListenAddr;
+use crate::control::Controllable;
+use crate::stack::share::{self, Queues};
+use anyhow::Context as _;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+use surge_block::fairq::{Report, TenantReport};
+
+/// How this daemon cooperates.
+#[derive(Debug, Clone)]
+pub struct CoopConfig {
+    /// Unique among the peers (defaults to the listen address).
+    pub name: String,
+    pub listen: ListenAddr,
+    /// The other daemons' listen addresses.
+    pub peers: Vec<ListenAddr>,
+    pub period: Duration,
+    pub peer_timeout: Duration,
+}
+
+/// One line on the wire.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Message {
+    from: String,
+    incarnation: u64,
+    seq: u64,
+    pools: BTreeMap<String, Vec<TenantReport>>,
+}
+
+/// A peer connection longer than this per line is cut (a report is a few KiB).
+const MAX_LINE: usize = 1 << 20;
+/// After a failed connect or send, wait this long before trying that peer again.
+const RETRY: Duration = Duration::from_millis(500);
+
+#[derive(Default)]
+struct PeerOut {
+    conn: Option<Conn>,
+    retry_at: Option<Instant>,
+    sent: u64,
+    last_error: Option<String>,
+}
+
+enum Conn {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Conn {
+    fn open(addr: &ListenAddr, timeout: Duration) -> std::io::Result<Conn> {
+        let c = match addr {
+            ListenAddr::Tcp(a) => {
+                let s = TcpStream::connect_timeout(a, timeout)?;
+                s.set_nodelay(true)?;
+                s.set_write_timeout(Some(timeout))?;
+                Conn::Tcp(s)
+            }
+            ListenAddr::Unix(p) => {
+                let s = UnixStream::connect(p)?;
+                s.set_write_timeout(Some(timeout))?;
+                Conn::Unix(s)
+            }
+        };
+        Ok(c)
+    }
+
+    fn send(&mut self, line: &[u8]) -> std::io::Result<()> {
+        match self {
+            Conn::Tcp(s) => s.write_all(line),
+            Conn::Unix(s) => s.write_all(line),
+        }
+    }
+}
+
+struct State {
+    cfg: CoopConfig,
+    incarnation: u64,
+    peers: Mutex<Vec<(ListenAddr, PeerOut)>>,
+    received: AtomicU64,
+    rejected: AtomicU64,
+    stop: AtomicBool,
+}
+
+/// The running service; stops its threads when dropped.
+pub struct Coop {
+    state: Arc<State>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Coop {
+    /// Listen for peers' reports and start reporting to them.
+    pub fn start(cfg: CoopConfig, queues: Queues) -> anyhow::Result<Coop> {
+        let incarnation = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id());
+        let peers = cfg.peers.iter().map(|p| (p.clone(), PeerOut::default())).collect();
+        let listener = Listener::bind(&cfg.listen).with_context(|| format!("coop: listening on {}", cfg.listen))?;
+        let state = Arc::new(State {
+            cfg,
+            incarnation,
+            peers: Mutex::new(peers),
+            received: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let mut threads = Vec::new();
+        let (s, q) = (state.clone(), queues.clone());
+        threads.push(std::thread::Builder::new().name("coop-accept".into()).spawn(move || accept_loop(listener, s, q))?);
+        let s = state.clone();
+        threads.push(std::thread::Builder::new().name("coop-send".into()).spawn(move || send_loop(s, queues))?);
+        Ok(Coop { state, threads })
+    }
+
+    /// `surge status` entry `coop`.
+    pub fn control(&self) -> Arc<dyn Controllable> {
+        Arc::new(CoopControl { state: self.state.clone() })
+    }
+}
+
+impl Drop for Coop {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, std::path::PathBuf),
+}
+
+impl Listener {
+    fn bind(addr: &ListenAddr) -> std::io::Result<Listener> {
+        let l = match addr {
+            ListenAddr::Tcp(a) => Listener::Tcp(TcpListener::bind(a)?),
+            ListenAddr::Unix(p) => {
+                let _ = crate::control::remove_stale_socket(p);
+                Listener::Unix(UnixListener::bind(p)?, p.clone())
+            }
+        };
+        match &l {
+            Listener::Tcp(t) => t.set_nonblocking(true)?,
+            Listener::Unix(u, _) => u.set_nonblocking(true)?,
+        }
+        Ok(l)
+    }
+
+    fn accept(&self) -> std::io::Result<Box<dyn std::io::Read + Send>> {
+        match self {
+            Listener::Tcp(t) => {
+                let (s, _) = t.accept()?;
+                s.set_nonblocking(false)?;
+                s.set_read_timeout(Some(Duration::from_millis(200)))?;
+                Ok(Box::new(s))
+            }
+            Listener::Unix(u, _) => {
+                let (s, _) = u.accept()?;
+                s.set_nonblocking(false)?;
+                s.set_read_timeout(Some(Duration::from_millis(200)))?;
+                Ok(Box::new(s))
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, p) = self {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn accept_loop(listener: Listener, state: Arc<State>, queues: Queues) {
+    let mut readers = Vec::new();
+    while !state.stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok(stream) => {
+                let (s, q) = (state.clone(), queues.clone());
+                match std::thread::Builder::new().name("coop-recv".into()).spawn(move || receive(stream, s, q)) {
+                    Ok(h) => readers.push(h),
+                    Err(e) => tracing::warn!("coop: cannot start a reader: {e}"),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => {
+                tracing::warn!("coop: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        readers.retain(|h: &JoinHandle<()>| !h.is_finished());
+    }
+    for h in readers {
+        let _ = h.join();
+    }
+}
+
+/// Read report lines from one peer until it goes away or we stop.
+fn receive(stream: Box<dyn std::io::Read + Send>, state: Arc<State>, queues: Queues) {
+    let mut r = BufReader::new(stream);
+    let mut line = Vec::new();
+    while !state.stop.load(Ordering::Relaxed) {
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) => return,
+            Ok(_) if line.ends_with(b"\n") => {
+                apply_line(&line, &state, &queues);
+                line.clear();
+            }
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+        if line.len() > MAX_LINE {
+            state.rejected.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+}
+
+fn apply_line(line: &[u8], state: &State, queues: &Queues) {
+    let Ok(m) = serde_json::from_slice::<Message>(line) else {
+        state.rejected.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    state.received.fetch_add(1, Ordering::Relaxed);
+    for (pool, queue) in share::pools(queues) {
+        if let Some(tenants) = m.pools.get(&pool) {
+            let r = Report { from: m.from.clone(), incarnation: m.incarnation, seq: m.seq, tenants: tenants.clone() };
+            queue.apply_report(&r);
+        }
+    }
+}
+
+fn send_loop(state: Arc<State>, queues: Queues) {
+    let period = state.cfg.period;
+    let mut seq = 0;
+    let mut next = Instant::now();
+    while !state.stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now < next {
+            std::thread::sleep((next - now).min(Duration::from_millis(50)));
+            continue;
+        }
+        next += period;
+        if next < now {
+            next = now + period; // fell behind (machine busy): do not burst
+        }
+        seq += 1;
+        let pools = share::pools(&queues);
+        for (_, q) in &pools {
+            q.refresh_peers();
+        }
+        let msg = Message {
+            from: state.cfg.name.clone(),
+            incarnation: state.incarnation,
+            seq,
+            pools: pools.iter().map(|(n, q)| (n.clone(), q.report())).collect(),
+        };
+        let Ok(mut line) = serde_json::to_vec(&msg) else { continue };
+        line.push(b'\n');
+        send_all(&state, &line);
+    }
+}
+
+/// One line to every peer; a failing peer is dropped and retried later.
+fn send_all(state: &State, line: &[u8]) {
+    let now = Instant::now();
+    let timeout = state.cfg.period.max(Duration::from_millis(10));
+    for (addr, p) in state.peers.lock().iter_mut() {
+        if p.conn.is_none() {
+            if p.retry_at.is_some_and(|t| now < t) {
+                continue;
+            }
+            match Conn::open(addr, timeout) {
+                Ok(c) => p.conn = Some(c),
+                Err(e) => {
+                    p.last_error = Some(format!("connect: {e}"));
+                    p.retry_at = Some(now + RETRY);
+                    continue;
+                }
+            }
+        }
+        if let Some(c) = &mut p.conn {
+            match c.send(line) {
+                Ok(()) => {
+                    p.sent += 1;
+                    p.last_error = None;
+                }
+                Err(e) => {
+                    p.last_error = Some(format!("send: {e}"));
+                    p.conn = None;
+                    p.retry_at = Some(now + RETRY);
+                }
+            }
+        }
+    }
+}
+
+struct CoopControl {
+    state: Arc<State>,
+}
+
+impl Controllable for CoopControl {
+    fn name(&self) -> String {
+        "coop".into()
+    }
+    fn kind(&self) -> String {
+        "coop".into()
+    }
+    fn status(&self) -> serde_json::Value {
+        let s = &self.state;
+        let peers: Vec<_> = s
+            .peers
+            .lock()
+            .iter()
+            .map(|(a, p)| json!({ "address": a.to_string(), "connected": p.conn.is_some(), "sent": p.sent, "last_error": p.last_error }))
+            .collect();
+        json!({
+            "name": s.cfg.name,
+            "listen": s.cfg.listen.to_string(),
+            "period_us": s.cfg.period.as_micros() as u64,
+            "peer_timeout_us": s.cfg.peer_timeout.as_micros() as u64,
+            "received": s.received.load(Ordering::Relaxed),
+            "rejected": s.rejected.load(Ordering::Relaxed),
+            "peers": peers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_round_trips_and_garbage_is_rejected() {
+        let m = Message {
+            from: "p1".into(),
+            incarnation: 7,
+            seq: 3,
+            pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost: 10, reserved: 2, active: true }])].into(),
+        };
+        let line = serde_json::to_vec(&m).unwrap();
+        assert_eq!(serde_json::from_slice::<Message>(&line).unwrap(), m);
+        assert!(serde_json::from_slice::<Message>(b"{\"from\":1}").is_err());
+    }
+}

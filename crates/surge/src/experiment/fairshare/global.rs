@@ -1,0 +1,446 @@
+//! The parallel-store part of `surge experiment fairshare` (issue 17): the
+//! paper's actual setting, where a proxy on every data server schedules only
+//! its own server and striped clients with one request outstanding leave the
+//! favoured application short of its share (Fig. 4: 5.8:1 for 16:1), and an
+//! application using more servers than another cannot be held to its share at
+//! all. Per-server SFQ(D) ("local only": the proxies' cooperation switched off
+//! live) against cooperating proxies, every client its own process.
+
+use super::procs::{AppLoad, Backend, Completions, LoadSpec, ServerSpec, Store};
+use super::{achieved_ratio, throughput, KIB, MB, MIB};
+use serde::Serialize;
+use std::path::Path;
+use std::time::Duration;
+
+/// Settings of the global part; quick mode keeps the proportions, runs less.
+#[derive(Debug, Clone, Serialize)]
+pub struct GlobalPlan {
+    pub servers: ServerSpec,
+    pub backend: Backend,
+    /// Clients (processes) per application.
+    pub clients: usize,
+    pub chunk: u64,
+    pub request: u64,
+    /// Requests each client keeps in flight in the backlogged variant.
+    pub backlog: usize,
+    pub targets: Vec<u32>,
+    pub backlogged_targets: Vec<u32>,
+    pub run_s: f64,
+    pub warmup_s: f64,
+    pub cooldown_s: f64,
+    /// Runs of every case (each local-only run followed by its cooperative one).
+    pub reps: usize,
+}
+
+impl GlobalPlan {
+    pub fn new(quick: bool, servers: usize) -> Self {
+        GlobalPlan {
+            servers: ServerSpec { count: servers, bw: 16_000_000, latency_us: 1000, size: 64 * MIB },
+            backend: Backend::available(),
+            clients: 4,
+            chunk: 256 * KIB,
+            request: MIB,
+            backlog: 4,
+            targets: vec![2, 4, 8, 16],
+            // Backlogged, local SFQ(D) alone holds the ratio: the ends of the range show it.
+            backlogged_targets: if quick { vec![16] } else { vec![2, 16] },
+            run_s: if quick { 4.0 } else { 10.0 },
+            warmup_s: 0.5,
+            cooldown_s: 0.25,
+            reps: if quick { 1 } else { 3 },
+        }
+    }
+
+    fn window(&self) -> (Duration, Duration) {
+        (Duration::from_secs_f64(self.warmup_s), Duration::from_secs_f64(self.run_s - self.cooldown_s))
+    }
+
+    fn all_servers(&self) -> Vec<usize> {
+        (0..self.servers.count).collect()
+    }
+
+    fn load(&self, outstanding: usize, narrow_b: bool, via_proxies: bool) -> LoadSpec {
+        let half: Vec<usize> = (0..self.servers.count.div_ceil(2)).collect();
+        LoadSpec {
+            apps: [
+                AppLoad { clients: self.clients, servers: self.all_servers(), outstanding },
+                AppLoad { clients: self.clients, servers: if narrow_b { half } else { self.all_servers() }, outstanding },
+            ],
+            via_proxies,
+            chunk: self.chunk,
+            request: self.request,
+            duration: Duration::from_secs_f64(self.run_s),
+        }
+    }
+}
+
+/// One case over its runs: the median and the spread.
+#[derive(Debug, Clone, Serialize)]
+pub struct RatioEntry {
+    pub target: u32,
+    /// Median a:b over the runs.
+    pub achieved: f64,
+    pub request_bytes: u64,
+    pub outstanding: usize,
+    pub runs: Vec<f64>,
+    pub min: f64,
+    pub max: f64,
+    /// Median MB/s of a and b.
+    pub mbps: [f64; 2],
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ModeResults {
+    /// One request outstanding per client (the paper's IOR setting).
+    pub ratios: Vec<RatioEntry>,
+    pub backlogged_ratios: Vec<RatioEntry>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AsymEntry {
+    /// (narrow : wide achieved) / (narrow : wide target); 1 is exact.
+    pub achieved_over_target: f64,
+    pub runs: Vec<f64>,
+    pub min: f64,
+    pub max: f64,
+    /// Median MB/s of the wide (all servers) and the narrow (half) application.
+    pub mbps: [f64; 2],
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Asymmetric {
+    /// Weights wide:narrow (the target ratio of their total service).
+    pub weights: [u32; 2],
+    pub narrow_servers: usize,
+    pub local_only: AsymEntry,
+    pub cooperative: AsymEntry,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Overhead {
+    /// Median total MB/s with clients talking to the servers directly, and through cooperating proxies.
+    pub direct_mbps: f64,
+    pub proxied_mbps: f64,
+    pub direct_runs: Vec<f64>,
+    pub proxied_runs: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GlobalResults {
+    pub plan: GlobalPlan,
+    pub local_only: ModeResults,
+    pub cooperative: ModeResults,
+    pub asymmetric: Asymmetric,
+    pub overhead: Overhead,
+    /// (direct - proxied) / direct, in percent.
+    pub overhead_pct: f64,
+    /// Holds that ran out their anticipation bound and requests held back, summed over proxies, per tenant.
+    pub proxy_counters: serde_json::Value,
+    pub elapsed_s: f64,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+fn spread(v: &[f64]) -> (f64, f64) {
+    (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+}
+
+struct Runner<'a> {
+    plan: &'a GlobalPlan,
+    store: Store,
+}
+
+/// What one run measured.
+struct Measured {
+    ratio: f64,
+    mbps: [f64; 2],
+}
+
+impl Runner<'_> {
+    fn measure(&self, c: &Completions) -> Measured {
+        let w = self.plan.window();
+        Measured { ratio: achieved_ratio(c, w), mbps: throughput(c, w) }
+    }
+
+    fn configure(&self, weights: [u32; 2], cooperative: bool) -> anyhow::Result<()> {
+        self.store.set("a", "weight", &weights[0].to_string())?;
+        self.store.set("b", "weight", &weights[1].to_string())?;
+        self.store.set("a", "global", if cooperative { "on" } else { "off" })?;
+        Ok(())
+    }
+
+    fn run(&self, weights: [u32; 2], cooperative: bool, load: &LoadSpec) -> anyhow::Result<Measured> {
+        if load.via_proxies {
+            self.configure(weights, cooperative)?;
+        }
+        let c = super::procs::run_clients(&self.store, load)?;
+        Ok(self.measure(&c))
+    }
+
+    /// Every target, local only then cooperative, `reps` times interleaved.
+    fn ratios(&self, outstanding: usize, targets: &[u32]) -> anyhow::Result<[Vec<RatioEntry>; 2]> {
+        let p = self.plan;
+        let load = p.load(outstanding, false, true);
+        let mut out = [Vec::new(), Vec::new()];
+        for &target in targets {
+            let mut runs: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
+            for rep in 0..p.reps {
+                for (mode, coop) in [false, true].into_iter().enumerate() {
+                    let m = self.run([target, 1], coop, &load)?;
+                    step(&format!(
+                        "global {target}:1, {} outstanding, {} (run {}): {:.2}:1, {:.1} + {:.1} MB/s",
+                        outstanding,
+                        if coop { "cooperative" } else { "local only" },
+                        rep + 1,
+                        m.ratio,
+                        m.mbps[0],
+                        m.mbps[1]
+                    ));
+                    runs[mode].push(m);
+                }
+            }
+            for mode in 0..2 {
+                let r: Vec<f64> = runs[mode].iter().map(|m| m.ratio).collect();
+                let (min, max) = spread(&r);
+                let mbps = [0, 1].map(|t| median(&runs[mode].iter().map(|m| m.mbps[t]).collect::<Vec<_>>()));
+                out[mode].push(RatioEntry { target, achieved: median(&r), request_bytes: p.request, outstanding, runs: r, min, max, mbps });
+            }
+        }
+        Ok(out)
+    }
+
+    /// a stripes over every server, b over half of them; equal weights.
+    fn asymmetric(&self) -> anyhow::Result<Asymmetric> {
+        let p = self.plan;
+        let load = p.load(1, true, true);
+        let weights = [1u32, 1];
+        let mut runs: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
+        for rep in 0..p.reps {
+            for (mode, coop) in [false, true].into_iter().enumerate() {
+                let m = self.run(weights, coop, &load)?;
+                step(&format!(
+                    "global asymmetric, {} (run {}): wide {:.1} MB/s, narrow {:.1} MB/s",
+                    if coop { "cooperative" } else { "local only" },
+                    rep + 1,
+                    m.mbps[0],
+                    m.mbps[1]
+                ));
+                runs[mode].push(m);
+            }
+        }
+        let target = weights[1] as f64 / weights[0] as f64;
+        let entry = |ms: &[Measured]| {
+            let r: Vec<f64> = ms.iter().map(|m| (1.0 / m.ratio) / target).collect();
+            let (min, max) = spread(&r);
+            let mbps = [0, 1].map(|t| median(&ms.iter().map(|m| m.mbps[t]).collect::<Vec<_>>()));
+            AsymEntry { achieved_over_target: median(&r), runs: r, min, max, mbps }
+        };
+        Ok(Asymmetric {
+            weights,
+            narrow_servers: p.servers.count.div_ceil(2),
+            local_only: entry(&runs[0]),
+            cooperative: entry(&runs[1]),
+        })
+    }
+
+    /// Equal weights: clients straight to the servers vs through cooperating proxies, interleaved.
+    fn overhead(&self) -> anyhow::Result<Overhead> {
+        let p = self.plan;
+        let reps = p.reps.max(2);
+        let (mut direct, mut proxied) = (Vec::new(), Vec::new());
+        for rep in 0..reps {
+            for via in [false, true] {
+                let m = self.run([1, 1], true, &p.load(1, false, via))?;
+                let total = m.mbps[0] + m.mbps[1];
+                step(&format!("global overhead, {} (run {}): {total:.1} MB/s", if via { "through proxies" } else { "direct" }, rep + 1));
+                if via {
+                    proxied.push(total);
+                } else {
+                    direct.push(total);
+                }
+            }
+        }
+        Ok(Overhead { direct_mbps: median(&direct), proxied_mbps: median(&proxied), direct_runs: direct, proxied_runs: proxied })
+    }
+
+    fn counters(&self) -> serde_json::Value {
+        let sum = |tenant: &str, key: &str| -> u64 {
+            self.store.tenant_status(tenant).iter().map(|s| s["tenant"][key].as_u64().unwrap_or(0)).sum()
+        };
+        let expired: u64 = self.store.tenant_status("a").iter().map(|s| s["pool_holds_expired"].as_u64().unwrap_or(0)).sum();
+        serde_json::json!({
+            "held": { "a": sum("a", "held"), "b": sum("b", "held") },
+            "remote_cost": { "a": sum("a", "remote_cost"), "b": sum("b", "remote_cost") },
+            "holds_expired": expired,
+        })
+    }
+}
+
+fn step(msg: &str) {
+    crate::experiment::progress::step(format!("fairshare: {msg}"), true);
+}
+
+pub fn run(plan: &GlobalPlan) -> anyhow::Result<GlobalResults> {
+    let started = std::time::Instant::now();
+    let dir = std::env::temp_dir().join(format!("surge-fairshare-global-{}", std::process::id()));
+    let result = Store::start(&dir, &plan.servers, plan.backend).and_then(|store| measure(plan, store, started));
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn measure(plan: &GlobalPlan, store: Store, started: std::time::Instant) -> anyhow::Result<GlobalResults> {
+    let r = Runner { plan, store };
+    let [lo, co] = r.ratios(1, &plan.targets)?;
+    let [lo_b, co_b] = r.ratios(plan.backlog, &plan.backlogged_targets)?;
+    let asymmetric = r.asymmetric()?;
+    let overhead = r.overhead()?;
+    let proxy_counters = r.counters();
+    Ok(GlobalResults {
+        plan: plan.clone(),
+        local_only: ModeResults { ratios: lo, backlogged_ratios: lo_b },
+        cooperative: ModeResults { ratios: co, backlogged_ratios: co_b },
+        asymmetric,
+        overhead_pct: (overhead.direct_mbps - overhead.proxied_mbps) / overhead.direct_mbps * 100.0,
+        overhead,
+        proxy_counters,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The paper's Fig. 4 (1 MiB, 8 servers, per-server SFQ(2) proxies): achieved a:b by target.
+pub const PAPER_FIG4: [(f64, f64); 2] = [(2.0, 1.9), (16.0, 5.8)];
+
+fn ratio_rows(s: &mut String, g: &GlobalResults, backlogged: bool) {
+    let (lo, co) = if backlogged {
+        (&g.local_only.backlogged_ratios, &g.cooperative.backlogged_ratios)
+    } else {
+        (&g.local_only.ratios, &g.cooperative.ratios)
+    };
+    s.push_str("| target | outstanding / client | paper (local) | local only | cooperative | cooperative / target | MB/s a + b (local / coop) |\n|---|---|---|---|---|---|---|\n");
+    for (l, c) in lo.iter().zip(co) {
+        let paper = match (backlogged, l.target) {
+            (false, 2) => "1.9",
+            (false, 16) => "5.8",
+            (false, _) => "(falls off, Fig. 4)",
+            _ => "-",
+        };
+        s.push_str(&format!(
+            "| {}:1 | {} | {paper} | {:.2} ({:.2}..{:.2}) | {:.2} ({:.2}..{:.2}) | {:.3} | {:.1} + {:.1} / {:.1} + {:.1} |\n",
+            l.target,
+            l.outstanding,
+            l.achieved,
+            l.min,
+            l.max,
+            c.achieved,
+            c.min,
+            c.max,
+            c.achieved / c.target as f64,
+            l.mbps[0],
+            l.mbps[1],
+            c.mbps[0],
+            c.mbps[1]
+        ));
+    }
+}
+
+/// The report's section on the parallel store (markdown).
+pub fn report(g: &GlobalResults) -> String {
+    let p = &g.plan;
+    let n = p.servers.count;
+    let mut s = String::new();
+    s.push_str(&format!("## Across {n} servers: per-server SFQ(D) vs cooperating proxies (paper Figs. 4 and 5, issue 17)\n\n"));
+    s.push_str("| | paper | here |\n|---|---|---|\n");
+    s.push_str(&format!(
+        "| data servers | 8 PVFS2 servers, a vPFS proxy (SFQ(2)) on each | {n} `surge serve` processes, each a `reserved:` volume of {:.0} MB/s, {} µs base latency ({} MiB), plus one proxy `surge serve` per server with a `share:` pool, tenants a and b by client address ({} and {}) |\n",
+        p.servers.bw as f64 / MB,
+        p.servers.latency_us,
+        p.servers.size / MIB,
+        super::procs::APP_NETS[0],
+        super::procs::APP_NETS[1]
+    ));
+    let interposed = match p.backend {
+        Backend::Remote => "each proxy's pool is a `remote:` NBD client of its storage server".to_string(),
+        Backend::InProxy => "this build has no `remote:` (NBD client) export kind yet, so each proxy's pool is its server's emulated volume itself (same model and settings); the storage server processes serve the *direct* runs of the overhead comparison".to_string(),
+    };
+    s.push_str(&format!("| proxy in front of a server | user-level proxy forwarding to the PVFS2 server | {interposed} |\n"));
+    s.push_str(&format!(
+        "| clients | IOR over MPI-IO, 32 per application, 1 MiB requests striped as 4 x 256 KiB, 1 outstanding | {} `surge stripe-bench` processes per application (own NBD connections to every server it uses, bound to its application's address), {} KiB requests striped as {} x {} KiB chunks round robin over the servers, sent together; 1 outstanding per client, and {} in the backlogged variant |\n",
+        p.clients,
+        p.request / KIB,
+        p.request / p.chunk,
+        p.chunk / KIB,
+        p.backlog
+    ));
+    s.push_str("| local only | the paper's system | the same proxies with `global=off` (set live): each schedules only its own queue |\n");
+    s.push_str("| cooperative | future work in the paper | `global=on`: each proxy reports what every tenant received to its peers every 20 ms over `--coop-peer` connections (default `--coop-period`), tags are delayed by service received elsewhere (DSFQ), a tenant running ahead of its share of the total by more than `lag` (1 MiB) yields to an owed tenant, and a server may wait for an owed tenant's next chunk up to its mean device latency (`anticipate=auto`, at most 200 ms); a peer unheard for 500 ms no longer counts (local SFQ(D) for it, I/O never waits for a peer) |\n");
+    s.push_str(&format!(
+        "| runs | not stated | {} s per run, first {} s and last {} s not measured; {} run(s) of every case, local only and cooperative interleaved; medians with (min..max) |\n\n",
+        p.run_s, p.warmup_s, p.cooldown_s, p.reps
+    ));
+    s.push_str("### Proportional sharing, 1 MiB striped, one outstanding request per client (Fig. 4)\n\n");
+    ratio_rows(&mut s, g, false);
+    s.push_str("\nWith one request outstanding per client and its chunks spread over the servers, no single proxy sees the favoured application's requests waiting often enough for its weight to act: local SFQ(D) is work-conserving and gives the idle share away, as the paper found. Cooperating proxies charge each tenant for the service it received everywhere, so the favoured tenant's next chunk at any server starts ahead of the other's.\n\n");
+    s.push_str("### Backlogged variant\n\n");
+    ratio_rows(&mut s, g, true);
+    s.push_str("\nWith several requests in flight per client the proxies see both tenants queued far more often and local SFQ(D) alone comes much closer to the target (local-only column); cooperation must close the rest and not overshoot.\n\n");
+    let a = &g.asymmetric;
+    s.push_str(&format!(
+        "### Asymmetric server use: a over all {n} servers, b over {} of them, weights {}:{}\n\n",
+        a.narrow_servers, a.weights[0], a.weights[1]
+    ));
+    s.push_str("| | (b:a achieved) / (b:a target) | runs | MB/s a (all servers) | MB/s b (half) |\n|---|---|---|---|---|\n");
+    for (name, e) in [("local only", &a.local_only), ("cooperative", &a.cooperative)] {
+        s.push_str(&format!(
+            "| {name} | {:.3} | {:.3}..{:.3} | {:.1} | {:.1} |\n",
+            e.achieved_over_target, e.min, e.max, e.mbps[0], e.mbps[1]
+        ));
+    }
+    s.push_str("\nThe paper could not give such an application its share at all (\"requires cooperative scheduling across proxies\").\n\n");
+    let o = &g.overhead;
+    s.push_str(&format!(
+        "### Overhead, equal weights, 1 outstanding per client\n\nClients straight to the storage servers: {:.1} MB/s (runs {}); through the cooperating proxies: {:.1} MB/s (runs {}): **{:.2} %** (paper: < 3 %).\n\n",
+        o.direct_mbps,
+        fmt_runs(&o.direct_runs),
+        o.proxied_mbps,
+        fmt_runs(&o.proxied_runs),
+        g.overhead_pct
+    ));
+    s.push_str(&format!(
+        "Proxy counters at the end (summed over proxies): {}. Plot: `global-ratios.svg`. This part took {:.0} s.\n",
+        g.proxy_counters, g.elapsed_s
+    ));
+    s
+}
+
+fn fmt_runs(v: &[f64]) -> String {
+    v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ")
+}
+
+/// Achieved vs target across the servers, beside the paper's Fig. 4.
+pub fn plot(out: &Path, g: &GlobalResults) -> anyhow::Result<()> {
+    use super::plot::{line_chart, Chart, Series};
+    let pts = |v: &[RatioEntry]| v.iter().map(|x| (x.target as f64, x.achieved)).collect();
+    let title = format!("Achieved vs target over {} servers, 1 MiB striped, 1 outstanding/client", g.plan.servers.count);
+    line_chart(
+        &out.join("global-ratios.svg"),
+        &Chart { title: &title, x_label: "target a:b", y_label: "achieved a:b", log_x: false },
+        &[
+            Series { name: "per-server SFQ(D) (local only)".into(), points: pts(&g.local_only.ratios), reference: false },
+            Series { name: "cooperating proxies".into(), points: pts(&g.cooperative.ratios), reference: false },
+            Series { name: "paper, Fig. 4".into(), points: PAPER_FIG4.to_vec(), reference: false },
+            Series { name: "ideal".into(), points: vec![(2.0, 2.0), (16.0, 16.0)], reference: true },
+        ],
+    )
+}
