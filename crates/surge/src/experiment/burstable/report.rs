@@ -378,9 +378,10 @@ pub fn markdown(s: &Setting, runs: &[Run], r: &Results, quick: bool, work: &Path
     if (f - default_f).abs() > f64::EPSILON * default_f {
         let _ = writeln!(
             m,
-            "- Scale set by `SURGE_BURSTABLE_SCALE` to 1/{:.0} instead of this mode's default 1/{:.0} (a reduced run: sizes, windows and buckets scale with it, rates do not).",
+            "- Scale set by `SURGE_BURSTABLE_SCALE` to 1/{:.0} instead of this mode's default 1/{:.0} ({} run: sizes, windows and buckets scale with it, rates do not).",
             1.0 / f,
-            1.0 / default_f
+            1.0 / default_f,
+            if f < default_f { "a reduced" } else { "a larger" }
         );
     }
     let p = PriceTable::default();
