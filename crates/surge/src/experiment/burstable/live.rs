@@ -61,7 +61,8 @@ fn fio(uri: &str, size: &str, extra: &[&str]) -> anyhow::Result<FioOutcome> {
     let start = Instant::now();
     let out = Command::new("fio")
         .args(["--name=live", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bs=4k", "--iodepth=8", &format!("--size={size}")])
-        .args(["--verify=crc32c", "--verify_fatal=1", "--output-format=json"])
+        // verify_state_save=0: fio would otherwise leave a `*-verify.state` file in the working directory.
+        .args(["--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0", "--output-format=json"])
         .args(extra)
         .stdin(Stdio::null())
         .output()

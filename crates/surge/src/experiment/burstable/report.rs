@@ -374,6 +374,16 @@ pub fn markdown(s: &Setting, runs: &[Run], r: &Results, quick: bool, work: &Path
     ] {
         let _ = writeln!(m, "- {d}");
     }
+    let default_f = Setting::new(quick).scale;
+    if (f - default_f).abs() > f64::EPSILON * default_f {
+        let _ = writeln!(
+            m,
+            "- Scale set by `SURGE_BURSTABLE_SCALE` to 1/{:.0} instead of this mode's default 1/{:.0} ({} run: sizes, windows and buckets scale with it, rates do not).",
+            1.0 / f,
+            1.0 / default_f,
+            if f < default_f { "a reduced" } else { "a larger" }
+        );
+    }
     let p = PriceTable::default();
     let _ = writeln!(m, "\nPrices: {} ({}, {}): gp2 ${}/GiB-month, gp3 ${}/GiB-month + $0.005/IOPS above 3,000, io1 and io2 $0.125/GiB-month + $0.065/IOPS (io2 tiers above 32,000), st1 ${}/GiB-month; {} s per month.\n", p.source, p.region, p.date, p.gp2.gb_month, p.gp3.gb_month, p.st1.gb_month, p.seconds_per_month);
     let _ = writeln!(m, "Volume files of the virtual-time runs: `{}`; wall time of the runs: {:.0} s.\n", work.display(), runs.iter().map(|r| r.wall_s).sum::<f64>());
