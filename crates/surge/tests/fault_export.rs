@@ -47,6 +47,11 @@ fn injected_errors_reach_the_client_and_rules_change_live() {
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
+    // serve binds the NBD socket before the control socket.
+    while !dir.path().join("c.sock").exists() {
+        assert!(Instant::now() < deadline, "no control socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     c.write(0, &[1; 4096], false).unwrap();
     let e = c.write(4096, &[2; 4096], false).unwrap_err();
     assert_eq!(e.errno(), Some(ENOSPC), "{e}");
