@@ -477,8 +477,14 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let plan = crate::experiment::elastic_priced::Plan::new(quick);
     let alongside = plan.parallel;
     let priced_dir = work.join("priced");
+    // The priced scenarios drive fio (its nbd engine) as the application; a
+    // machine without it still runs the replica, and says what it skipped.
+    let fio_missing = parts.contains("priced") && !fio_has_nbd_engine();
+    if fio_missing {
+        eprintln!("elastic: fio with its nbd engine is not installed (apt-get install fio): the priced scenarios are skipped");
+    }
     let run_priced = || -> anyhow::Result<Option<crate::experiment::elastic_priced::Priced>> {
-        if !parts.contains("priced") {
+        if !parts.contains("priced") || fio_missing {
             return Ok(None);
         }
         let r = crate::experiment::elastic_priced::run(&plan, &priced_dir);
@@ -509,6 +515,10 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     json["niced"] = serde_json::json!(niced);
     if niced {
         report.push_str("\nThe experiment ran at nice -10 (shared machine: other jobs' CPU must not delay the models' timed sleeps).\n\n");
+    }
+    if fio_missing {
+        json["priced_skipped"] = serde_json::json!("fio with its nbd engine is not installed (apt-get install fio)");
+        report.push_str("\n**The priced scenarios did not run**: fio with its nbd engine is not installed (`apt-get install fio`).\n\n");
     }
     if let Some(p) = &priced {
         let (priced_json, settings) = p.json();
@@ -623,4 +633,14 @@ fn report_md(s: &Setting, res: &BTreeMap<&str, ApproachResult>, quick: bool, wor
         let _ = writeln!(m, "- {n}: {}", res[n].bursts.iter().map(|(a, b)| format!("{a:.2}-{b:.2}")).collect::<Vec<_>>().join(", "));
     }
     m
+}
+
+/// Whether `fio` runs here and knows the nbd engine.
+fn fio_has_nbd_engine() -> bool {
+    std::process::Command::new("fio")
+        .arg("--enghelp=nbd")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
