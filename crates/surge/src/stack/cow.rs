@@ -5,7 +5,7 @@
 //!   (`surge_block::cow`), with optional copy-on-read and a background stream
 //!   job that makes the overlay independent of the base.
 //!   `cow:base=nbd://storage:10809/base,overlay=file:/var/lib/surge/vm1.ovl`
-//!   plus `granularity=4KiB`, `cor`, `readahead=2MiB` (largest read-ahead window
+//!   plus `granularity=4KiB`, `cor`, `readahead=512KiB` (largest read-ahead window
 //!   for sequential base reads; 0 = none), `stream`, `rate=50MB/s`, `cache=on|off`
 //!   (host page cache for the overlay: off = O_DIRECT), `fresh` (forget an
 //!   existing overlay), and for a remote base `connections=N`, `retry=60s`,

@@ -224,13 +224,14 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     );
     let _ = writeln!(
         s,
-        "- Base image: ext4 (`mkfs.ext4 -d`), {} virtual, holding {} real files ({}) from this machine's /usr; built in {:.1} s (not counted). Boot set: {} files, {:.1} MiB, read by `xargs -P 4 cat`.",
+        "- Base image: ext4 (`mkfs.ext4 -d`), {} virtual, holding {} real files ({}) from this machine's /usr; built in {:.1} s (not counted). Boot set: {} files, {:.1} MiB, read by `xargs -P {} cat`.",
         gib(plan.image_bytes),
         setup.image_files,
         gib(setup.image_file_bytes),
         setup.image_s,
         setup.boot_files,
-        setup.boot_bytes as f64 / (1 << 20) as f64
+        setup.boot_bytes as f64 / (1 << 20) as f64,
+        super::work::BOOT_READERS
     );
     let _ = writeln!(s, "- Volumes reach the applications as a kernel block device: nbdfuse + loop (direct I/O) + ext4 (no nbd module on this machine). Every server runs with its default settings: surge buffered (host page cache on), qemu-nbd `cache=writeback`, nbdkit cow filter with its 64 KiB blocks; surge cow granularity 4 KiB; the stream job of `surge-cow-cor` unthrottled.");
     let _ = writeln!(s, "- Provisioning: from starting the volume's server (local-raw: from starting `nbdcopy` of the image; surge-persistent: from copying the image on the storage node) until the boot set has been read.");
