@@ -389,6 +389,11 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     if let Some(d) = std::env::var("SURGE_STREAMING_DELAY_US").ok().and_then(|v| v.parse().ok()) {
         plan.delay_us = d;
     }
+    // Rounds at the chosen scale (e.g. 3 rounds of the --quick scale when a
+    // full run does not fit the time there is); listed in report.md.
+    if let Some(r) = std::env::var("SURGE_STREAMING_REPS").ok().and_then(|v| v.parse().ok()).filter(|&r: &usize| r >= 1) {
+        plan.reps = r;
+    }
     let started = Instant::now();
     let work = tempfile::Builder::new().prefix("surge-streaming").tempdir_in("/var/tmp").context("making a work dir in /var/tmp")?;
     std::fs::create_dir_all(work.path().join("storage"))?;

@@ -172,7 +172,11 @@ fn gib(b: u64) -> String {
 
 fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, checks: &[Check]) -> String {
     let mut s = String::new();
-    let runs = if plan.quick { "--quick: one run per configuration" } else { "full run: 3 rounds, configurations interleaved (each round starts with the next one), medians with [min, max]" };
+    let runs = if plan.reps == 1 {
+        format!("{}: one run per configuration", if plan.quick { "--quick" } else { "full scale" })
+    } else {
+        format!("{} scale, {} rounds, configurations interleaved (each round starts with the next one), medians with [min, max]", if plan.quick { "--quick" } else { "full" }, plan.reps)
+    };
     let _ = writeln!(s, "# Streaming volumes: provisioning and run-time cost\n");
     let _ = writeln!(s, "{runs}; {:.0} s in all.\n", setup.total_s);
     let _ = writeln!(s, "## Results (median [min, max])\n");
@@ -255,7 +259,7 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
         let full = Plan::new(false);
         let _ = writeln!(
             s,
-            "- `--quick` scale vs the full run: image {} with {} of files (full {} with {}), fio read/random-write/sequential-write files {}/{}/{} MiB for {} s (full {}/{}/{} MiB, {} s), pgbench scale {} for {} s (full {} for {} s), sort {} with {} (full {} with {}), one run (full 3).",
+            "- `--quick` scale vs the full run: image {} with {} of files (full {} with {}), fio read/random-write/sequential-write files {}/{}/{} MiB for {} s (full {}/{}/{} MiB, {} s), pgbench scale {} for {} s (full {} for {} s), sort {} with {} (full {} with {}), {} (full 3).",
             gib(plan.image_bytes),
             gib(plan.file_bytes),
             gib(full.image_bytes),
@@ -275,7 +279,8 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
             gib(plan.sort_bytes),
             plan.sort_buffer,
             gib(full.sort_bytes),
-            full.sort_buffer
+            full.sort_buffer,
+            if plan.reps == 1 { "one run".to_string() } else { format!("{} rounds", plan.reps) }
         );
     }
     let _ = writeln!(s, "- `sync` (not timed) before each phase and each fio pattern, so no phase pays for the previous one's dirty data.");
