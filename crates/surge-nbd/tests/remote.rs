@@ -286,7 +286,7 @@ fn versioned_writes(dev: Arc<RemoteDev>, threads: u64, blocks: u64, stop: Arc<At
                     data[8..16].copy_from_slice(&(t * blocks + b).to_le_bytes());
                     dev.write_at(&data, (t * blocks + b) * 4096, false).unwrap_or_else(|e| panic!("write {v} failed: {e}"));
                     last[b as usize] = v;
-                    if v % 16 == 0 {
+                    if v.is_multiple_of(16) {
                         dev.flush().unwrap_or_else(|e| panic!("flush failed: {e}"));
                     }
                 }
