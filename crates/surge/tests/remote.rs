@@ -78,7 +78,7 @@ fn kill_and_restart_mid_run(server: &mut Restartable, uri: &NbdUri) {
                     data[8..16].copy_from_slice(&(t * blocks + b).to_le_bytes());
                     dev.write_at(&data, (t * blocks + b) * 4096, false).unwrap_or_else(|e| panic!("write failed: {e}"));
                     last[b as usize] = v;
-                    if v % 16 == 0 {
+                    if v.is_multiple_of(16) {
                         dev.flush().unwrap_or_else(|e| panic!("flush failed: {e}"));
                     }
                 }

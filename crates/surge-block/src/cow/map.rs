@@ -92,7 +92,7 @@ impl AllocMap {
         let mut b = from;
         while b < self.blocks {
             // Skip whole words that hold no such block.
-            if b % BLOCKS_PER_WORD == 0 {
+            if b.is_multiple_of(BLOCKS_PER_WORD) {
                 let w = self.words[(b / BLOCKS_PER_WORD) as usize].load(Acquire);
                 if !word_has(w, state) {
                     b += BLOCKS_PER_WORD;

@@ -28,7 +28,7 @@ pub struct ReadaheadConfig {
 
 impl Default for ReadaheadConfig {
     fn default() -> Self {
-        ReadaheadConfig { min_window: 128 << 10, max_window: 2 << 20, cache_bytes: 64 << 20 }
+        ReadaheadConfig { min_window: 128 << 10, max_window: 512 << 10, cache_bytes: 64 << 20 }
     }
 }
 
@@ -147,7 +147,8 @@ mod tests {
     #[test]
     fn a_sequential_stream_grows_its_window_and_hits_the_cache() {
         let b = base(8 << 20);
-        let ra = Readahead::new(ReadaheadConfig::default());
+        let cfg = ReadaheadConfig::default();
+        let ra = Readahead::new(cfg);
         let mut buf = vec![0u8; 4096];
         for i in 0..1024u64 {
             let pos = i * 4096;
@@ -155,7 +156,9 @@ mod tests {
             assert_eq!(buf, pattern(3, pos, 4096), "at {pos}");
         }
         let s = b.stats();
-        assert!(s.reads <= 8, "4 MiB read 4 KiB at a time took {} base reads", s.reads);
+        // Two plain misses, the growing windows (128, 256 KiB), then full windows.
+        let most = 4 + (4 << 20) / cfg.max_window;
+        assert!(s.reads <= most, "4 MiB read 4 KiB at a time took {} base reads (at most {most})", s.reads);
         assert!(s.read_bytes <= 6 << 20, "fetched {} bytes for 4 MiB", s.read_bytes);
     }
 

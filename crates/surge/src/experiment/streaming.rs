@@ -389,6 +389,11 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     if let Some(d) = std::env::var("SURGE_STREAMING_DELAY_US").ok().and_then(|v| v.parse().ok()) {
         plan.delay_us = d;
     }
+    // Rounds at the chosen scale (e.g. 3 rounds of the --quick scale when a
+    // full run does not fit the time there is); listed in report.md.
+    if let Some(r) = std::env::var("SURGE_STREAMING_REPS").ok().and_then(|v| v.parse().ok()).filter(|&r: &usize| r >= 1) {
+        plan.reps = r;
+    }
     let started = Instant::now();
     let work = tempfile::Builder::new().prefix("surge-streaming").tempdir_in("/var/tmp").context("making a work dir in /var/tmp")?;
     std::fs::create_dir_all(work.path().join("storage"))?;
@@ -397,6 +402,9 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let t = Instant::now();
     let img = image::build(&work.path().join("storage"), plan.image_bytes, plan.file_bytes, plan.boot_bytes)?;
     let image_s = t.elapsed().as_secs_f64();
+    if std::env::var_os("SURGE_STREAMING_TRACE").is_some() {
+        report::say(&bar, format!("  base image built in {image_s:.1} s"));
+    }
     let boot_list = work.path().join("boot.list");
     image::write_boot_list(&img, &boot_list)?;
     let id = std::process::id();
@@ -419,8 +427,20 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         let n = order.len().max(1);
         order.rotate_left(rep % n);
         for cfg in order {
+            let t = Instant::now();
             let s = run_one(&mut rig, cfg, rep, &bar).with_context(|| format!("{} (round {})", cfg.name(), rep + 1))?;
-            report::say(&bar, format!("  {:<17} provision {:>6.2} s, randwrite {:>7.0} IOPS, pgbench {:>6.0} tps, sort {:>6.2} s", cfg.name(), s.provision_s, s.randwrite_iops, s.oltp_tps, s.sort_s));
+            report::say(
+                &bar,
+                format!(
+                    "  {:<17} provision {:>6.2} s, randwrite {:>7.0} IOPS, pgbench {:>6.0} tps, sort {:>6.2} s ({:.0} s)",
+                    cfg.name(),
+                    s.provision_s,
+                    s.randwrite_iops,
+                    s.oltp_tps,
+                    s.sort_s,
+                    t.elapsed().as_secs_f64()
+                ),
+            );
             samples.entry(cfg).or_default().push(s);
             bar.inc(1);
         }

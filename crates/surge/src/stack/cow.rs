@@ -5,7 +5,7 @@
 //!   (`surge_block::cow`), with optional copy-on-read and a background stream
 //!   job that makes the overlay independent of the base.
 //!   `cow:base=nbd://storage:10809/base,overlay=file:/var/lib/surge/vm1.ovl`
-//!   plus `granularity=4KiB`, `cor`, `readahead=2MiB` (largest read-ahead window
+//!   plus `granularity=4KiB`, `cor`, `readahead=512KiB` (largest read-ahead window
 //!   for sequential base reads; 0 = none), `stream`, `rate=50MB/s`, `cache=on|off`
 //!   (host page cache for the overlay: off = O_DIRECT), `fresh` (forget an
 //!   existing overlay), and for a remote base `connections=N`, `retry=60s`,
@@ -348,7 +348,8 @@ mod tests {
         std::fs::write(dir.path().join("base.img"), vec![3u8; 256 << 10]).unwrap();
         let b = build(&spec("vm=cow:base=file:base.img,overlay=vm.ovl,stream,cache=off"), &ctx(dir.path())).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while b.controls[0].status()["needs_base"] == true {
+        // The job marks itself done just after the volume stops needing the base.
+        while b.controls[0].status()["needs_base"] == true || b.controls[0].status()["stream"]["state"] != "done" {
             assert!(std::time::Instant::now() < deadline, "stream job did not finish: {}", b.controls[0].status());
             std::thread::sleep(std::time::Duration::from_millis(10));
         }

@@ -44,7 +44,7 @@ fn picked(path: &Path, one_in: u64) -> bool {
     for b in path.as_os_str().as_encoded_bytes() {
         h = (h ^ *b as u64).wrapping_mul(0x100_0000_01b3);
     }
-    h % one_in == 0
+    h.is_multiple_of(one_in)
 }
 
 /// Stage about `file_bytes` of real files, make an ext4 image of `size`

@@ -172,7 +172,11 @@ fn gib(b: u64) -> String {
 
 fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, checks: &[Check]) -> String {
     let mut s = String::new();
-    let runs = if plan.quick { "--quick: one run per configuration" } else { "full run: 3 rounds, configurations interleaved (each round starts with the next one), medians with [min, max]" };
+    let runs = if plan.reps == 1 {
+        format!("{}: one run per configuration", if plan.quick { "--quick" } else { "full scale" })
+    } else {
+        format!("{} scale, {} rounds, configurations interleaved (each round starts with the next one), medians with [min, max]", if plan.quick { "--quick" } else { "full" }, plan.reps)
+    };
     let _ = writeln!(s, "# Streaming volumes: provisioning and run-time cost\n");
     let _ = writeln!(s, "{runs}; {:.0} s in all.\n", setup.total_s);
     let _ = writeln!(s, "## Results (median [min, max])\n");
@@ -224,13 +228,14 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     );
     let _ = writeln!(
         s,
-        "- Base image: ext4 (`mkfs.ext4 -d`), {} virtual, holding {} real files ({}) from this machine's /usr; built in {:.1} s (not counted). Boot set: {} files, {:.1} MiB, read by `xargs -P 4 cat`.",
+        "- Base image: ext4 (`mkfs.ext4 -d`), {} virtual, holding {} real files ({}) from this machine's /usr; built in {:.1} s (not counted). Boot set: {} files, {:.1} MiB, read by `xargs -P {} cat`.",
         gib(plan.image_bytes),
         setup.image_files,
         gib(setup.image_file_bytes),
         setup.image_s,
         setup.boot_files,
-        setup.boot_bytes as f64 / (1 << 20) as f64
+        setup.boot_bytes as f64 / (1 << 20) as f64,
+        super::work::BOOT_READERS
     );
     let _ = writeln!(s, "- Volumes reach the applications as a kernel block device: nbdfuse + loop (direct I/O) + ext4 (no nbd module on this machine). Every server runs with its default settings: surge buffered (host page cache on), qemu-nbd `cache=writeback`, nbdkit cow filter with its 64 KiB blocks; surge cow granularity 4 KiB; the stream job of `surge-cow-cor` unthrottled.");
     let _ = writeln!(s, "- Provisioning: from starting the volume's server (local-raw: from starting `nbdcopy` of the image; surge-persistent: from copying the image on the storage node) until the boot set has been read.");
@@ -254,7 +259,7 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
         let full = Plan::new(false);
         let _ = writeln!(
             s,
-            "- `--quick` scale vs the full run: image {} with {} of files (full {} with {}), fio read/random-write/sequential-write files {}/{}/{} MiB for {} s (full {}/{}/{} MiB, {} s), pgbench scale {} for {} s (full {} for {} s), sort {} with {} (full {} with {}), one run (full 3).",
+            "- `--quick` scale vs the full run: image {} with {} of files (full {} with {}), fio read/random-write/sequential-write files {}/{}/{} MiB for {} s (full {}/{}/{} MiB, {} s), pgbench scale {} for {} s (full {} for {} s), sort {} with {} (full {} with {}), {} (full 3).",
             gib(plan.image_bytes),
             gib(plan.file_bytes),
             gib(full.image_bytes),
@@ -274,7 +279,8 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
             gib(plan.sort_bytes),
             plan.sort_buffer,
             gib(full.sort_bytes),
-            full.sort_buffer
+            full.sort_buffer,
+            if plan.reps == 1 { "one run".to_string() } else { format!("{} rounds", plan.reps) }
         );
     }
     let _ = writeln!(s, "- `sync` (not timed) before each phase and each fio pattern, so no phase pays for the previous one's dirty data.");
@@ -377,9 +383,10 @@ mod tests {
         assert!(c[0].ok, "13x provisioning");
         assert!(c.iter().filter(|c| c.what.contains("local-raw,")).all(|c| c.ok), "within 10 %");
         assert!(c.last().unwrap().ok, "2.4x qcow2");
-        put(&mut med, "surge-cow", sample(2.5, 850.0, 11.5));
+        put(&mut med, "surge-cow", sample(2.5, 750.0, 11.5));
         let c = checks(&med);
-        assert!(!c[0].ok && !c.last().unwrap().ok);
+        assert!(!c[0].ok, "8x provisioning");
+        assert!(!c.last().unwrap().ok, "1.9x qcow2");
         assert!(!c.iter().find(|c| c.what.ends_with("randwrite_iops")).unwrap().ok);
         assert!(!c.iter().find(|c| c.what.ends_with("sort_s")).unwrap().ok, "sort 15 % slower");
     }

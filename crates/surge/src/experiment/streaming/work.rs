@@ -11,9 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Read every boot file (4 readers in parallel, as a booting system does).
+/// Readers of the boot set at once (a booting system starts many services in
+/// parallel).
+pub const BOOT_READERS: u32 = 8;
+
+/// Read every boot file, `BOOT_READERS` `cat`s in parallel.
 pub fn boot(mnt: &Path, list: &Path) -> anyhow::Result<()> {
-    sh(Command::new("sh").arg("-c").arg(format!("xargs -0 -P 4 -n 32 cat < '{}' > /dev/null", list.display())).current_dir(mnt))?;
+    sh(Command::new("sh").arg("-c").arg(format!("xargs -0 -P {BOOT_READERS} -n 32 cat < '{}' > /dev/null", list.display())).current_dir(mnt))?;
     Ok(())
 }
 
