@@ -6,15 +6,17 @@
 //! `k % threads`), so every sector has one writer and its history is exact,
 //! while neighbouring groups of different threads still share metadata words,
 //! members and flushes. A sector's content is `pattern(seed, offset, 512)`;
-//! seed 0 stands for the initial contents.
+//! seed 0 stands for the initial contents, [`ZEROES`] for zeroes.
 
 use crate::conformance::pattern;
-use crate::dev::BlockDev;
+use crate::dev::{BlockDev, ZeroMode};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 pub const SECTOR: u64 = 512;
+/// The seed of zeroed sectors (write-zeroes); writes use seeds below it.
+const ZEROES: u8 = 255;
 
 /// Seeds each sector may show: now, after a crash (durable plus since).
 struct Sector {
@@ -57,22 +59,24 @@ impl SectorModel {
         let off = sector * SECTOR;
         if seed == 0 {
             self.initial[off as usize..(off + SECTOR) as usize].to_vec()
+        } else if seed == ZEROES {
+            vec![0; SECTOR as usize]
         } else {
             pattern(seed, off, SECTOR)
         }
     }
 
     /// Run the workload on `dev`: random reads (checked against what each
-    /// sector may show now), writes (some FUA) inside owned groups and flushes,
-    /// recording each result. `check` sees every write's range and
-    /// result (for layer-specific assertions on which calls must fail).
+    /// sector may show now), writes (some FUA) and write-zeroes inside owned
+    /// groups, and flushes, recording each result. `check` sees every write's range and
+    /// result, write-zeroes included (for layer-specific assertions on which calls must fail).
     pub fn run(&self, dev: &dyn BlockDev, w: &Workload, check: &(dyn Fn(u64, u64, bool) + Sync)) -> Result<Outcome, String> {
         let groups = dev.size() / SECTOR / w.group;
         let outcomes: Vec<Outcome> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..w.threads)
                 .map(|t| {
                     s.spawn(move || {
-                        let mut rng = StdRng::seed_from_u64(w.seed ^ (t as u64 + 1) * 0x9E37_79B9);
+                        let mut rng = StdRng::seed_from_u64(w.seed ^ ((t as u64 + 1) * 0x9E37_79B9));
                         let owned: Vec<u64> = (0..groups).filter(|k| k % w.threads as u64 == t as u64).collect();
                         let mut o = Outcome::default();
                         for _ in 0..w.ops_per_thread {
@@ -98,10 +102,15 @@ impl SectorModel {
                                 }
                                 continue;
                             }
-                            let seed: u8 = rng.gen_range(1..=255);
-                            let fua = rng.gen_bool(0.1);
-                            let data: Vec<u8> = (start..end).flat_map(|p| self.content(seed, p)).collect();
-                            let ok = dev.write_at(&data, start * SECTOR, fua).is_ok();
+                            let (seed, fua, ok) = if pick < 40 {
+                                let ok = dev.write_zeroes(start * SECTOR, (end - start) * SECTOR, ZeroMode::default()).is_ok();
+                                (ZEROES, false, ok)
+                            } else {
+                                let seed: u8 = rng.gen_range(1..ZEROES);
+                                let fua = rng.gen_bool(0.1);
+                                let data: Vec<u8> = (start..end).flat_map(|p| self.content(seed, p)).collect();
+                                (seed, fua, dev.write_at(&data, start * SECTOR, fua).is_ok())
+                            };
                             check(start * SECTOR, (end - start) * SECTOR, ok);
                             self.wrote(start..end, seed, ok);
                             if ok {

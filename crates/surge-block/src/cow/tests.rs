@@ -683,9 +683,9 @@ fn wrong_base_size_and_small_overlays_are_refused_by_name() {
 
 // ---- faults of the overlay under concurrent I/O ----
 
-/// The overlay (volatile cache) fails writes and flushes while four threads
-/// read, write (partly covered blocks too) and flush: with every op of the
-/// overlay failing, every write and FLUSH fails to the caller; with random
+/// The overlay (volatile cache) fails writes, write-zeroes and flushes while
+/// four threads read, write (partly covered blocks too), zero and flush: with
+/// every op of the overlay failing, every write and FLUSH fails to the caller; with random
 /// failures, reads during the faults and all reads once healed show only
 /// acknowledged data (never the base where a write was acknowledged, never a
 /// failed write's absence hidden as success); a crash then (the overlay's
@@ -697,7 +697,7 @@ fn overlay_errors_reach_the_caller_and_acknowledged_writes_survive_heal_and_reop
 
     let size = 1u64 << 20;
     let rules = |s: &str| s.parse::<FaultRules>().unwrap();
-    for seed in 1..=4u64 {
+    for seed in 1..=8u64 {
         let c = CowConfig { journal_len: 2048, ..cfg(G, seed % 2 == 0) };
         let contents = base_bytes(size);
         let base = base_dev(&contents);
@@ -708,13 +708,13 @@ fn overlay_errors_reach_the_caller_and_acknowledged_writes_survive_heal_and_reop
         // Groups of 4 blocks: threads share map words and every commit.
         let w = Workload { threads: 4, ops_per_thread: 300, group: 4 * G / 512, seed };
 
-        overlay.set_rules(rules(&format!("volatile,write.fail_every=1,flush.fail_every=1,seed={seed}")));
+        overlay.set_rules(rules(&format!("volatile,write.fail_every=1,flush.fail_every=1,zeroes.fail_every=1,seed={seed}")));
         let always = Workload { ops_per_thread: 30, ..w };
         let o = model.run(&dev, &always, &|off, len, ok| assert!(!ok, "a write at {off}+{len} was acknowledged while every overlay write fails")).unwrap();
         assert_eq!(o.flushes_ok, 0, "a FLUSH was acknowledged while every overlay flush fails");
         assert!(o.writes_failed > 0 && o.flushes_failed > 0, "{o:?}");
 
-        overlay.set_rules(rules(&format!("volatile,write.fail_prob=0.05,flush.fail_prob=0.3,write.spin=20us,seed={seed}")));
+        overlay.set_rules(rules(&format!("volatile,write.fail_prob=0.1,zeroes.fail_prob=0.1,flush.fail_prob=0.3,write.spin=20us,seed={seed}")));
         let o = model.run(&dev, &w, &|_, _, _| {}).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         let st = overlay.stats();
         assert!(st.injected[1] > 0 && st.injected[2] > 0 && o.flushes_ok > 0 && o.writes_ok > 0, "faults did not happen: {o:?} {st:?}");
