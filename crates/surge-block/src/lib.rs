@@ -27,6 +27,8 @@ pub mod units;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+#[cfg(test)]
+mod faultcheck;
 
 pub use clock::{Clock, ClockThread, SystemClock, VirtualClock};
 pub use simclock::{Hold, SimClock};
