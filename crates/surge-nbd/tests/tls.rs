@@ -45,6 +45,20 @@ fn start(mode: TlsMode, certs: Option<&Path>, sock: &Path) -> Server {
     server
 }
 
+/// A server in `mode` with fresh certificates on a unix socket in a temp dir,
+/// or None (after printing SKIP) when one of `tools` is not installed.
+fn tls_server(mode: TlsMode, tools: &[&str]) -> Option<(tempfile::TempDir, std::path::PathBuf, Server)> {
+    if let Some(t) = tools.iter().find(|t| !have(t)) {
+        eprintln!("SKIP: {t} not installed");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let sock = dir.path().join("s");
+    let server = start(mode, Some(dir.path()), &sock);
+    Some((dir, sock, server))
+}
+
 #[test]
 fn starttls_is_refused_with_err_policy_when_tls_is_off() {
     let dir = tempfile::tempdir().unwrap();
@@ -67,14 +81,7 @@ fn tls_mode_without_a_certificate_is_a_config_error() {
 
 #[test]
 fn require_mode_answers_tls_reqd_until_starttls_and_closes_on_export_name() {
-    if !have("openssl") {
-        eprintln!("SKIP: openssl not installed");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    make_certs(dir.path());
-    let sock = dir.path().join("s");
-    let server = start(TlsMode::Require, Some(dir.path()), &sock);
+    let Some((_dir, sock, server)) = tls_server(TlsMode::Require, &["openssl"]) else { return };
     let mut h = Handshake::connect_unix(&sock).unwrap();
     assert_eq!(h.option_raw(OPT_LIST, &[]).unwrap()[0].reply, REP_ERR_TLS_REQD);
     assert_eq!(h.info("").unwrap_err().option_reply(), Some(REP_ERR_TLS_REQD));
@@ -88,14 +95,7 @@ fn require_mode_answers_tls_reqd_until_starttls_and_closes_on_export_name() {
 
 #[test]
 fn libnbd_clients_use_the_export_over_tls() {
-    if !have("openssl") || !have("nbdinfo") || !have("nbdcopy") {
-        eprintln!("SKIP: openssl, nbdinfo or nbdcopy not installed");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    make_certs(dir.path());
-    let sock = dir.path().join("s");
-    let server = start(TlsMode::Require, Some(dir.path()), &sock);
+    let Some((dir, sock, server)) = tls_server(TlsMode::Require, &["openssl", "nbdinfo", "nbdcopy"]) else { return };
     let uri = format!("nbds+unix:///?socket={}&tls-certificates={}", sock.display(), dir.path().display());
     let out = run(Command::new("nbdinfo").arg("--json").arg(&uri));
     let json = String::from_utf8_lossy(&out.stdout);
@@ -118,14 +118,7 @@ fn libnbd_clients_use_the_export_over_tls() {
 
 #[test]
 fn allow_mode_serves_plain_and_tls_clients() {
-    if !have("openssl") || !have("nbdinfo") {
-        eprintln!("SKIP: openssl or nbdinfo not installed");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    make_certs(dir.path());
-    let sock = dir.path().join("s");
-    let server = start(TlsMode::Allow, Some(dir.path()), &sock);
+    let Some((dir, sock, server)) = tls_server(TlsMode::Allow, &["openssl", "nbdinfo"]) else { return };
     let tls_uri = format!("nbds+unix:///?socket={}&tls-certificates={}", sock.display(), dir.path().display());
     let plain_uri = format!("nbd+unix:///?socket={}", sock.display());
     let tls_json = String::from_utf8(run(Command::new("nbdinfo").arg("--json").arg(&tls_uri)).stdout).unwrap();
@@ -262,14 +255,7 @@ fn starttls_is_refused_to_a_client_without_fixed_newstyle() {
 #[test]
 fn a_tls_session_ending_during_negotiation_gets_close_notify() {
     use std::io::{Read, Write};
-    if !have("openssl") {
-        eprintln!("SKIP: openssl not installed");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    make_certs(dir.path());
-    let sock = dir.path().join("s");
-    let server = start(TlsMode::Require, Some(dir.path()), &sock);
+    let Some((dir, sock, server)) = tls_server(TlsMode::Require, &["openssl"]) else { return };
     let mut t = tls_stream(&sock, rustls_client(dir.path(), None));
     t.write_all(&encode_option_header(OPT_ABORT, 0)).unwrap();
     let mut r = [0u8; 20];
@@ -343,14 +329,7 @@ fn verify_peer_without_a_ca_certificate_is_a_clear_error() {
 fn remote_device_speaks_tls_for_nbds_uris_and_checks_the_certificate() {
     use surge_block::BlockDev;
     use surge_nbd::{NbdUri, RemoteDev, RemoteOptions};
-    if !have("openssl") {
-        eprintln!("SKIP: openssl not installed");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    make_certs(dir.path());
-    let sock = dir.path().join("s");
-    let server = start(TlsMode::Require, Some(dir.path()), &sock);
+    let Some((dir, sock, server)) = tls_server(TlsMode::Require, &["openssl"]) else { return };
     let uri = |q: &str| -> NbdUri { format!("nbds+unix:///disk?socket={}{q}", sock.display()).parse().unwrap() };
     let dev = RemoteDev::open(&uri(&format!("&tls-certificates={}", dir.path().display())), RemoteOptions::default()).unwrap();
     dev.write_at(&[7u8; 65536], 4096, false).unwrap();
