@@ -397,6 +397,14 @@ pub struct ElasticCache {
     direct_synced: AtomicU64,
     /// Serializes backing flushes (their outcomes settle rescue supersedes in order).
     backing_flush: Mutex<()>,
+    /// Reads of a rescued block superseded on backing but not yet confirmed
+    /// hold it shared; a backing flush holds it exclusive from before it starts
+    /// until its outcome is settled. A failed flush may drop the superseding
+    /// write at once, while the supersede is voided only after: without this a
+    /// read in between returns backing's copy, older than the last FLUSH.
+    superseded_reads: RwLock<()>,
+    /// Backing flushes that failed and voided a supersede (readers re-check).
+    supersedes_voided: AtomicU64,
     clock: Arc<dyn Clock>,
     last_io_ns: AtomicU64,
     seq_run: Mutex<(u64, u64)>,
@@ -463,6 +471,8 @@ impl ElasticCache {
             direct_done: AtomicU64::new(0),
             direct_synced: AtomicU64::new(0),
             backing_flush: Mutex::new(()),
+            superseded_reads: RwLock::new(()),
+            supersedes_voided: AtomicU64::new(0),
             clock,
             last_io_ns: AtomicU64::new(0),
             seq_run: Mutex::new((u64::MAX, 0)),
@@ -1008,8 +1018,11 @@ impl ElasticCache {
 
     fn read_block(&self, att: Option<&Attached>, block: u64, at: u64, out: &mut [u8]) -> FResult<()> {
         let _l = self.lock_block(block);
-        if let Some(r) = self.read_rescued(block, at, out) {
-            return r;
+        let superseded = self.hold_superseded(block);
+        if superseded.is_none() {
+            if let Some(r) = self.read_rescued(block, at, out) {
+                return r;
+            }
         }
         let pos = block * self.block_size + at;
         let Some(att) = att else {

@@ -18,6 +18,7 @@ use super::meta::{Layout, Meta};
 use super::{other_err, pad_to_4k, read_newest, Attached, CacheError, ElasticCache, FResult, Fault};
 use crate::dev::BlockDev;
 use crate::error::{BlockError, Result};
+use parking_lot::RwLockReadGuard;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
@@ -348,6 +349,34 @@ impl ElasticCache {
         rescues.values().find_map(|r| r.blocks.get(&block).filter(|p| p.sup.is_none()).map(|p| (r.dev.clone(), p.slot)))
     }
 
+    /// For a read of `block` while it is superseded on backing but not yet
+    /// confirmed: a guard that keeps backing flushes out until the read is
+    /// done, taken only if no failed flush voided the supersede meanwhile.
+    /// `None` when the block is not in that state (reads take their usual path).
+    pub(super) fn hold_superseded(&self, block: u64) -> Option<RwLockReadGuard<'_, ()>> {
+        if !self.rescuing.load(SeqCst) {
+            return None;
+        }
+        loop {
+            let voided = {
+                let rescues = self.rescues.lock();
+                let unconfirmed = rescues
+                    .values()
+                    .find_map(|r| r.blocks.get(&block))
+                    .is_some_and(|p| matches!(p.sup, Some(Supersede::Writing | Supersede::Written { .. })));
+                if !unconfirmed {
+                    return None;
+                }
+                self.supersedes_voided.load(SeqCst)
+            };
+            // Not under `rescues`: a flush holding it may wait for this guard.
+            let guard = self.superseded_reads.read();
+            if self.supersedes_voided.load(SeqCst) == voided {
+                return Some(guard);
+            }
+        }
+    }
+
     fn set_supersede(&self, block: u64, f: impl FnOnce(Option<Supersede>) -> Option<Supersede>) {
         if let Some(p) = self.rescues.lock().values_mut().find_map(|r| r.blocks.get_mut(&block)) {
             p.sup = f(p.sup);
@@ -356,15 +385,22 @@ impl ElasticCache {
 
     /// After a backing flush (started when `direct_done` was `done0`): a
     /// success confirms the supersedes written before it started; a failure
-    /// voids those not yet confirmed.
-    fn settle_supersedes(rescues: &mut BTreeMap<u64, Rescue>, ok: bool, done0: u64) {
+    /// voids those not yet confirmed (counted, for `hold_superseded`).
+    fn settle_supersedes(&self, rescues: &mut BTreeMap<u64, Rescue>, ok: bool, done0: u64) {
+        let mut voided = false;
         for p in rescues.values_mut().flat_map(|r| r.blocks.values_mut()) {
             p.sup = match (p.sup, ok) {
                 (Some(Supersede::Written { done }), true) if done <= done0 => Some(Supersede::Confirmed),
                 (Some(Supersede::Confirmed), _) => Some(Supersede::Confirmed),
                 (s, true) => s,
-                (_, false) => None,
+                (s, false) => {
+                    voided |= s.is_some();
+                    None
+                }
             };
+        }
+        if voided {
+            self.supersedes_voided.fetch_add(1, SeqCst);
         }
     }
 
@@ -512,6 +548,8 @@ impl ElasticCache {
 
     fn flush_backing_locked(&self, held: Option<&mut BTreeMap<u64, Rescue>>) -> Result<()> {
         let _serial = self.backing_flush.lock();
+        // Until settled below (see `superseded_reads`).
+        let _no_superseded_reads = self.superseded_reads.write();
         let done = self.direct_done.load(SeqCst);
         let r = self.backing.flush();
         match &r {
@@ -526,8 +564,8 @@ impl ElasticCache {
         }
         if self.rescuing.load(SeqCst) {
             match held {
-                Some(rescues) => Self::settle_supersedes(rescues, r.is_ok(), done),
-                None => Self::settle_supersedes(&mut self.rescues.lock(), r.is_ok(), done),
+                Some(rescues) => self.settle_supersedes(rescues, r.is_ok(), done),
+                None => self.settle_supersedes(&mut self.rescues.lock(), r.is_ok(), done),
             }
         }
         r
