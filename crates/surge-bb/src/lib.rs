@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod conn;
+pub mod drain;
 pub mod fuse;
 pub mod local;
 pub mod membership;

@@ -130,6 +130,16 @@ pub enum Action {
         #[arg(long)]
         json: bool,
     },
+    /// Remove I/O node ADDR from the pool safely: it stops taking new chunks,
+    /// hands its dirty chunks to other nodes (or writes them back), leaves and exits.
+    Drain {
+        addr: String,
+        #[command(flatten)]
+        common: Common,
+        /// Give up waiting after this long (the node keeps draining).
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// Add the bucket's existing objects (outside .surge/) to the namespace.
     Import {
         #[command(flatten)]
@@ -172,8 +182,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let stop = stop_flag()?;
             let node = surge_bb::node::start(cfg, tier).context("starting the I/O node")?;
             println!("{}", node.addr);
-            wait_for(&stop);
-            node.stop();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && !node.drained() {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            if !node.drained() {
+                node.stop();
+            }
             Ok(())
         }
         Action::Mount { dir, common, strict, fsync_s3, write_behind, read_ahead, attr_ttl, import } => {
@@ -203,19 +217,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         println!("{}", serde_json::to_string_pretty(&s)?);
                     } else {
                         println!("chunk size {} B, {} copies per dirty chunk", s.chunk_size, s.replicas);
-                        println!("{:<24} {:>10} {:>12} {:>12} {:>12}", "node", "chunks", "used MiB", "dirty MiB", "memory MiB");
-                        for n in &s.nodes {
-                            match &n.stat {
-                                Some(st) => println!(
-                                    "{:<24} {:>10} {:>12.1} {:>12.1} {:>12.1}",
-                                    n.addr,
-                                    st.chunks,
-                                    st.used_bytes as f64 / 1048576.0,
-                                    st.dirty_bytes as f64 / 1048576.0,
-                                    st.capacity_bytes as f64 / 1048576.0
-                                ),
-                                None => println!("{:<24} unreachable", n.addr),
-                            }
+                        println!("{:<24} {:<14} {:>10} {:>12} {:>12} {:>12}", "node", "state", "chunks", "used MiB", "dirty MiB", "memory MiB");
+                        for n in &s.pool.nodes {
+                            println!(
+                                "{:<24} {:<14} {:>10} {:>12.1} {:>12.1} {:>12.1}",
+                                n.addr,
+                                n.state,
+                                n.chunks,
+                                n.used_bytes as f64 / 1048576.0,
+                                n.dirty_bytes as f64 / 1048576.0,
+                                n.capacity_bytes as f64 / 1048576.0
+                            );
+                        }
+                        if let Some(d) = &s.pool.daemon {
+                            println!(
+                                "pool daemon: target {} nodes ({}..{}), ${:.6} so far, ${:.4}/h now; last: {}",
+                                d["target"], d["min"], d["max"],
+                                d["cost_usd"].as_f64().unwrap_or(0.0),
+                                d["usd_per_hour"].as_f64().unwrap_or(0.0),
+                                d["last_decision"].as_str().unwrap_or("-")
+                            );
                         }
                         println!(
                             "dirty chunks: {} (oldest {}), files waiting for publish: {}",
@@ -240,6 +261,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     }
                 }
             }
+            Ok(())
+        }
+        Action::Drain { addr, common, timeout } => {
+            let tier = common.tier()?;
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("draining {msg} [{bar:40}] {bytes}/{total_bytes} handed over")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar.set_message(addr.clone());
+            surge_bb::drain::drain_node(&tier, &addr, timeout, |p| {
+                bar.set_length(p.total_bytes);
+                bar.set_position(p.total_bytes.saturating_sub(p.left_bytes));
+            })?;
+            bar.finish();
+            println!("{addr} drained and left the pool");
             Ok(())
         }
         Action::Import { common, prefix } => {
