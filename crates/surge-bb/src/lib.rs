@@ -19,6 +19,7 @@ pub mod membership;
 pub mod meta;
 pub mod node;
 pub mod placement;
+pub mod pool;
 pub mod proto;
 pub mod s3;
 pub mod status;

@@ -143,3 +143,77 @@ fn a_node_restarted_at_the_same_address_is_refilled() {
     assert_all_in_s3(&bb, &acked);
     drop(x2);
 }
+
+fn pool_size(st: &serde_json::Value) -> (usize, usize) {
+    let nodes = st["pool"]["nodes"].as_array().unwrap();
+    let draining = nodes.iter().filter(|n| n["state"].as_str().unwrap().starts_with("draining")).count();
+    (nodes.len(), draining)
+}
+
+/// `surge bb pool` starts its minimum, grows under a write burst (dirty
+/// backlog held by a write-back delay), drains back to the minimum once the
+/// backlog is written back, prices it all, and on SIGTERM drains its nodes.
+#[test]
+fn the_pool_grows_under_a_write_burst_and_shrinks_after_it() {
+    let bb = Bb::new("pool", "1MiB");
+    let log = fs::File::create(bb.dir.path().join("pool.log")).unwrap();
+    let mut pool = bb
+        .cmd()
+        .args(["bb", "pool", "--min", "2", "--max", "4", "--node-memory", "48MiB", "--interval", "300ms", "--shrink-after", "3s"])
+        .arg("--node-arg=--writeback-delay=4s")
+        .args(bb.common())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let wait = |what: &str, timeout: Duration, f: &dyn Fn(&serde_json::Value) -> bool| -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let st = status(&bb);
+            if f(&st) {
+                return st;
+            }
+            assert!(start.elapsed() < timeout, "{what} not reached in {timeout:?}: {st}\n{}", bb.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    wait("the minimum of 2 nodes", Duration::from_secs(20), &|st| pool_size(st) == (2, 0));
+    let m = bb.mount("m", &[]);
+    let mut acked = Vec::new();
+    let mut max_seen = 2;
+    for i in 0..10u64 {
+        let data = pattern(i, 4 << 20);
+        let mut f = fs::File::create(m.dir.join(format!("f{i}"))).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        acked.push((format!("f{i}"), data));
+        max_seen = max_seen.max(pool_size(&status(&bb)).0);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = wait("growth beyond 2 nodes", Duration::from_secs(20), &|st| pool_size(st).0 > 2 || max_seen > 2);
+    max_seen = max_seen.max(pool_size(&st).0);
+    assert!(max_seen > 2, "the pool must grow under the burst");
+    let st = wait("shrinking back to 2 nodes", Duration::from_secs(60), &|st| pool_size(st) == (2, 0) && st["dirty_chunks"] == 0);
+    let cost = st["pool"]["cost_usd"].as_f64().expect("cost_usd from the pool daemon");
+    // At least 2 r5.large for their 60 s minimum, plus the S3 PUTs of 40 MiB.
+    assert!(cost >= 2.0 * 0.126 * 60.0 / 3600.0, "cost {cost}");
+    assert!(st["pool"]["daemon"]["s3"]["puts"].as_u64().unwrap() >= 40, "{st}");
+    let logs = bb.logs();
+    assert!(logs.contains("pool 2 -> 3 nodes") || logs.contains("pool 2 -> 4 nodes"), "the growth must be logged:\n{logs}");
+    assert!(logs.contains("-> 2 nodes"), "the shrink must be logged:\n{logs}");
+    bb.wait_persisted("/", Duration::from_secs(30));
+    assert_all_in_s3(&bb, &acked);
+    // SIGTERM: the daemon drains and stops its nodes, then exits.
+    unsafe { libc::kill(pool.id() as i32, libc::SIGTERM) };
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(st) = pool.try_wait().unwrap() {
+            break st;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the pool daemon did not stop\n{}", bb.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(exit.success(), "pool exited with {exit}\n{}", bb.logs());
+    assert_eq!(pool_size(&status(&bb)).0, 0, "every node left");
+    drop(m);
+}
