@@ -37,7 +37,20 @@ fn assert_all_in_s3(bb: &Bb, files: &[(String, Vec<u8>)]) {
 /// its chunks over and exits 0, and every acknowledged byte ends up in S3.
 #[test]
 fn draining_a_node_with_dirty_chunks_while_a_client_writes_loses_nothing() {
-    let mut bb = Bb::new("drain", "256KiB");
+    drain_while_writing(Bb::new("drain", "256KiB"));
+}
+
+/// The same with etcd membership (drain progress is re-put under the lease).
+#[test]
+#[cfg(feature = "etcd")]
+fn draining_with_etcd_membership_loses_nothing() {
+    let mut bb = Bb::new("drain-etcd", "256KiB");
+    let etcd = Etcd::start(bb.dir.path());
+    bb.membership = format!("etcd:{}", etcd.url);
+    drain_while_writing(bb);
+}
+
+fn drain_while_writing(mut bb: Bb) {
     bb.node_args = vec!["--writeback-delay".into(), "8s".into()];
     let mut nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
     let m = bb.mount("m", &[]);
