@@ -35,6 +35,8 @@ pub trait NodeProvider: Send {
     fn start(&mut self) -> Result<String, PoolError>;
     /// Ends a node that has drained (or kills one that would not).
     fn stop(&mut self, addr: &str);
+    /// Is the node still running (false once it exited, e.g. after a drain by hand)?
+    fn running(&mut self, addr: &str) -> bool;
 }
 
 /// `surge bb node` processes on this machine, listening on 127.0.0.1:0.
@@ -69,6 +71,10 @@ impl NodeProvider for LocalNodes {
         }
         self.children.insert(addr.clone(), child);
         Ok(addr)
+    }
+
+    fn running(&mut self, addr: &str) -> bool {
+        self.children.get_mut(addr).is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     fn stop(&mut self, addr: &str) {
@@ -195,6 +201,20 @@ pub fn run(tier: Arc<Tier>, provider: &mut dyn NodeProvider, meter: &CostMeter, 
             meter.stop_compute(&addr);
             draining.remove(&addr);
             tracing::info!("pool: {addr} drained and stopped");
+            println!("pool: {addr} drained and stopped");
+        }
+        // A node drained by hand (`surge bb drain`) or dead is no longer ours
+        // (one out of membership but still running is kept: a lapsed lease).
+        let live = tier.live_nodes();
+        let mut gone: Vec<String> = nodes.iter().filter(|a| !live.contains(a)).cloned().collect();
+        gone.retain(|a| !provider.running(a));
+        for gone in gone {
+            nodes.remove(&gone);
+            provider.stop(&gone);
+            meter.stop_compute(&gone);
+            let line = format!("pool: {gone} left the pool and exited (drained by hand or died)");
+            tracing::warn!("{line}");
+            println!("{line}");
         }
         let demand = sampler.sample(&tier, meter, nodes.len());
         let d = policy.decide(started.elapsed(), &demand);
@@ -245,6 +265,7 @@ pub fn run(tier: Arc<Tier>, provider: &mut dyn NodeProvider, meter: &CostMeter, 
                 d.reason
             );
             tracing::info!("{line}");
+            println!("{line}");
             report.last_decision = line;
         }
         let ttl = (s.interval * 5).max(Duration::from_secs(5));
@@ -281,7 +302,7 @@ pub fn run(tier: Arc<Tier>, provider: &mut dyn NodeProvider, meter: &CostMeter, 
         }
     }
     let cost = meter.report();
-    tracing::info!("pool: stopped; ${:.5} in all (nodes ${:.5}, S3 ${:.5})", cost.total_usd, cost.compute_usd, cost.s3_usd);
+    println!("pool: stopped; ${:.5} in all (nodes ${:.5}, S3 ${:.5})", cost.total_usd, cost.compute_usd, cost.s3_usd);
     let _ = tier.meta.put_pool_report("", 1);
     Ok(())
 }

@@ -113,7 +113,9 @@ impl PoolPolicy {
         let mib = |b: f64| b / 1048576.0;
         if high > d.nodes || d.nodes < self.cfg.min_nodes {
             self.low_since = None;
-            let reason = if wb >= high && wb > 0 {
+            let reason = if high <= self.cfg.min_nodes && d.nodes < self.cfg.min_nodes {
+                format!("below the minimum of {}", self.cfg.min_nodes)
+            } else if wb >= high && wb > 0 {
                 format!("write-back backlog {:.0} MiB at {:.1} MiB/s", mib(d.dirty_bytes as f64), mib(d.writeback_bps))
             } else {
                 format!("dirty {:.0} MiB projected to {:.0} MiB", mib(d.dirty_bytes as f64), mib(projected))
@@ -175,7 +177,9 @@ mod tests {
             assert_eq!(p.decide(secs(t), &demand(0, 0.0, 0.0, 2)).target, 2);
         }
         // Below the minimum (a node died): back up at once.
-        assert_eq!(p.decide(secs(100), &demand(0, 0.0, 0.0, 1)).target, 2);
+        let d = p.decide(secs(100), &demand(0, 0.0, 0.0, 1));
+        assert_eq!(d.target, 2);
+        assert_eq!(d.reason, "below the minimum of 2");
     }
 
     #[test]
