@@ -70,6 +70,8 @@ pub struct Etcd {
     prefix: String,
     client: tokio::sync::Mutex<etcd_client::Client>,
     lease: parking_lot::Mutex<Option<i64>>,
+    /// The registration last put (re-put when it changes, e.g. drain progress).
+    last: parking_lot::Mutex<String>,
 }
 
 impl Etcd {
@@ -79,7 +81,7 @@ impl Etcd {
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(5));
         let client = crate::s3::RT.block_on(etcd_client::Client::connect([url], Some(opts))).map_err(unreachable)?;
-        let e = Etcd { url: url.into(), prefix: format!("/surge-bb/{fs}/nodes/"), client: tokio::sync::Mutex::new(client), lease: Default::default() };
+        let e = Etcd { url: url.into(), prefix: format!("/surge-bb/{fs}/nodes/"), client: tokio::sync::Mutex::new(client), lease: Default::default(), last: Default::default() };
         // Connecting is lazy: ask something now so a wrong URL fails here.
         e.live()?;
         Ok(e)
@@ -93,6 +95,7 @@ impl Etcd {
 impl Membership for Etcd {
     fn heartbeat(&self, node: &NodeInfo) -> Result<(), MembershipError> {
         let lease = *self.lease.lock();
+        let info = serde_json::to_string(node).unwrap_or_default();
         crate::s3::RT.block_on(async {
             let mut c = self.client.lock().await;
             if let Some(id) = lease {
@@ -100,17 +103,23 @@ impl Membership for Etcd {
                 keeper.keep_alive().await.map_err(|e| self.unreachable(e))?;
                 if let Some(r) = stream.message().await.map_err(|e| self.unreachable(e))? {
                     if r.ttl() > 0 {
+                        if *self.last.lock() != info {
+                            c.put(format!("{}{}", self.prefix, node.addr), info.clone(), Some(etcd_client::PutOptions::new().with_lease(id)))
+                                .await
+                                .map_err(|e| self.unreachable(e))?;
+                            *self.last.lock() = info;
+                        }
                         return Ok(());
                     }
                 }
             }
             // No lease yet, or it expired: take a new one and register under it.
             let l = c.lease_grant(LEASE.as_secs() as i64, None).await.map_err(|e| self.unreachable(e))?;
-            let info = serde_json::to_string(node).unwrap_or_default();
-            c.put(format!("{}{}", self.prefix, node.addr), info, Some(etcd_client::PutOptions::new().with_lease(l.id())))
+            c.put(format!("{}{}", self.prefix, node.addr), info.clone(), Some(etcd_client::PutOptions::new().with_lease(l.id())))
                 .await
                 .map_err(|e| self.unreachable(e))?;
             *self.lease.lock() = Some(l.id());
+            *self.last.lock() = info;
             Ok(())
         })
     }
@@ -142,7 +151,7 @@ impl Membership for Etcd {
 /// `static:ADDR,ADDR` | `redis` (the metadata store) | `etcd:http://HOST:PORT`.
 pub fn open(spec: &str, fs: &str, meta: Arc<dyn MetaStore>) -> Result<Arc<dyn Membership>, MembershipError> {
     if let Some(list) = spec.strip_prefix("static:") {
-        let nodes = list.split(',').filter(|s| !s.is_empty()).map(|a| NodeInfo { addr: a.into(), capacity: 0 }).collect();
+        let nodes = list.split(',').filter(|s| !s.is_empty()).map(|a| NodeInfo::new(a, 0)).collect();
         Ok(Arc::new(Static(nodes)))
     } else if let Some(url) = spec.strip_prefix("etcd:") {
         #[cfg(feature = "etcd")]
