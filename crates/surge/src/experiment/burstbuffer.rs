@@ -165,6 +165,8 @@ pub struct Checks {
     pub loss_bytes_written: u64,
     pub bytes_lost: u64,
     pub loss_persisted: bool,
+    /// Chunks not yet in S3 just before the kill (> 0: it hit write-back in progress).
+    pub dirty_chunks_at_kill: u64,
     pub loss_note: String,
 }
 
@@ -282,6 +284,7 @@ impl Rig {
         crate::experiment::streaming::proc::sh(std::process::Command::new("cp").arg("-r").arg(format!("{}/.", reference.display())).arg(mnt.join("loss")))?;
         // Write-back waits 500 ms (default) before a chunk goes: kill while it runs.
         std::thread::sleep(Duration::from_millis(700));
+        c.dirty_chunks_at_kill = s.status_json(None)?["dirty_chunks"].as_u64().unwrap_or(0);
         s.kill_node(0);
         match s.wait_persisted(Duration::from_secs(120)) {
             Ok(()) => c.loss_persisted = true,

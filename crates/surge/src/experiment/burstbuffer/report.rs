@@ -75,7 +75,7 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
     );
     root.insert(
         "node_loss".into(),
-        json!({"bytes_lost": checks.bytes_lost, "bytes_written": checks.loss_bytes_written, "replicas": 2, "all_persisted": checks.loss_persisted, "note": checks.loss_note}),
+        json!({"bytes_lost": checks.bytes_lost, "bytes_written": checks.loss_bytes_written, "dirty_chunks_at_kill": checks.dirty_chunks_at_kill, "replicas": 2, "all_persisted": checks.loss_persisted, "note": checks.loss_note}),
     );
     if let super::fs::Nodes::Pool { min, max } = plan.nodes {
         root.insert("pool".into(), pool_json(by.get("surge").map(Vec::as_slice).unwrap_or(&[]), min, max));
@@ -214,9 +214,10 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     );
     let _ = writeln!(
         s,
-        "- I/O node SIGKILLed 0.7 s after {} files ({} MiB) were written and closed (write-back running; 2 replicas, {} nodes): **{} bytes lost**, counted by reading every export object straight from S3 (boto3); every file persisted afterwards: {}. {}",
+        "- I/O node SIGKILLed 0.7 s after {} files ({} MiB) were written and closed ({} chunks still dirty just before the kill; 2 replicas, {} nodes): **{} bytes lost**, counted by reading every export object straight from S3 (boto3); every file persisted afterwards: {}. {}",
         plan.loss_files,
         plan.loss_files * plan.loss_file_mib,
+        checks.dirty_chunks_at_kill,
         plan.check_nodes,
         checks.bytes_lost,
         checks.loss_persisted,
