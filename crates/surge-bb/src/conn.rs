@@ -158,6 +158,20 @@ impl NodePool {
         self.call(node, &Request::MarkClean { chunk }).map(|_| ())
     }
 
+    /// Does the node hold this chunk version? (no data moved)
+    pub fn has(&self, node: &str, chunk: ChunkId) -> Result<bool, NodeError> {
+        Ok(self.call(node, &Request::Has { chunk })?.status == Status::Ok)
+    }
+
+    /// Asks the node to leave the pool (see `drain.rs`).
+    pub fn drain(&self, node: &str) -> Result<(), NodeError> {
+        let r = self.call(node, &Request::Drain)?;
+        match r.status {
+            Status::Ok => Ok(()),
+            _ => Err(NodeError::Rejected { node: node.into(), why: String::from_utf8_lossy(&r.body).into() }),
+        }
+    }
+
     pub fn stat(&self, node: &str) -> Result<crate::store::StoreStat, NodeError> {
         let r = self.call(node, &Request::Stat)?;
         serde_json::from_slice(&r.body)

@@ -12,12 +12,14 @@
 
 pub mod client;
 pub mod conn;
+pub mod drain;
 pub mod fuse;
 pub mod local;
 pub mod membership;
 pub mod meta;
 pub mod node;
 pub mod placement;
+pub mod pool;
 pub mod proto;
 pub mod s3;
 pub mod status;

@@ -142,7 +142,7 @@ impl Membership for Etcd {
 /// `static:ADDR,ADDR` | `redis` (the metadata store) | `etcd:http://HOST:PORT`.
 pub fn open(spec: &str, fs: &str, meta: Arc<dyn MetaStore>) -> Result<Arc<dyn Membership>, MembershipError> {
     if let Some(list) = spec.strip_prefix("static:") {
-        let nodes = list.split(',').filter(|s| !s.is_empty()).map(|a| NodeInfo { addr: a.into(), capacity: 0 }).collect();
+        let nodes = list.split(',').filter(|s| !s.is_empty()).map(|a| NodeInfo::new(a, 0)).collect();
         Ok(Arc::new(Static(nodes)))
     } else if let Some(url) = spec.strip_prefix("etcd:") {
         #[cfg(feature = "etcd")]

@@ -1,7 +1,8 @@
 //! An I/O node: serves its chunk store over the node protocol, keeps its
 //! membership lease alive, and runs write-back and re-replication.
 
-use crate::meta::NodeInfo;
+use crate::drain::Drainer;
+use crate::meta::{DrainProgress, NodeInfo};
 use crate::proto::{self, Request, Response, Status};
 use crate::store::{ChunkStore, StoreConfig};
 use crate::tier::Tier;
@@ -24,20 +25,47 @@ pub struct NodeConfig {
 pub struct NodeHandle {
     pub addr: String,
     pub store: Arc<ChunkStore>,
-    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     tier: Arc<Tier>,
+}
+
+/// What the node's threads share.
+struct Shared {
+    store: Arc<ChunkStore>,
+    stop: AtomicBool,
+    /// A drain was asked for (by `surge bb drain` through the node protocol).
+    drain: AtomicBool,
+    /// The drain finished: the node has left the pool.
+    drained: AtomicBool,
+    /// The registration renewed by the lease thread (drain progress included).
+    info: Mutex<NodeInfo>,
+    s3: Option<Arc<crate::s3::S3Counts>>,
 }
 
 impl NodeHandle {
     /// Leaves the membership and stops the background loops (the listener
     /// thread ends with the process).
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+        {
+            let _g = self.shared.info.lock(); // no heartbeat in flight past this point
+            self.shared.stop.store(true, Ordering::SeqCst);
+        }
         let _ = self.tier.members.leave(&self.addr);
+    }
+
+    /// Starts leaving the pool (as `surge bb drain` does).
+    pub fn drain(&self) {
+        self.shared.drain.store(true, Ordering::SeqCst);
+    }
+
+    /// The node drained and left the pool.
+    pub fn drained(&self) -> bool {
+        self.shared.drained.load(Ordering::SeqCst)
     }
 }
 
-fn handle(store: &ChunkStore, req: Request) -> Response {
+fn handle(shared: &Shared, req: Request) -> Response {
+    let store = &shared.store;
     let ok = |body: Vec<u8>| Response { status: Status::Ok, body };
     match req {
         Request::Put { chunk, dirty, data } => match store.put(chunk, data, dirty) {
@@ -59,11 +87,27 @@ fn handle(store: &ChunkStore, req: Request) -> Response {
             store.mark_clean(&chunk);
             ok(vec![])
         }
-        Request::Stat => ok(serde_json::to_vec(&store.stat()).unwrap_or_default()),
+        Request::Has { chunk } => match store.has(&chunk) {
+            true => ok(vec![]),
+            false => Response { status: Status::NotFound, body: vec![] },
+        },
+        Request::Stat => {
+            let mut st = store.stat();
+            if let Some(c) = &shared.s3 {
+                (st.s3_puts, st.s3_gets, st.s3_bytes_up, st.s3_bytes_down) = c.snapshot();
+            }
+            ok(serde_json::to_vec(&st).unwrap_or_default())
+        }
+        Request::Drain => {
+            if !shared.drain.swap(true, Ordering::SeqCst) {
+                tracing::info!("drain requested: leaving the pool once no dirty chunk is left here");
+            }
+            ok(vec![])
+        }
     }
 }
 
-fn serve_conn(store: Arc<ChunkStore>, stream: TcpStream) {
+fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let _ = stream.set_nodelay(true);
     let Ok(w) = stream.try_clone() else { return };
@@ -79,7 +123,7 @@ fn serve_conn(store: Arc<ChunkStore>, stream: TcpStream) {
             }
         };
         let (id, resp) = match proto::decode_request(&payload) {
-            Ok((id, req)) => (id, handle(&store, req)),
+            Ok((id, req)) => (id, handle(&shared, req)),
             Err(e) => {
                 tracing::warn!("client {peer} sent a bad request: {e}; closing");
                 return;
@@ -97,8 +141,22 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
     let listener = TcpListener::bind(&cfg.listen)?;
     let addr = listener.local_addr()?.to_string();
     let store = Arc::new(ChunkStore::new(cfg.store.clone()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let s2 = store.clone();
+    let info = NodeInfo {
+        addr: addr.clone(),
+        capacity: cfg.store.capacity,
+        boot: boot_id(),
+        started_ms: crate::now_ms(),
+        draining: None,
+    };
+    let shared = Arc::new(Shared {
+        store: store.clone(),
+        stop: AtomicBool::new(false),
+        drain: AtomicBool::new(false),
+        drained: AtomicBool::new(false),
+        info: Mutex::new(info),
+        s3: tier.s3.as_ref().map(|s| s.counts.clone()),
+    });
+    let s2 = shared.clone();
     std::thread::Builder::new().name("bb-listen".into()).spawn(move || {
         for conn in listener.incoming() {
             match conn {
@@ -110,17 +168,17 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
             }
         }
     })?;
-    let info = NodeInfo { addr: addr.clone(), capacity: cfg.store.capacity };
-    if let Err(e) = tier.members.heartbeat(&info) {
+    if let Err(e) = tier.members.heartbeat(&shared.info.lock()) {
         return Err(std::io::Error::other(format!("registering node {addr}: {e}")));
     }
     {
-        let (tier, stop) = (tier.clone(), stop.clone());
+        let (tier, shared) = (tier.clone(), shared.clone());
         std::thread::Builder::new().name("bb-lease".into()).spawn(move || {
             let mut failing = false;
-            while !stop.load(Ordering::SeqCst) {
+            while !shared.stop.load(Ordering::SeqCst) {
                 std::thread::sleep(crate::membership::LEASE / 3);
-                if stop.load(Ordering::SeqCst) {
+                let info = shared.info.lock();
+                if shared.stop.load(Ordering::SeqCst) {
                     break;
                 }
                 match tier.members.heartbeat(&info) {
@@ -140,9 +198,9 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
     }
     let wb = Arc::new(Writeback::new(tier.clone(), store.clone(), addr.clone(), cfg.writeback.clone()));
     {
-        let (wb, stop) = (wb.clone(), stop.clone());
+        let (wb, shared) = (wb.clone(), shared.clone());
         std::thread::Builder::new().name("bb-writeback".into()).spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
+            while !shared.stop.load(Ordering::SeqCst) {
                 if wb.tick() == 0 {
                     std::thread::sleep(Duration::from_millis(100));
                 }
@@ -150,14 +208,81 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
         })?;
     }
     {
-        let stop = stop.clone();
+        let shared = shared.clone();
         std::thread::Builder::new().name("bb-maintain".into()).spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
+            while !shared.stop.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_secs(1));
                 wb.maintain();
             }
         })?;
     }
+    {
+        let (tier, shared) = (tier.clone(), shared.clone());
+        let drainer = Drainer::new(tier.clone(), store.clone(), addr.clone());
+        std::thread::Builder::new().name("bb-drain".into()).spawn(move || {
+            while !shared.drain.load(Ordering::SeqCst) {
+                if shared.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            run_drain(&tier, &shared, &drainer);
+        })?;
+    }
     tracing::info!("I/O node {addr} serving ({} MiB of memory)", cfg.store.capacity >> 20);
-    Ok(NodeHandle { addr, store, stop, tier })
+    Ok(NodeHandle { addr, store, shared, tier })
+}
+
+/// A number that differs between two starts of a node (time and pid mixed).
+fn boot_id() -> u64 {
+    let x = (crate::now_ns() as u64) ^ (u64::from(std::process::id()) << 40);
+    let x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    let x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
+    (x ^ (x >> 31)).max(1)
+}
+
+/// Publishes the drain progress at once (not only at the next lease renewal).
+fn publish(tier: &Tier, shared: &Shared, p: DrainProgress) {
+    let mut info = shared.info.lock();
+    info.draining = Some(p);
+    if !shared.stop.load(Ordering::SeqCst) {
+        if let Err(e) = tier.members.heartbeat(&info) {
+            tracing::warn!("publishing drain progress: {e}");
+        }
+    }
+}
+
+/// Marks the node draining, hands over its dirty chunks until none is left
+/// for a few passes in a row, then leaves the pool.
+fn run_drain(tier: &Tier, shared: &Shared, drainer: &Drainer) {
+    let mut progress = drainer.left();
+    publish(tier, shared, progress);
+    // Clients cache the node list for 500 ms: after this, none picks us.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut clean_passes = 0;
+    while !shared.stop.load(Ordering::SeqCst) {
+        match drainer.pass() {
+            Ok((chunks, bytes)) => {
+                progress.total_bytes = progress.total_bytes.max(bytes);
+                progress.left_bytes = bytes;
+                progress.left_chunks = chunks;
+                publish(tier, shared, progress);
+                clean_passes = if chunks == 0 { clean_passes + 1 } else { 0 };
+                if clean_passes >= 3 {
+                    break;
+                }
+            }
+            Err(e) => tracing::warn!("drain pass: {e}; retrying"),
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    {
+        let _g = shared.info.lock();
+        shared.stop.store(true, Ordering::SeqCst);
+    }
+    if let Err(e) = tier.members.leave(&shared.info.lock().addr) {
+        tracing::error!("leaving the pool after the drain: {e}");
+    }
+    tracing::info!("drained: no dirty chunk left here; left the pool");
+    shared.drained.store(true, Ordering::SeqCst);
 }

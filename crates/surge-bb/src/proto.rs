@@ -7,7 +7,9 @@
 //! All integers are big-endian. Bodies:
 //! - `Put`:  chunk id (3 x u64) | u8 dirty | data
 //! - `Get`, `Delete`, `MarkClean`: chunk id
-//! - `Stat`: empty; its response body is a JSON `NodeStat`.
+//! - `Has`: chunk id (answer `Ok` or `NotFound`, no data)
+//! - `Stat`, `Drain`: empty; a `Stat` answer is JSON `StoreStat`. `Drain` asks
+//!   the node to leave the pool (hand over its dirty chunks, then exit).
 
 use std::io::{self, Read, Write};
 
@@ -43,6 +45,8 @@ pub enum Request {
     Delete { chunk: ChunkId },
     MarkClean { chunk: ChunkId },
     Stat,
+    Has { chunk: ChunkId },
+    Drain,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +81,8 @@ const OP_GET: u8 = 2;
 const OP_DELETE: u8 = 3;
 const OP_MARK_CLEAN: u8 = 4;
 const OP_STAT: u8 = 5;
+const OP_HAS: u8 = 6;
+const OP_DRAIN: u8 = 7;
 
 fn put_chunk(out: &mut Vec<u8>, c: &ChunkId) {
     out.extend_from_slice(&c.ino.to_be_bytes());
@@ -118,6 +124,11 @@ pub fn encode_request(id: u64, req: &Request) -> Vec<u8> {
             OP_MARK_CLEAN
         }
         Request::Stat => OP_STAT,
+        Request::Has { chunk } => {
+            put_chunk(&mut body, chunk);
+            OP_HAS
+        }
+        Request::Drain => OP_DRAIN,
     };
     frame(op, id, &body)
 }
@@ -163,18 +174,23 @@ pub fn decode_request(payload: &[u8]) -> Result<(u64, Request), DecodeError> {
             };
             Request::Put { chunk: get_chunk(body), dirty, data: body[25..].to_vec() }
         }
-        OP_GET | OP_DELETE | OP_MARK_CLEAN => {
+        OP_GET | OP_DELETE | OP_MARK_CLEAN | OP_HAS => {
             need(24, true)?;
             let chunk = get_chunk(body);
             match op {
                 OP_GET => Request::Get { chunk },
                 OP_DELETE => Request::Delete { chunk },
+                OP_HAS => Request::Has { chunk },
                 _ => Request::MarkClean { chunk },
             }
         }
         OP_STAT => {
             need(0, true)?;
             Request::Stat
+        }
+        OP_DRAIN => {
+            need(0, true)?;
+            Request::Drain
         }
         other => return Err(DecodeError::UnknownOp(other)),
     };
@@ -231,6 +247,8 @@ mod tests {
             chunk().prop_map(|chunk| Request::Delete { chunk }),
             chunk().prop_map(|chunk| Request::MarkClean { chunk }),
             Just(Request::Stat),
+            chunk().prop_map(|chunk| Request::Has { chunk }),
+            Just(Request::Drain),
         ]
     }
 

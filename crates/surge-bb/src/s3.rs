@@ -50,6 +50,38 @@ pub enum S3Error {
 pub struct S3 {
     store: Arc<dyn ObjectStore>,
     pub bucket: String,
+    /// Requests and bytes so far (what S3 bills), shared by clones.
+    pub counts: Arc<S3Counts>,
+}
+
+/// S3's billing units as this process used them: PUT-class requests (PUT,
+/// multipart parts, LIST), GET-class requests, bytes up and down.
+#[derive(Debug, Default)]
+pub struct S3Counts {
+    pub puts: std::sync::atomic::AtomicU64,
+    pub gets: std::sync::atomic::AtomicU64,
+    pub bytes_up: std::sync::atomic::AtomicU64,
+    pub bytes_down: std::sync::atomic::AtomicU64,
+}
+
+impl S3Counts {
+    fn put(&self, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.puts.fetch_add(1, Relaxed);
+        self.bytes_up.fetch_add(bytes as u64, Relaxed);
+    }
+
+    fn get(&self, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.gets.fetch_add(1, Relaxed);
+        self.bytes_down.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// (PUT-class requests, GET-class requests, bytes up, bytes down).
+    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.puts.load(Relaxed), self.gets.load(Relaxed), self.bytes_up.load(Relaxed), self.bytes_down.load(Relaxed))
+    }
 }
 
 pub fn obj_path(key: &str) -> Path {
@@ -85,7 +117,7 @@ impl S3 {
             b = b.with_access_key_id(a).with_secret_access_key(s);
         }
         let store = b.build().map_err(|e| S3Error::Config(e.to_string()))?;
-        Ok(S3 { store: Arc::new(store), bucket: cfg.bucket.clone() })
+        Ok(S3 { store: Arc::new(store), bucket: cfg.bucket.clone(), counts: Arc::default() })
     }
 
     fn err(op: &'static str, key: &str, e: impl std::fmt::Display) -> S3Error {
@@ -93,6 +125,7 @@ impl S3 {
     }
 
     pub fn put(&self, key: &str, data: Bytes) -> Result<(), S3Error> {
+        self.counts.put(data.len());
         RT.block_on(self.store.put(&obj_path(key), PutPayload::from_bytes(data))).map_err(|e| Self::err("PUT", key, e))?;
         Ok(())
     }
@@ -101,7 +134,10 @@ impl S3 {
     pub fn get(&self, key: &str) -> Result<Option<Bytes>, S3Error> {
         let r = RT.block_on(async {
             match self.store.get(&obj_path(key)).await {
-                Ok(g) => g.bytes().await.map(Some),
+                Ok(g) => g.bytes().await.map(|b| {
+                    self.counts.get(b.len());
+                    Some(b)
+                }),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(e),
             }
@@ -113,6 +149,7 @@ impl S3 {
         if range.is_empty() {
             return Ok(Bytes::new());
         }
+        self.counts.get((range.end - range.start) as usize);
         RT.block_on(self.store.get_range(&obj_path(key), range.start as usize..range.end as usize))
             .map_err(|e| Self::err("GET range", key, e))
     }
@@ -130,6 +167,7 @@ impl S3 {
         RT.block_on(async {
             futures::stream::iter(objs)
                 .map(|(key, data)| async move {
+                    self.counts.put(data.len());
                     self.store.put(&obj_path(&key), PutPayload::from_bytes(data)).await.map(|_| ()).map_err(|e| Self::err("PUT", &key, e))
                 })
                 .buffered(parallel.max(1))
@@ -141,6 +179,7 @@ impl S3 {
     /// Every (key, size) under `prefix` (used only by import).
     pub fn list(&self, prefix: Option<&str>) -> Result<Vec<(String, u64)>, S3Error> {
         let p = prefix.map(obj_path);
+        self.counts.put(0);
         RT.block_on(async { self.store.list(p.as_ref()).map_ok(|m| (m.location.as_ref().to_string(), m.size as u64)).try_collect().await })
             .map_err(|e| Self::err("LIST", prefix.unwrap_or(""), e))
     }
@@ -163,6 +202,8 @@ impl S3 {
             .block_on(self.store.put_multipart(&path))
             .map(|u| WriteMultipart::new_with_chunk_size(u, 8 << 20))
             .map_err(|e| Self::err("multipart PUT", key, e))?;
+        self.counts.put(0); // initiate; each 8 MiB part and the completion are counted below
+        let mut part_fill = 0usize;
         let mut piece = Some(first);
         let mut pending = Some(second);
         loop {
@@ -170,6 +211,11 @@ impl S3 {
                 RT.block_on(async {
                     w.wait_for_capacity(4).await?;
                     w.write(&p);
+                    part_fill += p.len();
+                    while part_fill >= 8 << 20 {
+                        part_fill -= 8 << 20;
+                        self.counts.put(8 << 20);
+                    }
                     Ok::<_, object_store::Error>(())
                 })
                 .map_err(|e| Self::err("multipart PUT", key, e))?;
@@ -189,6 +235,8 @@ impl S3 {
             }
         }
         RT.block_on(w.finish()).map_err(|e| Self::err("multipart PUT", key, e))?;
+        self.counts.put(part_fill); // the last part
+        self.counts.put(0); // completion
         Ok(())
     }
 }

@@ -1,7 +1,7 @@
 //! What `surge bb status` shows: the pool (live nodes, memory, dirty bytes),
 //! the write-back backlog, and for files whether they are persisted in S3.
 
-use crate::meta::{self, Attr, Ino, Kind};
+use crate::meta::{self, Attr, DrainProgress, Ino, Kind};
 use crate::tier::{DataError, Tier};
 
 #[derive(Debug, serde::Serialize)]
@@ -22,6 +22,42 @@ pub struct PoolStatus {
     pub oldest_dirty_s: Option<f64>,
     /// Files whose manifest/export object is not written yet.
     pub publish_pending: u64,
+    /// The pool as a whole: node states, and the pool daemon's view if one runs.
+    pub pool: PoolView,
+}
+
+/// One node of the pool, for `status --json` consumers (experiments sample it).
+#[derive(Debug, serde::Serialize)]
+pub struct PoolNode {
+    pub addr: String,
+    /// `live`, `draining N%` or `unreachable`.
+    pub state: String,
+    pub chunks: u64,
+    pub used_bytes: u64,
+    pub dirty_bytes: u64,
+    pub capacity_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainProgress>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct PoolView {
+    /// Live nodes (draining ones included).
+    pub size: usize,
+    pub nodes: Vec<PoolNode>,
+    pub buffered_bytes: u64,
+    pub dirty_bytes: u64,
+    /// Dollars so far, from the pool daemon (null without one).
+    pub cost_usd: Option<f64>,
+    pub daemon: Option<serde_json::Value>,
+}
+
+fn node_state(draining: Option<&DrainProgress>, reachable: bool) -> String {
+    match draining {
+        Some(p) => format!("draining {}%", p.percent()),
+        None if reachable => "live".into(),
+        None => "unreachable".into(),
+    }
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -38,14 +74,39 @@ pub struct FileStatus {
 
 pub fn pool(tier: &Tier) -> Result<PoolStatus, DataError> {
     tier.forget_live_cache();
-    let nodes = tier
-        .live_nodes()
-        .into_iter()
-        .map(|addr| {
-            let stat = tier.pool.stat(&addr).ok();
-            NodeStatus { reachable: stat.is_some(), addr, stat }
+    let info = tier.live_info();
+    let nodes: Vec<NodeStatus> = info
+        .iter()
+        .map(|n| {
+            let stat = tier.pool.stat(&n.addr).ok();
+            NodeStatus { reachable: stat.is_some(), addr: n.addr.clone(), stat }
         })
         .collect();
+    let pool_nodes: Vec<PoolNode> = info
+        .iter()
+        .zip(&nodes)
+        .map(|(i, n)| {
+            let st = n.stat.clone().unwrap_or_default();
+            PoolNode {
+                addr: n.addr.clone(),
+                state: node_state(i.draining.as_ref(), n.reachable),
+                chunks: st.chunks,
+                used_bytes: st.used_bytes,
+                dirty_bytes: st.dirty_bytes,
+                capacity_bytes: st.capacity_bytes,
+                drain: i.draining,
+            }
+        })
+        .collect();
+    let daemon: Option<serde_json::Value> = tier.meta.pool_report()?.and_then(|j| serde_json::from_str(&j).ok());
+    let pool = PoolView {
+        size: pool_nodes.len(),
+        buffered_bytes: pool_nodes.iter().map(|n| n.used_bytes).sum(),
+        dirty_bytes: pool_nodes.iter().map(|n| n.dirty_bytes).sum(),
+        cost_usd: daemon.as_ref().and_then(|d| d["cost_usd"].as_f64()),
+        nodes: pool_nodes,
+        daemon,
+    };
     let oldest = tier.meta.dirty_oldest(1)?;
     Ok(PoolStatus {
         chunk_size: tier.params.chunk_size,
@@ -54,6 +115,7 @@ pub fn pool(tier: &Tier) -> Result<PoolStatus, DataError> {
         dirty_chunks: tier.meta.dirty_count()?,
         oldest_dirty_s: oldest.first().map(|(_, t)| (crate::now_ms() - t).max(0) as f64 / 1000.0),
         publish_pending: tier.meta.publish_pending()?,
+        pool,
     })
 }
 

@@ -56,6 +56,15 @@ pub struct StoreStat {
     pub capacity_bytes: u64,
     pub spilled_chunks: u64,
     pub spilled_bytes: u64,
+    /// The node's S3 traffic so far (filled in by the node, not the store).
+    #[serde(default)]
+    pub s3_puts: u64,
+    #[serde(default)]
+    pub s3_gets: u64,
+    #[serde(default)]
+    pub s3_bytes_up: u64,
+    #[serde(default)]
+    pub s3_bytes_down: u64,
 }
 
 pub struct ChunkStore {
@@ -215,6 +224,20 @@ impl ChunkStore {
         g.mem.iter().filter(|(_, e)| e.dirty && e.stored.elapsed() >= age).map(|(c, _)| *c).collect()
     }
 
+    /// Every dirty chunk with its length, oldest stored first.
+    pub fn dirty_chunks(&self) -> Vec<(ChunkId, u64, std::time::Duration)> {
+        let g = self.inner.lock();
+        let mut v: Vec<_> = g.mem.iter().filter(|(_, e)| e.dirty).map(|(c, e)| (*c, e.data.len() as u64, e.stored.elapsed())).collect();
+        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v
+    }
+
+    /// Holds this version (in memory or spilled)?
+    pub fn has(&self, chunk: &ChunkId) -> bool {
+        let g = self.inner.lock();
+        g.mem.contains_key(chunk) || g.spilled.contains_key(chunk)
+    }
+
     pub fn stat(&self) -> StoreStat {
         let g = self.inner.lock();
         StoreStat {
@@ -225,6 +248,7 @@ impl ChunkStore {
             capacity_bytes: self.cfg.capacity,
             spilled_chunks: g.spilled.len() as u64,
             spilled_bytes: g.spill_used,
+            ..Default::default()
         }
     }
 }

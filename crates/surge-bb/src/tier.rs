@@ -5,7 +5,7 @@
 
 use crate::conn::{NodeError, NodePool};
 use crate::membership::Membership;
-use crate::meta::{ChunkEntry, FsParams, MetaError, MetaStore};
+use crate::meta::{ChunkEntry, FsParams, MetaError, MetaStore, NodeInfo};
 use crate::placement;
 use crate::proto::ChunkId;
 use crate::s3::{chunk_key, S3Error, S3};
@@ -43,7 +43,7 @@ pub struct Tier {
     pub params: FsParams,
     /// Copies a dirty chunk needs before a write is acknowledged.
     pub replicas: usize,
-    live_cache: Mutex<(Instant, Vec<String>)>,
+    live_cache: Mutex<(Instant, Vec<NodeInfo>)>,
 }
 
 impl Tier {
@@ -60,8 +60,9 @@ impl Tier {
         })
     }
 
-    /// Live node addresses, refreshed at most every 500 ms.
-    pub fn live_nodes(&self) -> Vec<String> {
+    /// Live nodes as registered (address, boot, drain state), refreshed at
+    /// most every 500 ms.
+    pub fn live_info(&self) -> Vec<NodeInfo> {
         {
             let g = self.live_cache.lock();
             if g.0.elapsed() < Duration::from_millis(500) {
@@ -70,15 +71,25 @@ impl Tier {
         }
         match self.members.live() {
             Ok(v) => {
-                let addrs: Vec<String> = v.into_iter().map(|n| n.addr).collect();
-                *self.live_cache.lock() = (Instant::now(), addrs.clone());
-                addrs
+                *self.live_cache.lock() = (Instant::now(), v.clone());
+                v
             }
             Err(e) => {
                 tracing::warn!("membership: {e}; using the last known node list");
                 self.live_cache.lock().1.clone()
             }
         }
+    }
+
+    /// Addresses of every live node, draining ones included (they still hold
+    /// and serve their chunks).
+    pub fn live_nodes(&self) -> Vec<String> {
+        self.live_info().into_iter().map(|n| n.addr).collect()
+    }
+
+    /// Addresses of the live nodes that take new chunks: not draining.
+    pub fn placement_nodes(&self) -> Vec<String> {
+        self.live_info().into_iter().filter(|n| n.draining.is_none()).map(|n| n.addr).collect()
     }
 
     pub fn forget_live_cache(&self) {
@@ -88,7 +99,7 @@ impl Tier {
     /// Stores a dirty chunk version on `replicas` nodes in rendezvous order,
     /// skipping nodes that fail or are full. Returns the holders.
     pub fn store_chunk(&self, chunk: ChunkId, data: &[u8], exclude: &[String]) -> Result<Vec<String>, DataError> {
-        let live = self.live_nodes();
+        let live = self.placement_nodes();
         let want = self.replicas;
         let mut holders = Vec::with_capacity(want);
         let mut why = Vec::new();
@@ -144,7 +155,7 @@ impl Tier {
                 Err(err) => why.push(err.to_string()),
             }
         }
-        let live = self.live_nodes();
+        let live = self.placement_nodes();
         let cache_node = placement::rank(&live, &chunk).into_iter().find(|n| !e.holders.iter().any(|h| h == n));
         if e.persisted {
             if let Some(n) = cache_node {

@@ -172,7 +172,8 @@ impl Writeback {
         if self.tier.s3.is_none() {
             return Ok(());
         }
-        let live = self.tier.live_nodes();
+        // A draining node publishes nothing new: the others take its share.
+        let live = self.tier.placement_nodes();
         let before = crate::now_ms() - self.cfg.delay.as_millis() as i64;
         for ino in self.tier.meta.publish_queue(before, 64)? {
             if !self.mine(&live, ino) {
@@ -300,15 +301,33 @@ impl Writeback {
         }
     }
 
+    /// Does holder `h` (live) really hold `c`, logged dirty at `logged_ms`?
+    /// A node that started after the chunk was logged is a restart at the
+    /// same address (an empty node) unless it got a copy since: ask it.
+    fn really_holds(&self, h: &str, c: &ChunkId, logged_ms: i64, started_ms: i64) -> bool {
+        if h == self.me || started_ms <= logged_ms {
+            return true;
+        }
+        self.tier.pool.has(h, *c).unwrap_or(false)
+    }
+
     fn rereplicate(&self) -> Result<(), DataError> {
         self.tier.forget_live_cache();
-        let live = self.tier.live_nodes();
-        for (c, _) in self.tier.meta.dirty_oldest(4096)? {
+        let info = self.tier.live_info();
+        let started = |h: &str| info.iter().find(|n| n.addr == h).map(|n| n.started_ms);
+        let targets: Vec<String> = info.iter().filter(|n| n.draining.is_none()).map(|n| n.addr.clone()).collect();
+        for (c, logged) in self.tier.meta.dirty_oldest(4096)? {
             let Some(local) = self.store.get(&c) else { continue };
             let (_, e) = self.tier.meta.chunks(c.ino, &[c.idx])?;
             let Some(e) = e.into_iter().next().flatten().filter(|e| e.ver == c.ver) else { continue };
-            let alive: Vec<String> = e.holders.iter().filter(|h| live.contains(h)).cloned().collect();
-            if alive.len() >= self.tier.replicas.min(live.len()) && alive.len() == e.holders.len() {
+            let alive: Vec<String> = e
+                .holders
+                .iter()
+                .filter(|h| started(h).is_some_and(|s| self.really_holds(h, &c, logged, s)))
+                .cloned()
+                .collect();
+            let want = self.tier.replicas.min(targets.len().max(alive.len()));
+            if alive.len() >= want && alive.len() == e.holders.len() {
                 continue;
             }
             if alive.first() != Some(&self.me) {
@@ -316,7 +335,7 @@ impl Writeback {
             }
             let mut holders = alive.clone();
             let mut target = self.tier.replicas.saturating_sub(holders.len());
-            for node in placement::rank(&live, &c) {
+            for node in placement::rank(&targets, &c) {
                 if target == 0 {
                     break;
                 }
@@ -331,8 +350,9 @@ impl Writeback {
                     Err(err) => tracing::warn!("re-replicating chunk {} to {node}: {err}", c.member()),
                 }
             }
-            let dead: Vec<&String> = e.holders.iter().filter(|h| !live.contains(h)).collect();
-            if self.tier.meta.set_holders(&c, &holders)? {
+            // Dead, or restarted at the same address since the chunk was logged.
+            let dead: Vec<&String> = e.holders.iter().filter(|h| !alive.contains(h)).collect();
+            if holders != e.holders && self.tier.meta.set_holders(&c, &holders)? {
                 tracing::info!("chunk {}: holders {:?} -> {:?} (dead: {:?})", c.member(), e.holders, holders, dead);
             }
         }

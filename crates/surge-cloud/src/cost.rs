@@ -25,6 +25,13 @@
 //! us-east-1, per hour, billed per second with a 60 s minimum (unchanged for
 //! these types since 2018; <https://aws.amazon.com/ec2/pricing/on-demand/>).
 //!
+//! Object storage (the burst buffer's backing): S3 Standard request and
+//! transfer list prices, us-east-1, <https://aws.amazon.com/s3/pricing/>
+//! (2025): PUT, COPY, POST, LIST $0.005 per 1,000; GET and all other requests
+//! $0.0004 per 1,000; transfer between S3 and EC2 in the same region $0.00/GB,
+//! out to the internet $0.09/GB (first 10 TB/month). Storage itself (GB-month)
+//! is left out: every approach compared stores the same bytes.
+//!
 //! Reduced-scale experiments run time `time_scale` times as fast as the
 //! cloud's (durations x f): billing stretches each emulated second back to
 //! 1/f seconds, so the 60 s minimum and per-second rounding apply at full scale.
@@ -80,6 +87,46 @@ pub struct PriceTable {
     /// Compute instances, $ per hour (on-demand, Linux).
     #[serde(default = "ec2_on_demand")]
     pub instances: BTreeMap<String, f64>,
+    /// S3 requests and transfer.
+    #[serde(default)]
+    pub s3: S3Price,
+}
+
+/// S3 Standard requests and transfer, $ (see the module comment for the source).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct S3Price {
+    /// PUT, COPY, POST, LIST (and multipart parts), per 1,000.
+    pub put_per_1000: f64,
+    /// GET and other requests, per 1,000.
+    pub get_per_1000: f64,
+    /// Per GB between S3 and EC2 in the same region.
+    pub transfer_in_region_gb: f64,
+    /// Per GB out of AWS to the internet.
+    pub transfer_out_gb: f64,
+}
+
+impl Default for S3Price {
+    fn default() -> Self {
+        S3Price { put_per_1000: 0.005, get_per_1000: 0.0004, transfer_in_region_gb: 0.0, transfer_out_gb: 0.09 }
+    }
+}
+
+/// S3 traffic to price: requests and bytes moved within the region.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct S3Usage {
+    pub puts: u64,
+    pub gets: u64,
+    /// Bytes moved between S3 and the instances (same region), both ways.
+    pub bytes: u64,
+}
+
+impl S3Usage {
+    pub fn add(&mut self, o: S3Usage) {
+        self.puts += o.puts;
+        self.gets += o.gets;
+        self.bytes += o.bytes;
+    }
 }
 
 fn one() -> f64 {
@@ -136,6 +183,7 @@ impl Default for PriceTable {
             azure_premium: Price::default(),
             time_scale: 1.0,
             instances: ec2_on_demand(),
+            s3: S3Price::default(),
         }
     }
 }
@@ -187,6 +235,13 @@ impl PriceTable {
             Some(p) => Ok(p * count as f64),
             None => Err(PriceError::UnknownInstance(instance.to_string(), self.instances.keys().cloned().collect::<Vec<_>>().join(", "))),
         }
+    }
+
+    /// What S3 traffic costs (requests, plus same-region transfer).
+    pub fn s3_usd(&self, u: &S3Usage) -> f64 {
+        u.puts as f64 / 1000.0 * self.s3.put_per_1000
+            + u.gets as f64 / 1000.0 * self.s3.get_per_1000
+            + u.bytes as f64 / GIB as f64 * self.s3.transfer_in_region_gb
     }
 
     /// Seconds billed for `ns` of emulated time: full-scale seconds, rounded
@@ -323,7 +378,12 @@ pub struct CostReport {
     pub storage_usd: f64,
     #[serde(default)]
     pub compute_usd: f64,
-    /// Storage + compute.
+    /// S3 requests and transfer recorded with [`CostMeter::add_s3`].
+    #[serde(default)]
+    pub s3: S3Usage,
+    #[serde(default)]
+    pub s3_usd: f64,
+    /// Storage + compute + S3.
     pub total_usd: f64,
     pub total_agbs: f64,
     pub price_source: String,
@@ -367,6 +427,8 @@ pub fn report_with_compute(prices: &PriceTable, records: &[UsageRecord], compute
         at_unix_ms: now_unix_ns / 1_000_000,
         storage_usd,
         compute_usd,
+        s3: S3Usage::default(),
+        s3_usd: 0.0,
         total_usd: storage_usd + compute_usd,
         total_agbs: volumes.iter().filter_map(|v| v.agbs).sum(),
         compute,
@@ -403,11 +465,12 @@ pub struct CostMeter {
     wall: WallClock,
     records: Mutex<Vec<UsageRecord>>,
     compute: Mutex<Vec<ComputeRecord>>,
+    s3: Mutex<S3Usage>,
 }
 
 impl CostMeter {
     pub fn new(prices: PriceTable, wall: WallClock) -> Self {
-        CostMeter { prices, wall, records: Mutex::new(Vec::new()), compute: Mutex::new(Vec::new()) }
+        CostMeter { prices, wall, records: Mutex::new(Vec::new()), compute: Mutex::new(Vec::new()), s3: Mutex::default() }
     }
 
     /// Billing of `count` instances of type `instance` (e.g. `c5.2xlarge`) starts now.
@@ -454,8 +517,22 @@ impl CostMeter {
         }
     }
 
+    /// Adds S3 requests and transfer to the bill.
+    pub fn add_s3(&self, u: S3Usage) {
+        self.s3.lock().add(u);
+    }
+
+    /// $ per hour of the instances running now.
+    pub fn compute_usd_hour(&self) -> f64 {
+        self.compute.lock().iter().filter(|r| r.end_unix_ns.is_none()).map(|r| self.prices.instance_usd_hour(&r.instance, r.count).unwrap_or(0.0)).sum()
+    }
+
     pub fn report(&self) -> CostReport {
-        report_with_compute(&self.prices, &self.records.lock(), &self.compute.lock(), self.wall.now_unix_ns())
+        let mut r = report_with_compute(&self.prices, &self.records.lock(), &self.compute.lock(), self.wall.now_unix_ns());
+        r.s3 = *self.s3.lock();
+        r.s3_usd = self.prices.s3_usd(&r.s3);
+        r.total_usd += r.s3_usd;
+        r
     }
 }
 
@@ -592,6 +669,32 @@ mod tests {
         assert_eq!(r.volumes[0].billed_seconds, 200);
         assert!(close(r.compute_usd, 2.016 * 200.0 / 3_600.0));
         assert!((r.volumes[0].seconds - 10.0).abs() < 1e-9, "seconds existed stay emulated");
+    }
+
+    #[test]
+    fn burst_buffer_nodes_and_s3_requests_at_list_prices() {
+        let (clock, m) = meter();
+        // Two r5.large I/O nodes (16 GiB, $0.126/h): one for 10 min, one for 30 s (billed 60 s).
+        m.start_compute("n1", "r5.large", 1).unwrap();
+        m.start_compute("n2", "r5.large", 1).unwrap();
+        assert!(close(m.compute_usd_hour(), 0.252));
+        clock.advance(Duration::from_secs(30));
+        m.stop_compute("n2");
+        clock.advance(Duration::from_secs(570));
+        assert!(close(m.compute_usd_hour(), 0.126));
+        // 20,000 PUTs, 50,000 GETs, 10 GiB within the region (free).
+        m.add_s3(S3Usage { puts: 12_000, gets: 50_000, bytes: 10 << 30 });
+        m.add_s3(S3Usage { puts: 8_000, gets: 0, bytes: 0 });
+        let r = m.report();
+        let nodes = 0.126 * 600.0 / 3_600.0 + 0.126 * 60.0 / 3_600.0;
+        let s3 = 20.0 * 0.005 + 50.0 * 0.0004;
+        assert!(close(r.compute_usd, nodes), "{}", r.compute_usd);
+        assert!(close(r.s3_usd, s3), "{}", r.s3_usd);
+        assert_eq!(r.s3, S3Usage { puts: 20_000, gets: 50_000, bytes: 10 << 30 });
+        assert!(close(r.total_usd, nodes + s3));
+        // Priced out of the region, the transfer is not free.
+        let t = PriceTable { s3: S3Price { transfer_in_region_gb: 0.09, ..S3Price::default() }, ..PriceTable::default() };
+        assert!(close(t.s3_usd(&S3Usage { puts: 0, gets: 0, bytes: 10 << 30 }), 0.9));
     }
 
     #[test]

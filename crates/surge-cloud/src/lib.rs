@@ -20,7 +20,7 @@ pub mod provider;
 pub mod spec;
 
 pub use attachment::Attachment;
-pub use cost::{CostMeter, CostReport, PriceTable, VolumeCost, WallClock};
+pub use cost::{CostMeter, CostReport, PriceTable, S3Price, S3Usage, VolumeCost, WallClock};
 pub use local::{Delays, LocalConfig, LocalProvider, ModifyRules};
 pub use provider::{Action, CloudError, CreateRequest, Provider, VolumeInfo, VolumeState};
 pub use spec::{SpecError, VolumeSpec};

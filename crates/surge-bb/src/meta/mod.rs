@@ -177,10 +177,45 @@ pub struct FsParams {
 }
 
 /// A live I/O node as registered with the membership service.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeInfo {
     pub addr: String,
     pub capacity: u64,
+    /// Random per process start: a node restarted at the same address is a
+    /// new, empty node (its old copies are gone).
+    #[serde(default)]
+    pub boot: u64,
+    /// When this boot started (ms since the epoch): copies recorded before it
+    /// on this address are verified before they count.
+    #[serde(default)]
+    pub started_ms: i64,
+    /// Set while the node leaves the pool: placement no longer picks it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining: Option<DrainProgress>,
+}
+
+impl NodeInfo {
+    pub fn new(addr: &str, capacity: u64) -> NodeInfo {
+        NodeInfo { addr: addr.into(), capacity, ..Default::default() }
+    }
+}
+
+/// How far a leaving node is: dirty chunks still to hand over or write back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DrainProgress {
+    /// Dirty bytes when the drain started (or the most seen since).
+    pub total_bytes: u64,
+    pub left_bytes: u64,
+    pub left_chunks: u64,
+}
+
+impl DrainProgress {
+    pub fn percent(&self) -> u32 {
+        if self.total_bytes == 0 {
+            return if self.left_bytes == 0 { 100 } else { 0 };
+        }
+        (100 - (self.left_bytes.min(self.total_bytes) * 100 / self.total_bytes)) as u32
+    }
 }
 
 pub trait MetaStore: Send + Sync {
@@ -249,6 +284,10 @@ pub trait MetaStore: Send + Sync {
     fn register_node(&self, node: &NodeInfo, ttl_ms: u64) -> MetaResult<()>;
     fn live_nodes(&self) -> MetaResult<Vec<NodeInfo>>;
     fn deregister_node(&self, addr: &str) -> MetaResult<()>;
+
+    /// The pool daemon's last report (JSON), kept for `ttl_ms` unless renewed.
+    fn put_pool_report(&self, json: &str, ttl_ms: u64) -> MetaResult<()>;
+    fn pool_report(&self) -> MetaResult<Option<String>>;
 }
 
 /// `/a/b` of an inode, by walking parent links (None if an ancestor vanished).

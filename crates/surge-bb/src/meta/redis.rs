@@ -822,7 +822,7 @@ impl MetaStore for RedisMeta {
         let mut out: Vec<NodeInfo> = addrs
             .into_iter()
             .zip(infos)
-            .map(|(addr, i)| i.and_then(|i| serde_json::from_str(&i).ok()).unwrap_or(NodeInfo { addr, capacity: 0 }))
+            .map(|(addr, i)| i.and_then(|i| serde_json::from_str(&i).ok()).unwrap_or_else(|| NodeInfo::new(&addr, 0)))
             .collect();
         out.sort_by(|a, b| a.addr.cmp(&b.addr));
         Ok(out)
@@ -830,6 +830,14 @@ impl MetaStore for RedisMeta {
 
     fn deregister_node(&self, addr: &str) -> MetaResult<()> {
         self.with(|c| ::redis::cmd("ZREM").arg(self.k("nodes")).arg(addr).query::<()>(c))
+    }
+
+    fn put_pool_report(&self, json: &str, ttl_ms: u64) -> MetaResult<()> {
+        self.with(|c| ::redis::cmd("SET").arg(self.k("poolreport")).arg(json).arg("PX").arg(ttl_ms.max(1)).query::<()>(c))
+    }
+
+    fn pool_report(&self) -> MetaResult<Option<String>> {
+        self.with(|c| ::redis::cmd("GET").arg(self.k("poolreport")).query(c))
     }
 }
 

@@ -54,6 +54,25 @@ pub struct Common {
 }
 
 impl Common {
+    /// The same settings as command-line arguments (for the nodes a pool starts).
+    fn to_args(&self) -> Vec<String> {
+        let mut v = vec![
+            "--redis".into(), self.redis.clone(),
+            "--fs".into(), self.fs.clone(),
+            "--membership".into(), self.membership.clone(),
+            "--region".into(), self.region.clone(),
+            "--replicas".into(), self.replicas.to_string(),
+            "--chunk-size".into(), self.chunk_size.to_string(),
+        ];
+        if let Some(e) = &self.s3_endpoint {
+            v.extend(["--s3-endpoint".into(), e.clone()]);
+        }
+        if let Some(b) = &self.bucket {
+            v.extend(["--bucket".into(), b.clone()]);
+        }
+        v
+    }
+
     fn tier(&self) -> anyhow::Result<Arc<surge_bb::tier::Tier>> {
         let s3 = self.bucket.as_ref().map(|b| S3Config {
             endpoint: self.s3_endpoint.clone(),
@@ -130,6 +149,48 @@ pub enum Action {
         #[arg(long)]
         json: bool,
     },
+    /// Remove I/O node ADDR from the pool safely: it stops taking new chunks,
+    /// hands its dirty chunks to other nodes (or writes them back), leaves and exits.
+    Drain {
+        addr: String,
+        #[command(flatten)]
+        common: Common,
+        /// Give up waiting after this long (the node keeps draining).
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        timeout: std::time::Duration,
+    },
+    /// Keep the pool of I/O nodes sized to demand: start nodes (local processes)
+    /// under a write backlog, drain them when demand stays low; prices every
+    /// node-second and S3 request. SIGTERM drains and stops every node.
+    Pool {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, default_value_t = 2)]
+        min: usize,
+        #[arg(long, default_value_t = 8)]
+        max: usize,
+        /// Chunk memory of each node started.
+        #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+        node_memory: u64,
+        /// How often demand is measured and the policy applied.
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        interval: std::time::Duration,
+        /// Demand must stay low this long before a node is drained.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        shrink_after: std::time::Duration,
+        /// Grow when projected dirty bytes pass this share of the pool's memory.
+        #[arg(long, default_value_t = 0.5)]
+        high_water: f64,
+        /// Shrink only while projected dirty bytes stay below this share of the smaller pool.
+        #[arg(long, default_value_t = 0.25)]
+        low_water: f64,
+        /// EC2 instance each node is billed as (list price, us-east-1; r5.large: 16 GiB, $0.126/h).
+        #[arg(long, default_value = "r5.large")]
+        instance: String,
+        /// Extra argument for every node started (repeat), e.g. --node-arg=--writeback-delay=2s.
+        #[arg(long, allow_hyphen_values = true)]
+        node_arg: Vec<String>,
+    },
     /// Add the bucket's existing objects (outside .surge/) to the namespace.
     Import {
         #[command(flatten)]
@@ -172,8 +233,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let stop = stop_flag()?;
             let node = surge_bb::node::start(cfg, tier).context("starting the I/O node")?;
             println!("{}", node.addr);
-            wait_for(&stop);
-            node.stop();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && !node.drained() {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            if !node.drained() {
+                node.stop();
+            }
             Ok(())
         }
         Action::Mount { dir, common, strict, fsync_s3, write_behind, read_ahead, attr_ttl, import } => {
@@ -203,19 +268,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         println!("{}", serde_json::to_string_pretty(&s)?);
                     } else {
                         println!("chunk size {} B, {} copies per dirty chunk", s.chunk_size, s.replicas);
-                        println!("{:<24} {:>10} {:>12} {:>12} {:>12}", "node", "chunks", "used MiB", "dirty MiB", "memory MiB");
-                        for n in &s.nodes {
-                            match &n.stat {
-                                Some(st) => println!(
-                                    "{:<24} {:>10} {:>12.1} {:>12.1} {:>12.1}",
-                                    n.addr,
-                                    st.chunks,
-                                    st.used_bytes as f64 / 1048576.0,
-                                    st.dirty_bytes as f64 / 1048576.0,
-                                    st.capacity_bytes as f64 / 1048576.0
-                                ),
-                                None => println!("{:<24} unreachable", n.addr),
-                            }
+                        println!("{:<24} {:<14} {:>10} {:>12} {:>12} {:>12}", "node", "state", "chunks", "used MiB", "dirty MiB", "memory MiB");
+                        for n in &s.pool.nodes {
+                            println!(
+                                "{:<24} {:<14} {:>10} {:>12.1} {:>12.1} {:>12.1}",
+                                n.addr,
+                                n.state,
+                                n.chunks,
+                                n.used_bytes as f64 / 1048576.0,
+                                n.dirty_bytes as f64 / 1048576.0,
+                                n.capacity_bytes as f64 / 1048576.0
+                            );
+                        }
+                        if let Some(d) = &s.pool.daemon {
+                            println!(
+                                "pool daemon: target {} nodes ({}..{}), ${:.6} so far, ${:.4}/h now; last: {}",
+                                d["target"], d["min"], d["max"],
+                                d["cost_usd"].as_f64().unwrap_or(0.0),
+                                d["usd_per_hour"].as_f64().unwrap_or(0.0),
+                                d["last_decision"].as_str().unwrap_or("-")
+                            );
                         }
                         println!(
                             "dirty chunks: {} (oldest {}), files waiting for publish: {}",
@@ -240,6 +312,53 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     }
                 }
             }
+            Ok(())
+        }
+        Action::Drain { addr, common, timeout } => {
+            let tier = common.tier()?;
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("draining {msg} [{bar:40}] {bytes}/{total_bytes} handed over")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar.set_message(addr.clone());
+            surge_bb::drain::drain_node(&tier, &addr, timeout, |p| {
+                bar.set_length(p.total_bytes);
+                bar.set_position(p.total_bytes.saturating_sub(p.left_bytes));
+            })?;
+            bar.finish();
+            println!("{addr} drained and left the pool");
+            Ok(())
+        }
+        Action::Pool { common, min, max, node_memory, interval, shrink_after, high_water, low_water, instance, node_arg } => {
+            anyhow::ensure!(min >= 1 && max >= min, "--min {min} --max {max}: need 1 <= min <= max");
+            anyhow::ensure!(
+                0.0 < low_water && low_water < high_water && high_water <= 1.0,
+                "need 0 < --low-water ({low_water}) < --high-water ({high_water}) <= 1"
+            );
+            let tier = common.tier()?;
+            let mut args = vec!["--memory".to_string(), node_memory.to_string()];
+            args.extend(common.to_args());
+            args.extend(node_arg);
+            let mut provider = surge_bb::pool::LocalNodes::new(std::env::current_exe()?, args);
+            let clock: Arc<dyn surge_block::Clock> = Arc::new(surge_block::SystemClock::new());
+            let meter = surge_cloud::CostMeter::new(surge_cloud::PriceTable::default(), surge_cloud::WallClock::anchored(clock));
+            let settings = surge_bb::pool::PoolSettings {
+                policy: surge_policy::bb_pool::PoolConfig {
+                    min_nodes: min,
+                    max_nodes: max,
+                    node_memory,
+                    high_water,
+                    low_water,
+                    shrink_after,
+                    ..Default::default()
+                },
+                interval,
+                instance,
+                drain_timeout: std::time::Duration::from_secs(120),
+            };
+            let stop = stop_flag()?;
+            surge_bb::pool::run(tier, &mut provider, &meter, &settings, &stop)?;
             Ok(())
         }
         Action::Import { common, prefix } => {

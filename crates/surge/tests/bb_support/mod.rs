@@ -73,6 +73,18 @@ pub struct Node {
 }
 
 impl Node {
+    /// Waits up to `timeout` for the node process to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     pub fn kill9(&mut self) {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
         let _ = self.child.wait();
@@ -166,17 +178,22 @@ impl Bb {
         ]
     }
 
-    fn cmd(&self) -> Command {
+    pub fn cmd(&self) -> Command {
         let mut c = Command::new(BIN);
         c.env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("SURGE_LOG", "info");
         c
     }
 
     pub fn node(&self, extra: &[&str]) -> Node {
+        self.node_at("127.0.0.1:0", extra)
+    }
+
+    /// A node listening on `listen` (e.g. the address of a node killed before).
+    pub fn node_at(&self, listen: &str, extra: &[&str]) -> Node {
         let name = format!("node-{}.log", free_port());
         let log = std::fs::File::create(self.dir.path().join(&name)).unwrap();
         let mut cmd = self.cmd();
-        cmd.args(["bb", "node", "--listen", "127.0.0.1:0"]);
+        cmd.args(["bb", "node", "--listen", listen]);
         if !extra.contains(&"--memory") {
             cmd.args(["--memory", "256MiB"]);
         }

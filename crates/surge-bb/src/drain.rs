@@ -1,0 +1,134 @@
+//! A node leaving the pool. It is marked draining in membership, so placement
+//! stops choosing it for new chunks; then each dirty chunk it holds is handed
+//! to the chunk's rendezvous owner among the remaining nodes (copied, then the
+//! holder list swapped by compare-and-set on the version), unless write-back
+//! takes it to S3 first. Clean copies are in S3 already (or are cache copies
+//! of S3 objects): they are dropped with the process, nothing moves for them.
+
+use crate::meta::DrainProgress;
+use crate::placement;
+use crate::proto::ChunkId;
+use crate::store::ChunkStore;
+use crate::tier::{DataError, Tier};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A dirty chunk that is not the current version of its chunk may belong to a
+/// client that stored it and has not committed yet: wait this long for it.
+const UNCOMMITTED_GRACE: Duration = Duration::from_secs(10);
+
+pub struct Drainer {
+    tier: Arc<Tier>,
+    store: Arc<ChunkStore>,
+    me: String,
+}
+
+impl Drainer {
+    pub fn new(tier: Arc<Tier>, store: Arc<ChunkStore>, me: String) -> Drainer {
+        Drainer { tier, store, me }
+    }
+
+    /// What is left to move before the node may leave, without moving anything.
+    pub fn left(&self) -> DrainProgress {
+        let st = self.store.stat();
+        DrainProgress { total_bytes: st.dirty_bytes, left_bytes: st.dirty_bytes, left_chunks: st.dirty_chunks }
+    }
+
+    /// One pass over this node's dirty chunks: hands over what it can.
+    /// Returns (chunks, bytes) still dirty here.
+    pub fn pass(&self) -> Result<(u64, u64), DataError> {
+        self.tier.forget_live_cache();
+        let targets: Vec<String> = self.tier.placement_nodes().into_iter().filter(|n| *n != self.me).collect();
+        let (mut chunks, mut bytes) = (0, 0);
+        for (c, len, age) in self.store.dirty_chunks() {
+            if !self.hand_over(c, age, &targets)? {
+                chunks += 1;
+                bytes += len;
+            }
+        }
+        Ok((chunks, bytes))
+    }
+
+    /// True when this node's copy of `c` no longer needs to stay.
+    fn hand_over(&self, c: ChunkId, age: Duration, targets: &[String]) -> Result<bool, DataError> {
+        let (_, e) = self.tier.meta.chunks(c.ino, &[c.idx])?;
+        let Some(e) = e.into_iter().next().flatten().filter(|e| e.ver == c.ver) else {
+            // Superseded or deleted, or stored by a client not committed yet.
+            if age < UNCOMMITTED_GRACE {
+                return Ok(false);
+            }
+            self.store.mark_clean(&c);
+            return Ok(true);
+        };
+        if e.persisted || !e.holders.contains(&self.me) {
+            // Written back, or an extra copy nobody lists.
+            self.store.mark_clean(&c);
+            return Ok(true);
+        }
+        let Some(data) = self.store.get(&c) else { return Ok(true) };
+        for t in placement::rank(targets, &c) {
+            if e.holders.iter().any(|h| h == t) {
+                continue;
+            }
+            if let Err(err) = self.tier.pool.put(t, c, data.to_vec(), true) {
+                tracing::warn!("drain: chunk {} to {t}: {err}; trying the next node", c.member());
+                continue;
+            }
+            let holders: Vec<String> = e.holders.iter().map(|h| if *h == self.me { t.to_string() } else { h.clone() }).collect();
+            if self.tier.meta.set_holders(&c, &holders)? {
+                tracing::info!("drain: chunk {} handed to {t} (holders {:?} -> {:?})", c.member(), e.holders, holders);
+                // Kept (clean) until the process ends: readers with an old
+                // holder list still find it here.
+                self.store.mark_clean(&c);
+                return Ok(true);
+            }
+            // The version changed meanwhile: the copy on t is garbage.
+            let _ = self.tier.pool.delete(t, c);
+            return Ok(false);
+        }
+        // No other node took it: write-back takes it to S3 instead.
+        Ok(false)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("{addr} is not a live I/O node of this pool (live: {live})")]
+    NotLive { addr: String, live: String },
+    #[error("asking {addr} to drain: {why}")]
+    Refused { addr: String, why: String },
+    #[error("{addr} still holds {left_chunks} dirty chunks ({left_bytes} bytes) after {timeout:?}; it keeps draining")]
+    Timeout { addr: String, left_chunks: u64, left_bytes: u64, timeout: Duration },
+    #[error(transparent)]
+    Membership(#[from] crate::membership::MembershipError),
+}
+
+/// Asks node `addr` to leave the pool and waits until it has left, calling
+/// `progress` with each new state (for a progress bar).
+pub fn drain_node(tier: &Tier, addr: &str, timeout: Duration, mut progress: impl FnMut(&DrainProgress)) -> Result<(), DrainError> {
+    let live = tier.members.live()?;
+    if !live.iter().any(|n| n.addr == addr) {
+        let live = live.iter().map(|n| n.addr.as_str()).collect::<Vec<_>>().join(", ");
+        return Err(DrainError::NotLive { addr: addr.into(), live });
+    }
+    tier.pool.drain(addr).map_err(|e| DrainError::Refused { addr: addr.into(), why: e.to_string() })?;
+    let start = std::time::Instant::now();
+    let mut last = DrainProgress::default();
+    loop {
+        let live = tier.members.live()?;
+        let Some(n) = live.iter().find(|n| n.addr == addr) else {
+            progress(&DrainProgress { left_bytes: 0, left_chunks: 0, ..last });
+            return Ok(());
+        };
+        if let Some(p) = n.draining {
+            if p != last {
+                progress(&p);
+                last = p;
+            }
+        }
+        if start.elapsed() > timeout {
+            return Err(DrainError::Timeout { addr: addr.into(), left_chunks: last.left_chunks, left_bytes: last.left_bytes, timeout });
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

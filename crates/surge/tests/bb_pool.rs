@@ -1,0 +1,219 @@
+//! Burst-buffer elasticity end to end (real redis-server, moto S3, FUSE,
+//! node processes on loopback): draining a node that holds dirty chunks while
+//! a client writes, a node restarted at the same address, and the pool daemon
+//! growing and shrinking the pool.
+
+mod bb_support;
+
+use bb_support::*;
+use std::fs;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn status(bb: &Bb) -> serde_json::Value {
+    let (ok, out, err) = bb.run(&["status", "--json"]);
+    assert!(ok, "status failed: {err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+fn dirty_of(st: &serde_json::Value, addr: &str) -> u64 {
+    st["pool"]["nodes"].as_array().unwrap().iter().find(|n| n["addr"] == addr).map_or(0, |n| n["dirty_bytes"].as_u64().unwrap())
+}
+
+/// Every acknowledged (fsynced) file is read straight from the S3 server and
+/// compared, after write-back.
+fn assert_all_in_s3(bb: &Bb, files: &[(String, Vec<u8>)]) {
+    let s3 = bb.s3();
+    for (name, data) in files {
+        let got = s3.get(name).unwrap().unwrap_or_else(|| panic!("{name} is not in S3\n{}", bb.logs()));
+        assert!(got.to_vec() == *data, "{name}: S3 object differs ({} vs {} bytes)", got.len(), data.len());
+    }
+}
+
+/// A node holding dirty chunks (write-back held back) is drained while a
+/// client keeps writing: `surge bb drain` reports it draining, the node hands
+/// its chunks over and exits 0, and every acknowledged byte ends up in S3.
+#[test]
+fn draining_a_node_with_dirty_chunks_while_a_client_writes_loses_nothing() {
+    let mut bb = Bb::new("drain", "256KiB");
+    bb.node_args = vec!["--writeback-delay".into(), "8s".into()];
+    let mut nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    let mut acked: Vec<(String, Vec<u8>)> = Vec::new();
+    for i in 0..6u64 {
+        let data = pattern(i, 600_000 + 100_003 * i as usize);
+        let mut f = fs::File::create(m.dir.join(format!("f{i}"))).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        acked.push((format!("f{i}"), data));
+    }
+    let st = status(&bb);
+    let victim = nodes.iter().map(|n| n.addr.clone()).max_by_key(|a| dirty_of(&st, a)).unwrap();
+    assert!(dirty_of(&st, &victim) > 0, "the victim must hold dirty chunks: {st}");
+
+    // A client writes (and fsyncs) throughout the drain.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (dir, stop) = (m.dir.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut done = Vec::new();
+            let mut i = 100u64;
+            while !stop.load(Ordering::SeqCst) {
+                let data = pattern(i, 300_000 + (i as usize % 7) * 50_000);
+                let mut f = fs::File::create(dir.join(format!("g{i}"))).unwrap();
+                f.write_all(&data).unwrap();
+                f.sync_all().unwrap();
+                done.push((format!("g{i}"), data));
+                i += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            done
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let mut drain = bb.cmd().args(["bb", "drain", &victim, "--timeout", "60s"]).args(bb.common()).spawn().unwrap();
+    let start = Instant::now();
+    let mut seen_draining = false;
+    let drain_ok = loop {
+        if let Some(st) = drain.try_wait().unwrap() {
+            break st.success();
+        }
+        assert!(start.elapsed() < Duration::from_secs(70), "drain did not finish\n{}", bb.logs());
+        let st = status(&bb);
+        for n in st["pool"]["nodes"].as_array().unwrap() {
+            if n["addr"] == victim && n["state"].as_str().unwrap().starts_with("draining") {
+                seen_draining = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(drain_ok, "surge bb drain failed\n{}", bb.logs());
+    assert!(seen_draining, "status never showed the node draining");
+    let vi = nodes.iter().position(|n| n.addr == victim).unwrap();
+    let exit = nodes[vi].wait_exit(Duration::from_secs(10)).expect("the drained node must exit");
+    assert!(exit.success(), "drained node exited with {exit}");
+    let st = status(&bb);
+    assert!(st["pool"]["nodes"].as_array().unwrap().iter().all(|n| n["addr"] != victim), "the node must have left: {st}");
+    // More writes after the node left, then stop the writer.
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    acked.extend(writer.join().unwrap());
+    assert!(acked.len() > 10, "the writer must have written during the drain");
+    let logs = bb.logs();
+    assert!(logs.contains("handed to"), "the drain must hand dirty chunks over:\n{logs}");
+    bb.wait_persisted("/", Duration::from_secs(60));
+    assert_all_in_s3(&bb, &acked);
+    for (name, data) in &acked {
+        assert!(fs::read(m.dir.join(name)).unwrap() == *data, "{name}: read back through the mount differs");
+    }
+}
+
+/// A node killed and restarted at the same address within its lease is a new,
+/// empty node: the other holder re-replicates to it, so killing that other
+/// holder afterwards loses nothing. (Without the boot id, the restarted node
+/// was taken as still holding its old copies and the data died with the other.)
+#[test]
+fn a_node_restarted_at_the_same_address_is_refilled() {
+    let mut bb = Bb::new("restart", "256KiB");
+    bb.node_args = vec!["--writeback-delay".into(), "12s".into()];
+    let mut x = bb.node(&[]);
+    let mut y = bb.node(&[]);
+    let m = bb.mount("m", &[]);
+    let mut acked = Vec::new();
+    for i in 0..4u64 {
+        let data = pattern(i, 500_000 + 77_777 * i as usize);
+        let mut f = fs::File::create(m.dir.join(format!("f{i}"))).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        acked.push((format!("f{i}"), data));
+    }
+    let addr = x.addr.clone();
+    x.kill9();
+    let x2 = bb.node_at(&addr, &[]); // back before its 3 s lease lapsed
+    assert_eq!(x2.addr, addr);
+    let start = Instant::now();
+    while !bb.logs().contains("dead:") && start.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1)); // let the pass finish every chunk
+    y.kill9();
+    bb.wait_persisted("/", Duration::from_secs(40));
+    assert_all_in_s3(&bb, &acked);
+    drop(x2);
+}
+
+fn pool_size(st: &serde_json::Value) -> (usize, usize) {
+    let nodes = st["pool"]["nodes"].as_array().unwrap();
+    let draining = nodes.iter().filter(|n| n["state"].as_str().unwrap().starts_with("draining")).count();
+    (nodes.len(), draining)
+}
+
+/// `surge bb pool` starts its minimum, grows under a write burst (dirty
+/// backlog held by a write-back delay), drains back to the minimum once the
+/// backlog is written back, prices it all, and on SIGTERM drains its nodes.
+#[test]
+fn the_pool_grows_under_a_write_burst_and_shrinks_after_it() {
+    let bb = Bb::new("pool", "1MiB");
+    let log = fs::File::create(bb.dir.path().join("pool.log")).unwrap();
+    let mut pool = bb
+        .cmd()
+        .args(["bb", "pool", "--min", "2", "--max", "4", "--node-memory", "48MiB", "--interval", "300ms", "--shrink-after", "3s"])
+        .arg("--node-arg=--writeback-delay=4s")
+        .args(bb.common())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let wait = |what: &str, timeout: Duration, f: &dyn Fn(&serde_json::Value) -> bool| -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let st = status(&bb);
+            if f(&st) {
+                return st;
+            }
+            assert!(start.elapsed() < timeout, "{what} not reached in {timeout:?}: {st}\n{}", bb.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    wait("the minimum of 2 nodes", Duration::from_secs(20), &|st| pool_size(st) == (2, 0));
+    let m = bb.mount("m", &[]);
+    let mut acked = Vec::new();
+    let mut max_seen = 2;
+    for i in 0..10u64 {
+        let data = pattern(i, 4 << 20);
+        let mut f = fs::File::create(m.dir.join(format!("f{i}"))).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        acked.push((format!("f{i}"), data));
+        max_seen = max_seen.max(pool_size(&status(&bb)).0);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = wait("growth beyond 2 nodes", Duration::from_secs(20), &|st| pool_size(st).0 > 2 || max_seen > 2);
+    max_seen = max_seen.max(pool_size(&st).0);
+    assert!(max_seen > 2, "the pool must grow under the burst");
+    let st = wait("shrinking back to 2 nodes", Duration::from_secs(60), &|st| pool_size(st) == (2, 0) && st["dirty_chunks"] == 0);
+    let cost = st["pool"]["cost_usd"].as_f64().expect("cost_usd from the pool daemon");
+    // At least 2 r5.large for their 60 s minimum, plus the S3 PUTs of 40 MiB.
+    assert!(cost >= 2.0 * 0.126 * 60.0 / 3600.0, "cost {cost}");
+    assert!(st["pool"]["daemon"]["s3"]["puts"].as_u64().unwrap() >= 40, "{st}");
+    let logs = bb.logs();
+    assert!(logs.contains("pool 2 -> 3 nodes") || logs.contains("pool 2 -> 4 nodes"), "the growth must be logged:\n{logs}");
+    assert!(logs.contains("-> 2 nodes"), "the shrink must be logged:\n{logs}");
+    bb.wait_persisted("/", Duration::from_secs(30));
+    assert_all_in_s3(&bb, &acked);
+    // SIGTERM: the daemon drains and stops its nodes, then exits.
+    unsafe { libc::kill(pool.id() as i32, libc::SIGTERM) };
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(st) = pool.try_wait().unwrap() {
+            break st;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the pool daemon did not stop\n{}", bb.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(exit.success(), "pool exited with {exit}\n{}", bb.logs());
+    assert_eq!(pool_size(&status(&bb)).0, 0, "every node left");
+    drop(m);
+}
