@@ -81,8 +81,10 @@ impl Plan {
         Ok(Plan {
             quick,
             reps: if quick { 1 } else { 3 },
-            // The pool starts at one node and may grow to four (the fixed pool: three).
-            nodes: if pool { fs::Nodes::Pool { min: 1, max: 4 } } else { fs::Nodes::Fixed(3) },
+            // The pool: 2 nodes (2 replicas need 2) up to 6, of 256 MiB each (the
+            // daemon's default is 512 MiB: smaller nodes let this small workflow
+            // matter to the policy as a full-size one would); without it, 3 fixed.
+            nodes: if pool { fs::Nodes::Pool { min: 2, max: 6, node_memory_mib: 256 } } else { fs::Nodes::Fixed(3) },
             check_nodes: 3,
             seq_mib: if quick { 64 } else { 256 },
             seq_bs_kib: 1024,
@@ -142,9 +144,8 @@ impl Prices {
             client_usd_hour: t.instance_usd_hour(client, 1)?,
             node_instance: node.into(),
             node_usd_hour: t.instance_usd_hour(node, 1)?,
-            // S3 Standard, us-east-1 (https://aws.amazon.com/s3/pricing/).
-            s3_put_per_1000: 0.005,
-            s3_get_per_1000: 0.0004,
+            s3_put_per_1000: t.s3.put_per_1000,
+            s3_get_per_1000: t.s3.get_per_1000,
         })
     }
 
@@ -211,35 +212,34 @@ impl Rig {
     fn round(&mut self, k: Kind, round: usize) -> anyhow::Result<Sample> {
         let t = Instant::now();
         let (mut m, bucket) = self.mount(k)?;
-        let sampler = m.status_env().map(|env| pool::Sampler::start(self.surge.clone(), env, Duration::from_secs(1)));
+        let sampler = m.status_env().map(|env| pool::Sampler::start(self.surge.clone(), env, t, Duration::from_secs(1)));
         let say = |what: &str| progress::step(format!("{} round {}: {what}", k.name(), round + 1), false);
-        say("throughput");
-        let throughput = work::throughput(&self.tool, m.mnt(), &self.plan)?;
-        say("metadata");
-        let metadata = work::metadata(&self.tool, m.mnt(), &self.plan)?;
+        // Montage first: the pool starts at its minimum when the workflow does.
         say("Montage");
         let (m_t, m_req, m_node) = (t.elapsed().as_secs_f64(), self.s3.requests(&bucket), m.node_seconds());
         let montage_s = work::montage(&self.fits, m.mnt())?;
         let montage_window = (m_t, t.elapsed().as_secs_f64());
+        let (m_req1, m_node1) = (self.s3.requests(&bucket), m.node_seconds());
+        say("throughput");
+        let throughput = work::throughput(&self.tool, m.mnt(), &self.plan)?;
+        say("metadata");
+        let metadata = work::metadata(&self.tool, m.mnt(), &self.plan)?;
         say("write-back");
         m.settle()?;
         if let (Some(s), fs::Nodes::Pool { min, .. }) = (&sampler, self.plan.nodes) {
             say("pool shrinking");
-            let _ = proc::wait_until("the pool to shrink back", Duration::from_secs(60), || s.points().last().is_some_and(|p| p.nodes <= min));
+            let _ = proc::wait_until("the pool to shrink back", Duration::from_secs(90), || s.points().last().is_some_and(|p| p.nodes <= min));
         }
         let pool = sampler.map(|s| s.finish()).unwrap_or_default();
-        let node_s = match self.plan.nodes {
-            fs::Nodes::Pool { .. } if k == Kind::Surge => pool::node_seconds(&pool),
-            _ => m.node_seconds(),
-        };
-        let montage_node_s = node_s - m_node;
+        let pooled = matches!(self.plan.nodes, fs::Nodes::Pool { .. }) && k == Kind::Surge;
+        let (node_s, montage_node_s) =
+            if pooled { (pool::node_seconds(&pool), pool::node_seconds_between(&pool, montage_window.0, montage_window.1)) } else { (m.node_seconds(), m_node1 - m_node) };
         m.stop()?;
         let wall_s = t.elapsed().as_secs_f64();
         let requests = self.s3.requests(&bucket);
-        let m_req = s3::Requests { put_class: requests.put_class - m_req.put_class, get_class: requests.get_class - m_req.get_class };
         let usd = self.prices.usd(wall_s, node_s, requests);
-        // Montage's own share: from its start to everything in S3.
-        let montage_usd = self.prices.usd(wall_s - m_t, montage_node_s, m_req);
+        // Montage's own share: its seconds, node-seconds and requests (write-back still running after it is charged to the next phase).
+        let montage_usd = self.prices.usd(montage_s, montage_node_s, s3::Requests { put_class: m_req1.put_class - m_req.put_class, get_class: m_req1.get_class - m_req.get_class });
         progress::step(format!("{} round {}: done", k.name(), round + 1), true);
         Ok(Sample { approach: k.name(), round, throughput, metadata, montage_s, wall_s, node_s, requests, usd, montage_usd, pool, montage_window })
     }

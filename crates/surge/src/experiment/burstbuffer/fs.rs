@@ -105,7 +105,7 @@ pub enum Nodes {
     Fixed(usize),
     /// `surge bb pool --min --max`: the pool daemon starts and drains local
     /// nodes as demand changes.
-    Pool { min: usize, max: usize },
+    Pool { min: usize, max: usize, node_memory_mib: u64 },
 }
 
 /// surge: redis + I/O nodes + `surge bb mount`, daemon defaults.
@@ -131,7 +131,7 @@ impl Surge {
         let mut s = Surge { surge: surge.to_path_buf(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new(), pool: None };
         match nodes {
             Nodes::Fixed(n) => s.start_nodes(n)?,
-            Nodes::Pool { min, max } => s.start_pool(min, max)?,
+            Nodes::Pool { min, max, node_memory_mib } => s.start_pool(min, max, node_memory_mib)?,
         }
         Ok(s)
     }
@@ -157,9 +157,9 @@ impl Surge {
     }
 
     /// The pool daemon, sizing the pool every second; returns once `min` nodes are live.
-    fn start_pool(&mut self, min: usize, max: usize) -> anyhow::Result<()> {
+    fn start_pool(&mut self, min: usize, max: usize, node_memory_mib: u64) -> anyhow::Result<()> {
         let mut c = self.cmd();
-        c.args(["bb", "pool", "--min", &min.to_string(), "--max", &max.to_string(), "--interval", "1s"]);
+        c.args(["bb", "pool", "--min", &min.to_string(), "--max", &max.to_string(), "--interval", "1s", "--node-memory", &format!("{node_memory_mib}MiB")]);
         self.pool = Some(Proc::spawn("surge bb pool", &mut c, &self.dir.join("pool.log"))?);
         proc::wait_until("the pool's first nodes", Duration::from_secs(60), || self.live_nodes().is_ok_and(|k| k >= min))
     }

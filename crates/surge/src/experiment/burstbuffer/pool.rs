@@ -35,12 +35,12 @@ pub fn parse(v: &serde_json::Value) -> Option<(usize, Option<f64>)> {
 
 impl Sampler {
     /// Sample every `every` with `surge` and its environment `env`.
-    pub fn start(surge: PathBuf, env: Vec<(String, String)>, every: Duration) -> Sampler {
+    /// Sample every `every` with `surge` and its environment `env`; times are seconds since `t0`.
+    pub fn start(surge: PathBuf, env: Vec<(String, String)>, t0: Instant, every: Duration) -> Sampler {
         let points = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (p, s) = (points.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
-            let t0 = Instant::now();
             while !s.load(Ordering::Relaxed) {
                 let next = Instant::now() + every;
                 let out = Command::new(&surge).envs(env.iter().map(|(k, v)| (k, v))).args(["--log", "error", "bb", "status", "--json"]).output();
@@ -77,7 +77,12 @@ impl Drop for Sampler {
 
 /// Node-seconds under a sampled trace (each sample holds until the next).
 pub fn node_seconds(points: &[Point]) -> f64 {
-    points.windows(2).map(|w| w[0].nodes as f64 * (w[1].t - w[0].t)).sum()
+    node_seconds_between(points, f64::MIN, f64::MAX)
+}
+
+/// Node-seconds of the trace between `t0` and `t1` seconds.
+pub fn node_seconds_between(points: &[Point], t0: f64, t1: f64) -> f64 {
+    points.windows(2).map(|w| w[0].nodes as f64 * (w[1].t.min(t1) - w[0].t.max(t0)).max(0.0)).sum()
 }
 
 #[cfg(test)]
@@ -89,6 +94,7 @@ mod tests {
         let p = |t, nodes| Point { t, nodes, cost_usd: None };
         assert_eq!(node_seconds(&[p(0.0, 1), p(1.0, 3), p(3.0, 2)]), 1.0 + 6.0);
         assert_eq!(node_seconds(&[p(0.0, 1)]), 0.0);
+        assert_eq!(node_seconds_between(&[p(0.0, 1), p(1.0, 3), p(3.0, 2)], 0.5, 2.0), 0.5 + 3.0);
     }
 
     #[test]

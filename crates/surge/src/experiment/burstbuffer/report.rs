@@ -77,7 +77,7 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
         "node_loss".into(),
         json!({"bytes_lost": checks.bytes_lost, "bytes_written": checks.loss_bytes_written, "dirty_chunks_at_kill": checks.dirty_chunks_at_kill, "replicas": 2, "all_persisted": checks.loss_persisted, "note": checks.loss_note}),
     );
-    if let super::fs::Nodes::Pool { min, max } = plan.nodes {
+    if let super::fs::Nodes::Pool { min, max, .. } = plan.nodes {
         root.insert("pool".into(), pool_json(by.get("surge").map(Vec::as_slice).unwrap_or(&[]), min, max));
     }
     root.insert("ratios_vs_s3fs".into(), json!(ratios(by)));
@@ -116,8 +116,9 @@ pub fn write(out: &Path, plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<S
 
 /// Did the pool grow during Montage and shrink after it, in every surge round?
 pub fn pool_growth(s: &Sample) -> (usize, usize, usize, bool, bool) {
-    let first = s.pool.first().map(|p| p.nodes).unwrap_or(0);
     let (w0, w1) = s.montage_window;
+    // Nodes when Montage started: the last sample before it (or the first).
+    let first = s.pool.iter().take_while(|p| p.t <= w0).last().or(s.pool.first()).map(|p| p.nodes).unwrap_or(0);
     let peak = s.pool.iter().filter(|p| p.t >= w0 && p.t <= w1 + 2.0).map(|p| p.nodes).max().unwrap_or(0);
     let end = s.pool.last().map(|p| p.nodes).unwrap_or(0);
     (first, peak, end, peak > first, end < peak)
@@ -240,7 +241,7 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
         },
         match plan.nodes {
             super::fs::Nodes::Fixed(n) => format!("{n} I/O nodes started up front"),
-            super::fs::Nodes::Pool { min, max } => format!("I/O nodes started and drained by `surge bb pool --min {min} --max {max} --interval 1s`"),
+            super::fs::Nodes::Pool { min, max, node_memory_mib } => format!("I/O nodes started and drained by `surge bb pool --min {min} --max {max} --interval 1s --node-memory {node_memory_mib}MiB` (its other settings default; deviation: nodes of {node_memory_mib} MiB instead of the daemon's 512 MiB, so this small workflow is a comparable share of the pool's memory)"),
         },
         plan.seq_mib,
         plan.seq_bs_kib,
