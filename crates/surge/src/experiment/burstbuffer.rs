@@ -227,8 +227,14 @@ impl Rig {
         say("write-back");
         m.settle()?;
         if let (Some(s), fs::Nodes::Pool { min, .. }) = (&sampler, self.plan.nodes) {
+            // The daemon drains one node per 30 s of low demand (its default):
+            // wait for the first drain (the minimum would take 30 s per node).
             say("pool shrinking");
-            let _ = proc::wait_until("the pool to shrink back", Duration::from_secs(90), || s.points().last().is_some_and(|p| p.nodes <= min));
+            let done = |p: &[pool::Point]| {
+                let (peak, last) = (p.iter().map(|x| x.nodes).max().unwrap_or(0), p.last().map(|x| x.nodes).unwrap_or(0));
+                last <= min || last < peak
+            };
+            let _ = proc::wait_until("the pool to shrink", Duration::from_secs(75), || done(&s.points()));
         }
         let pool = sampler.map(|s| s.finish()).unwrap_or_default();
         let pooled = matches!(self.plan.nodes, fs::Nodes::Pool { .. }) && k == Kind::Surge;

