@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue 13 (burst buffer vs s3fs and JuiceFS): the quick burst-buffer
-# experiment on one machine, one moto S3 server, each file system mounted with
+# experiment on one machine, one moto S3 server (in a network namespace behind
+# an emulated 1 Gbit/s, 2 ms link; needs root), each file system mounted with
 # FUSE (surge bb mount, s3fs, juicefs) and driven by separate processes
 # (fsbench.py throughput and mdtest-style metadata, the Montage workflow).
 # Fails unless (the issue's "What it must show"): sequential read >= 10x and
 # write >= 16x s3fs, creates >= 2.5x s3fs, Montage faster on surge than on
 # s3fs and on JuiceFS, 0 stale reads across two mounts, 0 bytes lost after
-# an I/O node is SIGKILLed during write-back; and (once the elastic pool is
-# in) the pool grew and shrank.
+# an I/O node is SIGKILLed during write-back; the pool (surge bb pool) grew
+# during Montage and shrank after it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${BURSTBUFFER_OUT:-$(mktemp -d /tmp/surge-burstbuffer.XXXXXX)}"

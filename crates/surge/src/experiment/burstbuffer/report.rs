@@ -266,7 +266,12 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     let mut devs = vec![
         "The paper ran on EC2 against Amazon S3 with up to 8 I/O nodes and 8 clients; here one machine (2 cores), one client, a local moto S3 server (a Python emulation, itself a CPU consumer on the same 2 cores), the link to it emulated as stated above.".to_string(),
         "The paper's throughput clients read/wrote 100 MB per client (random: one byte 10,000 times); here the sizes above, one client.".to_string(),
+        "Each round runs Montage first (so surge's pool starts at its minimum when the workflow does), then throughput, then metadata, on a freshly mounted file system (fresh bucket, fresh metadata).".to_string(),
+        "stat: surge's default mount asks its metadata store (kernel attribute cache off, for close-to-open consistency across mounts); JuiceFS keeps attributes in the kernel for 1 s (its default), so its stat rate is mostly the kernel's.".to_string(),
     ];
+    if let super::fs::Nodes::Pool { .. } = plan.nodes {
+        devs.push("surge's costs include the pool's nodes until its first drain after the work (the daemon drains one node per 30 s of low demand; the wait ends after that first drain, at most 75 s), so its all-phases cost carries idle node time a longer run would amortise.".to_string());
+    }
     if let super::fs::Nodes::Fixed(_) = plan.nodes {
         devs.push("The pool of I/O nodes is fixed (the elastic pool daemon is not in this build): the pool-size plot is flat, growth and shrinking are not measured.".to_string());
     }
