@@ -119,9 +119,12 @@ pub fn pool_growth(s: &Sample) -> (usize, usize, usize, bool, bool) {
     let (w0, w1) = s.montage_window;
     // Nodes when Montage started: the last sample before it (or the first).
     let first = s.pool.iter().take_while(|p| p.t <= w0).last().or(s.pool.first()).map(|p| p.nodes).unwrap_or(0);
+    // The daemon samples demand every second: growth within 2 s of the end counts.
     let peak = s.pool.iter().filter(|p| p.t >= w0 && p.t <= w1 + 2.0).map(|p| p.nodes).max().unwrap_or(0);
     let end = s.pool.last().map(|p| p.nodes).unwrap_or(0);
-    (first, peak, end, peak > first, end < peak)
+    // Shrank: below the round's peak (the later phases may grow it further) by the end.
+    let overall = s.pool.iter().map(|p| p.nodes).max().unwrap_or(0);
+    (first, peak, end, peak > first, end < overall)
 }
 
 fn pool_json(surge: &[Sample], min: usize, max: usize) -> serde_json::Value {
