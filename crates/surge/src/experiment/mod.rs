@@ -1,6 +1,7 @@
 //! Experiments: one module each, run by `surge experiment NAME`.
 
 pub mod burstable;
+pub mod burstbuffer;
 pub mod fairshare;
 pub mod elastic;
 pub mod progress;

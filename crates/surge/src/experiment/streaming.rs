@@ -24,8 +24,8 @@
 
 mod guest;
 mod image;
-mod link;
-mod proc;
+pub(crate) mod link;
+pub(crate) mod proc;
 mod report;
 mod work;
 

