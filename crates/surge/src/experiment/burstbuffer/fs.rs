@@ -80,6 +80,27 @@ fn unmount(dir: &Path, mut p: Proc) -> anyhow::Result<()> {
     r.map(|_| ())
 }
 
+/// A FUSE mount process of a peer file system; unmounted on drop.
+struct FuseMount {
+    mnt: PathBuf,
+    mount: Option<Proc>,
+}
+
+impl FuseMount {
+    fn unmount(&mut self) -> anyhow::Result<()> {
+        match self.mount.take() {
+            Some(p) => unmount(&self.mnt, p),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        let _ = self.unmount();
+    }
+}
+
 /// A Redis server for a metadata store: `surge bb redis` (redis-server with
 /// an append-only file fsynced on every write); JuiceFS gets one of its own,
 /// configured the same way.
@@ -260,10 +281,7 @@ impl Drop for Surge {
 }
 
 /// s3fs (Debian), its defaults, on its own bucket of the same S3 server.
-pub struct S3fs {
-    mnt: PathBuf,
-    mount: Option<Proc>,
-}
+pub struct S3fs(FuseMount);
 
 impl S3fs {
     pub fn mount(s3: &S3Server, bucket: &str, dir: &Path, mnt: &Path) -> anyhow::Result<S3fs> {
@@ -276,24 +294,16 @@ impl S3fs {
         c.arg(bucket).arg(mnt).arg("-f").args(["-o", &format!("url={}", s3.endpoint), "-o", "use_path_request_style", "-o"]).arg(format!("passwd_file={}", passwd.display()));
         let mut p = Proc::spawn("s3fs", &mut c, &dir.join("s3fs.log"))?;
         wait_mounted(&mut p, mnt)?;
-        Ok(S3fs { mnt: mnt.to_path_buf(), mount: Some(p) })
+        Ok(S3fs(FuseMount { mnt: mnt.to_path_buf(), mount: Some(p) }))
     }
 }
 
 impl Mounted for S3fs {
     fn mnt(&self) -> &Path {
-        &self.mnt
+        &self.0.mnt
     }
     fn stop(mut self: Box<Self>) -> anyhow::Result<()> {
-        unmount(&self.mnt, self.mount.take().expect("mounted"))
-    }
-}
-
-impl Drop for S3fs {
-    fn drop(&mut self) {
-        if let Some(p) = self.mount.take() {
-            let _ = unmount(&self.mnt, p);
-        }
+        self.0.unmount()
     }
 }
 
@@ -301,8 +311,8 @@ impl Drop for S3fs {
 /// bucket of the same S3 server, `juicefs format` + `juicefs mount` with its
 /// cache defaults (only the cache directory moved into the work directory).
 pub struct JuiceFs {
-    mnt: PathBuf,
-    mount: Option<Proc>,
+    // Unmounted (dropped) before its Redis stops.
+    mount: FuseMount,
     _redis: Proc,
 }
 
@@ -322,23 +332,15 @@ impl JuiceFs {
         c.args(["mount", "--no-usage-report", "--cache-dir"]).arg(dir.join("jfs-cache")).arg(&meta).arg(mnt);
         let mut p = Proc::spawn("juicefs mount", &mut c, &dir.join("juicefs.log"))?;
         wait_mounted(&mut p, mnt)?;
-        Ok(JuiceFs { mnt: mnt.to_path_buf(), mount: Some(p), _redis: redis })
+        Ok(JuiceFs { mount: FuseMount { mnt: mnt.to_path_buf(), mount: Some(p) }, _redis: redis })
     }
 }
 
 impl Mounted for JuiceFs {
     fn mnt(&self) -> &Path {
-        &self.mnt
+        &self.mount.mnt
     }
     fn stop(mut self: Box<Self>) -> anyhow::Result<()> {
-        unmount(&self.mnt, self.mount.take().expect("mounted"))
-    }
-}
-
-impl Drop for JuiceFs {
-    fn drop(&mut self) {
-        if let Some(p) = self.mount.take() {
-            let _ = unmount(&self.mnt, p);
-        }
+        self.mount.unmount()
     }
 }
