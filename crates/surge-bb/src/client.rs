@@ -338,7 +338,10 @@ impl Client {
         let cs = self.chunk_size();
         {
             let mut st = of.st.lock();
-            if let Some((errno, why)) = st.error.take() {
+            // Reported, not cleared: the kernel turns a failed WRITE after
+            // bytes it already sent into a short count and drops the error,
+            // so only fsync or close (flush_buffers) may clear it.
+            if let Some((errno, why)) = st.error.clone() {
                 return Err(stored_error(ino, errno, why));
             }
             let mut pos = 0usize;

@@ -18,6 +18,10 @@ struct Setup {
 }
 
 fn setup(nodes: usize) -> Setup {
+    setup_with_capacity(nodes, 64 << 20)
+}
+
+fn setup_with_capacity(nodes: usize, capacity: u64) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let redis = LocalRedis::start(&dir.path().join("redis"), port).expect("redis-server (scripts/test-all.sh installs it)");
@@ -27,7 +31,7 @@ fn setup(nodes: usize) -> Setup {
         .map(|_| {
             let c = NodeConfig {
                 listen: "127.0.0.1:0".into(),
-                store: StoreConfig { capacity: 64 << 20, spill_dir: None, spill_capacity: 0 },
+                store: StoreConfig { capacity, spill_dir: None, spill_capacity: 0 },
                 writeback: WritebackConfig::default(),
             };
             node::start(c, cfg.open().unwrap()).unwrap()
@@ -93,4 +97,23 @@ fn flushed_writes_are_replicated_and_read_by_other_clients() {
     let got = a.read(ino, 70_000, 10_000).unwrap();
     assert_eq!(&got[..4], b"NEW ");
     assert!(got[4..].iter().all(|&x| x == 0));
+}
+
+/// A background flush that failed (nodes full) is reported by the next write
+/// and still by fsync: the kernel turns a failed WRITE after bytes it already
+/// sent into a short count and drops the error, so a write must not clear it.
+#[test]
+fn an_error_reported_by_a_write_is_reported_again_by_fsync() {
+    // Two nodes of two 64 KiB chunks each, two copies: two chunks fit.
+    let s = setup_with_capacity(2, 128 << 10);
+    let a = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
+    a.open(f).unwrap();
+    // Four whole chunks: flushed in the background, two fail with "full".
+    a.write(f, 0, &vec![7u8; 4 << 16]).unwrap();
+    let _ = a.read(f, 0, 1); // waits for the background flushes
+    let e = a.write(f, 4 << 16, b"x").expect_err("the failed background flush is reported");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    let e = a.fsync(f).expect_err("fsync must report the failed flush too");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
 }
