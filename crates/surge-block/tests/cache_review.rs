@@ -832,3 +832,54 @@ fn a_read_racing_the_failed_flush_that_drops_a_rescued_blocks_rewrite_never_sees
         Err(e) => assert!(e.to_string().contains("failed, unreadable cache device"), "unexpected error: {e}"),
     }
 }
+
+// ---------------------------------------------------------------------------
+// Found by the stress test (cache_stress.rs, seed 4149 of the default range): a
+// block written back but not yet covered by a backing flush ("unsynced") and
+// then rewritten in the cache is both dirty and unsynced. A commit snapshots it
+// as unsynced at its generation; the flusher writes it back again after the
+// commit's backing flush ran. The write-back did not change the generation, so
+// the commit took its own flush to cover it and marked the block synced: a
+// later failed backing flush then dropped the write-back without re-dirtying
+// the block, and the cache forgot the only copy of FLUSHed data.
+
+/// Block 0 is written through (unsynced, A on backing) and rewritten in the
+/// cache (B, dirty and unsynced). A FLUSH snapshots it and parks after its
+/// backing flush; the flusher writes B back; the next backing flush fails and
+/// drops B. B was FLUSHed: after the cache drains, backing must hold it.
+#[test]
+fn a_write_back_after_a_commits_backing_flush_is_not_taken_as_covered_by_it() {
+    let backing = Arc::new(FaultDev::new(Arc::new(MemoryDev::new(64 * BS)), "volatile".parse().unwrap(), clock()));
+    let gate = Gated::new(backing.clone());
+    let c = Arc::new(ElasticCache::new(gate.clone(), cfg(), clock()));
+    c.attach(cache_mem(8)).unwrap();
+    let mut buf = fill(0);
+    c.read_at(&mut buf, 0).unwrap(); // block 0 cached, clean
+    c.set_mode(CacheMode::WriteThrough);
+    c.write_at(&fill(0xA1), 0, false).unwrap(); // on backing, not yet durable: unsynced
+    c.set_mode(CacheMode::WriteBack);
+    c.write_at(&fill(0xB2), 0, false).unwrap(); // dirty and still unsynced
+
+    gate.hold_after();
+    let user_flush = std::thread::spawn({
+        let c = c.clone();
+        move || c.flush()
+    });
+    gate.wait_parked(1); // the FLUSH's backing flush ran (A durable) and has not returned
+    let flusher = std::thread::spawn({
+        let c = c.clone();
+        move || c.flush_step(1)
+    });
+    wait_until("the flusher wrote block 0 back", || c.stats().dirty_bytes == 0);
+    // B is on backing, buffered; the flusher's commit waits for the FLUSH's.
+    backing.set_rules("volatile,flush.fail_every=1,flush.fail_loses".parse().unwrap());
+    gate.open();
+    user_flush.join().unwrap().expect("the FLUSH succeeded (its backing flush ran before the failure was armed)");
+    assert!(flusher.join().unwrap().is_err(), "the flusher's backing flush failed and dropped B");
+    assert_eq!(backing.stats().lost_bytes, BS, "the failed flush dropped exactly the write-back of B");
+
+    backing.set_rules("volatile".parse().unwrap());
+    c.drain_and_detach().unwrap();
+    c.read_at(&mut buf, 0).unwrap();
+    assert!(buf == fill(0xB2), "block 0 reads {} after the drain; its last FLUSH covered 0xb2", describe(&buf));
+}

@@ -282,6 +282,7 @@ fn writer(w: &World, t: u64, seed: u64, ops: u64) -> (Vec<Vec<Sector>>, u64) {
             _ => {
                 let mut buf = vec![0u8; BS as usize];
                 let r = w.cache.read_at(&mut buf, b * BS);
+                w.note(|| format!("w{t} read b{b}: {:?} attached {}", r.as_ref().map(|_| buf.chunks(SECTOR as usize).map(decode).collect::<Vec<_>>()), w.cache.is_attached()));
                 loosen(&mut model, &mut seen_faults);
                 if w.power.is_dead() {
                     // The cut already reverted unflushed writes on the media:
@@ -386,6 +387,7 @@ fn control(w: &World, seed: u64, rng_rules: &mut StdRng) {
             }
             _ => std::thread::yield_now(),
         }
+        w.note(|| format!("ctl {what} done: attached {} rescue {:?} loss {:?} backing {:?} cache {:?}", w.cache.is_attached(), w.cache.rescue_info(), w.cache.stats().loss, w.backing_f.stats(), w.cache_f.stats()));
         if let Err(e) = w.cache.check_consistency() {
             w.fail(format!("cache state inconsistent: {e}"));
         }

@@ -182,8 +182,9 @@ struct Slot {
     /// Written back to backing, but the backing flush that makes it durable has
     /// not succeeded yet: the slot keeps the only durable copy.
     unsynced: bool,
-    /// Bumped by every write: a commit clears `unsynced` only if unchanged
-    /// since its snapshot (a later write-back is not covered by its flush).
+    /// Bumped by every write and every write-back: a commit clears `unsynced`
+    /// only if unchanged since its snapshot (a later write-back is not covered
+    /// by its flush, even of a block that was already unsynced then).
     gen: u64,
     /// On the free list: a slot is never pushed twice (two blocks would share it).
     free: bool,
@@ -875,6 +876,7 @@ impl ElasticCache {
         }
         st.slots[slot as usize].dirty = false;
         st.slots[slot as usize].unsynced = true;
+        st.slots[slot as usize].gen += 1;
         st.dirty.remove(&block);
         self.c.flushed_bytes.fetch_add(len, Relaxed);
         Ok(len)
