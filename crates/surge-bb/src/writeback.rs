@@ -352,7 +352,7 @@ impl Writeback {
             }
             // Dead, or restarted at the same address since the chunk was logged.
             let dead: Vec<&String> = e.holders.iter().filter(|h| !alive.contains(h)).collect();
-            if holders != e.holders && self.tier.meta.set_holders(&c, &holders)? {
+            if holders != e.holders && self.tier.meta.set_holders(&c, &e.holders, &holders)? {
                 tracing::info!("chunk {}: holders {:?} -> {:?} (dead: {:?})", c.member(), e.holders, holders, dead);
             }
         }
