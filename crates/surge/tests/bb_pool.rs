@@ -323,7 +323,8 @@ fn a_drain_target_that_dies_after_taking_chunks_loses_nothing() {
 #[test]
 fn a_hung_drain_target_does_not_stall_the_drain() {
     let mut bb = Bb::new("drain-hung", "256KiB");
-    bb.node_args = vec!["--writeback-delay".into(), "25s".into()];
+    // Long enough that the drain (one 10 s timeout) hands chunks over first.
+    bb.node_args = vec!["--writeback-delay".into(), "15s".into()];
     let nodes: Vec<Node> = (0..4).map(|_| bb.node(&[])).collect();
     let m = bb.mount("m", &[]);
     let acked = write_acked(&m, 12, 900_000);
@@ -337,9 +338,9 @@ fn a_hung_drain_target_does_not_stall_the_drain() {
     assert!(st.success(), "surge bb drain failed\n{}", bb.logs());
     // One 10 s timeout on the hung node, plus the 1 s pause and the copying.
     assert!(took < Duration::from_secs(22), "the drain took {took:?}: it waited on the hung node for more than one chunk\n{}", bb.logs());
-    let dirty = status(&bb)["dirty_chunks"].as_u64().unwrap();
-    assert!(dirty > 0, "the drain must have handed chunks over, not waited for write-back");
-    bb.wait_persisted("/", Duration::from_secs(60));
+    assert!(bb.logs().contains("handed to"), "the drain must have handed chunks over, not waited for write-back");
+    // Publishing waits a write-back delay after each requeue: allow several.
+    bb.wait_persisted("/", Duration::from_secs(120));
     assert_all_in_s3(&bb, &acked);
     unsafe { libc::kill(hung.child.id() as i32, libc::SIGCONT) };
     drop(m);
