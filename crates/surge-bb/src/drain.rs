@@ -112,6 +112,9 @@ impl Drainer {
         self.tier.forget_live_cache();
         let live = self.tier.live_nodes();
         let handed: Vec<(ChunkId, Arc<Vec<u8>>)> = self.handed.lock().iter().map(|(c, d)| (*c, d.clone())).collect();
+        // A holder that does not answer is not asked again in this check (a
+        // hung node would cost a timeout per chunk).
+        let mut unresponsive: HashSet<String> = HashSet::new();
         let mut unsure = 0;
         for (c, data) in handed {
             let (_, e) = self.tier.meta.chunks(c.ino, &[c.idx])?;
@@ -119,7 +122,16 @@ impl Drainer {
                 self.handed.lock().remove(&c); // in S3, superseded or deleted
                 continue;
             };
-            let held = e.holders.iter().any(|h| *h != self.me && live.contains(h) && self.tier.pool.has(h, c).unwrap_or(false));
+            let held = e.holders.iter().any(|h| {
+                if *h == self.me || !live.contains(h) || unresponsive.contains(h) {
+                    return false;
+                }
+                self.tier.pool.has(h, c).unwrap_or_else(|err| {
+                    tracing::warn!("drain: asking {h} whether it holds chunk {}: {err}", c.member());
+                    unresponsive.insert(h.clone());
+                    false
+                })
+            });
             if held {
                 continue;
             }
