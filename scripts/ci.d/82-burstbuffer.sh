@@ -47,7 +47,8 @@ check("stale reads", r["consistency"]["stale_reads"] == 0, f"{r['consistency']['
 check("bytes lost", r["node_loss"]["bytes_lost"] == 0, f"{r['node_loss']['bytes_lost']} of {r['node_loss']['bytes_written']} after a node SIGKILL")
 if "pool" in r:
     p = r["pool"]
-    check("pool grew and shrank", p.get("grew") and p.get("shrank"), f"min {p.get('min_nodes')} -> max {p.get('max_nodes')} -> end {p.get('end_nodes')}")
+    rounds = "; ".join(f"round {i + 1}: start {q['start']}, Montage peak {q['montage_peak']}, round peak {q['peak']}, end {q['end']}" for i, q in enumerate(p.get("rounds", [])))
+    check("pool grew (during Montage) and shrank (end < round peak)", p.get("grew") and p.get("shrank"), rounds)
 else:
     print("  pool grew and shrank: NOT MEASURED (the elastic pool is not in this build)")
 check("quick run under 4 minutes", took < 240, f"{took} s", gate=False)

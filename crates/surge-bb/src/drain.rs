@@ -1,15 +1,22 @@
 //! A node leaving the pool. It is marked draining in membership, so placement
 //! stops choosing it for new chunks; then each dirty chunk it holds is handed
 //! to the chunk's rendezvous owner among the remaining nodes (copied, then the
-//! holder list swapped by compare-and-set on the version), unless write-back
-//! takes it to S3 first. Clean copies are in S3 already (or are cache copies
-//! of S3 objects): they are dropped with the process, nothing moves for them.
+//! holder list swapped by compare-and-set), unless write-back takes it to S3
+//! first. A target that fails is skipped for the rest of the pass (a hung node
+//! would otherwise cost a timeout per chunk). Before the node leaves, every
+//! handed-over chunk not yet in S3 must still be held by a live node; one whose
+//! new holders are gone is taken back and handed over again. Last, the node
+//! removes itself from the holder lists of the chunks it still has, so no
+//! reader is sent to a node that is gone. Clean copies are in S3 already (or
+//! are cache copies of S3 objects): nothing moves for them.
 
 use crate::meta::DrainProgress;
 use crate::placement;
 use crate::proto::ChunkId;
 use crate::store::ChunkStore;
 use crate::tier::{DataError, Tier};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,11 +28,15 @@ pub struct Drainer {
     tier: Arc<Tier>,
     store: Arc<ChunkStore>,
     me: String,
+    /// Chunks handed over, with this node's copy: kept here (the store may
+    /// evict clean copies) until the node leaves, in case the new holder dies
+    /// before then and the chunk must be taken back.
+    handed: Mutex<HashMap<ChunkId, Arc<Vec<u8>>>>,
 }
 
 impl Drainer {
     pub fn new(tier: Arc<Tier>, store: Arc<ChunkStore>, me: String) -> Drainer {
-        Drainer { tier, store, me }
+        Drainer { tier, store, me, handed: Mutex::default() }
     }
 
     /// What is left to move before the node may leave, without moving anything.
@@ -39,9 +50,10 @@ impl Drainer {
     pub fn pass(&self) -> Result<(u64, u64), DataError> {
         self.tier.forget_live_cache();
         let targets: Vec<String> = self.tier.placement_nodes().into_iter().filter(|n| *n != self.me).collect();
+        let mut failed = HashSet::new();
         let (mut chunks, mut bytes) = (0, 0);
         for (c, len, age) in self.store.dirty_chunks() {
-            if !self.hand_over(c, age, &targets)? {
+            if !self.hand_over(c, age, &targets, &mut failed)? {
                 chunks += 1;
                 bytes += len;
             }
@@ -49,8 +61,9 @@ impl Drainer {
         Ok((chunks, bytes))
     }
 
-    /// True when this node's copy of `c` no longer needs to stay.
-    fn hand_over(&self, c: ChunkId, age: Duration, targets: &[String]) -> Result<bool, DataError> {
+    /// True when this node's copy of `c` no longer needs to stay dirty.
+    /// Targets that fail go into `failed` and are not tried again.
+    fn hand_over(&self, c: ChunkId, age: Duration, targets: &[String], failed: &mut HashSet<String>) -> Result<bool, DataError> {
         let (_, e) = self.tier.meta.chunks(c.ino, &[c.idx])?;
         let Some(e) = e.into_iter().next().flatten().filter(|e| e.ver == c.ver) else {
             // Superseded or deleted, or stored by a client not committed yet.
@@ -67,27 +80,84 @@ impl Drainer {
         }
         let Some(data) = self.store.get(&c) else { return Ok(true) };
         for t in placement::rank(targets, &c) {
-            if e.holders.iter().any(|h| h == t) {
+            if e.holders.iter().any(|h| h == t) || failed.contains(t) {
                 continue;
             }
             if let Err(err) = self.tier.pool.put(t, c, data.to_vec(), true) {
-                tracing::warn!("drain: chunk {} to {t}: {err}; trying the next node", c.member());
+                tracing::warn!("drain: chunk {} to {t}: {err}; not trying {t} again in this pass", c.member());
+                failed.insert(t.to_string());
                 continue;
             }
             let holders: Vec<String> = e.holders.iter().map(|h| if *h == self.me { t.to_string() } else { h.clone() }).collect();
-            if self.tier.meta.set_holders(&c, &holders)? {
+            if self.tier.meta.set_holders(&c, &e.holders, &holders)? {
                 tracing::info!("drain: chunk {} handed to {t} (holders {:?} -> {:?})", c.member(), e.holders, holders);
-                // Kept (clean) until the process ends: readers with an old
-                // holder list still find it here.
+                self.handed.lock().insert(c, data);
                 self.store.mark_clean(&c);
                 return Ok(true);
             }
-            // The version changed meanwhile: the copy on t is garbage.
+            // The version or its holders changed meanwhile: the copy on t is
+            // garbage; the next pass looks again.
             let _ = self.tier.pool.delete(t, c);
             return Ok(false);
         }
         // No other node took it: write-back takes it to S3 instead.
         Ok(false)
+    }
+
+    /// Checks every chunk handed over that is still not in S3: one that no
+    /// live node holds any more (its new holder died) is taken back here,
+    /// dirty, to be handed over again. Returns the chunks taken back or not
+    /// yet confirmed; the node may leave only when this is 0.
+    pub fn confirm_handed(&self) -> Result<u64, DataError> {
+        self.tier.forget_live_cache();
+        let live = self.tier.live_nodes();
+        let handed: Vec<(ChunkId, Arc<Vec<u8>>)> = self.handed.lock().iter().map(|(c, d)| (*c, d.clone())).collect();
+        // A holder that does not answer is not asked again in this check (a
+        // hung node would cost a timeout per chunk).
+        let mut unresponsive: HashSet<String> = HashSet::new();
+        let mut unsure = 0;
+        for (c, data) in handed {
+            let (_, e) = self.tier.meta.chunks(c.ino, &[c.idx])?;
+            let Some(e) = e.into_iter().next().flatten().filter(|e| e.ver == c.ver && !e.persisted) else {
+                self.handed.lock().remove(&c); // in S3, superseded or deleted
+                continue;
+            };
+            let held = e.holders.iter().any(|h| {
+                if *h == self.me || !live.contains(h) || unresponsive.contains(h) {
+                    return false;
+                }
+                self.tier.pool.has(h, c).unwrap_or_else(|err| {
+                    tracing::warn!("drain: asking {h} whether it holds chunk {}: {err}", c.member());
+                    unresponsive.insert(h.clone());
+                    false
+                })
+            });
+            if held {
+                continue;
+            }
+            unsure += 1;
+            if let Err(err) = self.store.put(c, data.to_vec(), true) {
+                tracing::error!("drain: chunk {} lost its new holders {:?} and cannot be taken back: {err}", c.member(), e.holders);
+                continue;
+            }
+            if self.tier.meta.set_holders(&c, &e.holders, std::slice::from_ref(&self.me))? {
+                tracing::warn!("drain: chunk {} taken back: no live node holds it any more (holders were {:?})", c.member(), e.holders);
+                self.handed.lock().remove(&c);
+            }
+        }
+        Ok(unsure)
+    }
+
+    /// Removes this node from the holder lists of the chunk versions it still
+    /// has (persisted ones, and handed-over ones). Returns how many lists changed.
+    pub fn drop_from_holders(&self) -> Result<u64, DataError> {
+        let mut n = 0;
+        for c in self.store.chunks() {
+            if self.tier.meta.drop_holder(&c, &self.me)? {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 }
 

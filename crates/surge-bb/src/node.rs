@@ -261,7 +261,13 @@ fn run_drain(tier: &Tier, shared: &Shared, drainer: &Drainer) {
     std::thread::sleep(Duration::from_secs(1));
     let mut clean_passes = 0;
     while !shared.stop.load(Ordering::SeqCst) {
-        match drainer.pass() {
+        // Nothing dirty left here: check the chunks handed over still have a
+        // live holder (a taken-back chunk is dirty here again).
+        let pass = drainer.pass().and_then(|(chunks, bytes)| match chunks {
+            0 => drainer.confirm_handed().map(|unsure| (unsure, bytes)),
+            _ => Ok((chunks, bytes)),
+        });
+        match pass {
             Ok((chunks, bytes)) => {
                 progress.total_bytes = progress.total_bytes.max(bytes);
                 progress.left_bytes = bytes;
@@ -269,6 +275,10 @@ fn run_drain(tier: &Tier, shared: &Shared, drainer: &Drainer) {
                 publish(tier, shared, progress);
                 clean_passes = if chunks == 0 { clean_passes + 1 } else { 0 };
                 if clean_passes >= 3 {
+                    match drainer.drop_from_holders() {
+                        Ok(n) => tracing::info!("drain: removed this node from the holder lists of {n} chunks"),
+                        Err(e) => tracing::warn!("drain: removing this node from holder lists: {e}; readers skip it once it has left"),
+                    }
                     break;
                 }
             }

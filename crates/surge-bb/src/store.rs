@@ -232,6 +232,12 @@ impl ChunkStore {
         v
     }
 
+    /// Every chunk version held, in memory or spilled.
+    pub fn chunks(&self) -> Vec<ChunkId> {
+        let g = self.inner.lock();
+        g.mem.keys().chain(g.spilled.keys()).copied().collect()
+    }
+
     /// Holds this version (in memory or spilled)?
     pub fn has(&self, chunk: &ChunkId) -> bool {
         let g = self.inner.lock();

@@ -142,13 +142,18 @@ impl Tier {
         Ok(holders)
     }
 
-    /// Reads chunk version `e` of `(ino, idx)`: from a holder, else from the
-    /// node rendezvous picks (a cached clean copy), else from S3 (lazy fetch;
-    /// the copy is then cached clean on that node).
+    /// Reads chunk version `e` of `(ino, idx)`: from a live holder, else from
+    /// the node rendezvous picks (a cached clean copy), else from S3 (lazy
+    /// fetch; the copy is then cached clean on that node). A listed holder
+    /// that is not a live node (drained, or dead) is tried only for a chunk
+    /// not in S3, and last: it may be slow to fail, and S3 has the bytes.
     pub fn read_chunk(&self, ino: u64, idx: u64, e: &ChunkEntry) -> Result<Vec<u8>, DataError> {
         let chunk = ChunkId { ino, idx, ver: e.ver };
         let mut why = Vec::new();
-        for h in &e.holders {
+        let members = self.live_nodes();
+        let (alive, gone): (Vec<&String>, Vec<&String>) = e.holders.iter().partition(|h| members.contains(h));
+        let tried = if e.persisted { alive } else { alive.into_iter().chain(gone).collect() };
+        for h in tried {
             match self.pool.get(h, chunk) {
                 Ok(Some(d)) => return Ok(d),
                 Ok(None) => why.push(format!("{h} does not hold it")),

@@ -143,6 +143,10 @@ impl Writeback {
             batch.iter().map(|(c, _, d)| (chunk_key(c.ino, c.idx, c.ver), bytes::Bytes::from(d.clone()))).collect();
         let results = s3.put_many(puts, self.cfg.parallel);
         let mut done = 0;
+        // A holder that is gone or does not answer is not asked again in this
+        // tick: a hung node would otherwise cost a timeout per chunk and stall
+        // all write-back (its copies, if it comes back, are released as orphans).
+        let mut unresponsive: HashSet<&str> = HashSet::new();
         for ((c, e, _), r) in batch.iter().zip(results) {
             match r {
                 Ok(()) => {
@@ -150,8 +154,11 @@ impl Writeback {
                     for h in &e.holders {
                         if *h == self.me {
                             self.store.mark_clean(c);
-                        } else {
-                            let _ = self.tier.pool.mark_clean(h, *c);
+                        } else if live.contains(h) && !unresponsive.contains(h.as_str()) {
+                            if let Err(err) = self.tier.pool.mark_clean(h, *c) {
+                                tracing::warn!("write-back: {err}; not telling {h} of written-back chunks in this pass");
+                                unresponsive.insert(h);
+                            }
                         }
                     }
                     self.late_logged.lock().remove(c);
@@ -352,7 +359,7 @@ impl Writeback {
             }
             // Dead, or restarted at the same address since the chunk was logged.
             let dead: Vec<&String> = e.holders.iter().filter(|h| !alive.contains(h)).collect();
-            if holders != e.holders && self.tier.meta.set_holders(&c, &holders)? {
+            if holders != e.holders && self.tier.meta.set_holders(&c, &e.holders, &holders)? {
                 tracing::info!("chunk {}: holders {:?} -> {:?} (dead: {:?})", c.member(), e.holders, holders, dead);
             }
         }

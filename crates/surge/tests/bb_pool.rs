@@ -11,6 +11,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use surge_bb::meta::MetaStore;
 
 fn status(bb: &Bb) -> serde_json::Value {
     let (ok, out, err) = bb.run(&["status", "--json"]);
@@ -229,4 +230,173 @@ fn the_pool_grows_under_a_write_burst_and_shrinks_after_it() {
     assert!(exit.success(), "pool exited with {exit}\n{}", bb.logs());
     assert_eq!(pool_size(&status(&bb)).0, 0, "every node left");
     drop(m);
+}
+
+/// Writes `n` files of about `size` bytes through the mount, each fsynced.
+fn write_acked(m: &Mount, n: u64, size: usize) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let data = pattern(i + 1000, size + 33_331 * i as usize);
+            let mut f = fs::File::create(m.dir.join(format!("f{i}"))).unwrap();
+            f.write_all(&data).unwrap();
+            f.sync_all().unwrap();
+            (format!("f{i}"), data)
+        })
+        .collect()
+}
+
+/// The node with the most dirty bytes (the drain has the most to move).
+fn most_dirty(bb: &Bb, nodes: &[Node]) -> String {
+    let st = status(bb);
+    let victim = nodes.iter().map(|n| n.addr.clone()).max_by_key(|a| dirty_of(&st, a)).unwrap();
+    assert!(dirty_of(&st, &victim) > 0, "the victim must hold dirty chunks: {st}");
+    victim
+}
+
+/// `surge bb drain ADDR` in the background.
+fn start_drain(bb: &Bb, addr: &str) -> std::process::Child {
+    bb.cmd().args(["bb", "drain", addr, "--timeout", "90s"]).args(bb.common()).spawn().unwrap()
+}
+
+fn wait_child(bb: &Bb, child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(start.elapsed() < timeout, "not finished after {timeout:?}\n{}", bb.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every acknowledged file reads back right through a mount started now.
+fn assert_reads_back(bb: &Bb, name: &str, files: &[(String, Vec<u8>)]) {
+    let m = bb.mount(name, &[]);
+    for (f, data) in files {
+        assert!(fs::read(m.dir.join(f)).unwrap() == *data, "{f}: read back through a new mount differs");
+    }
+}
+
+/// With one copy per chunk, a drain target that dies right after taking
+/// chunks over leaves them with no live holder: the draining node must notice
+/// before it leaves, take them back and hand them to another node (before,
+/// it left and the chunks were lost: never written back).
+#[test]
+fn a_drain_target_that_dies_after_taking_chunks_loses_nothing() {
+    let mut bb = Bb::new("drain-dies", "256KiB");
+    bb.replicas = 1;
+    bb.node_args = vec!["--writeback-delay".into(), "10s".into()];
+    // Everything is written to the victim alone; the targets join empty, so
+    // the one killed holds nothing but what it took over.
+    let mut nodes: Vec<Node> = vec![bb.node(&[])];
+    let m = bb.mount("m", &[]);
+    let acked = write_acked(&m, 8, 700_000);
+    let victim = most_dirty(&bb, &nodes);
+    nodes.extend((0..2).map(|_| bb.node(&[])));
+    let mut drain = start_drain(&bb, &victim);
+    // Kill the first node the victim hands a chunk to, as soon as it has one.
+    let start = Instant::now();
+    let target = loop {
+        let logs = bb.logs();
+        if let Some(at) = logs.find(" handed to ") {
+            break logs[at + " handed to ".len()..].split_whitespace().next().unwrap().to_string();
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no chunk handed over\n{logs}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let ti = nodes.iter().position(|n| n.addr == target).unwrap_or_else(|| panic!("handed to an unknown node {target}"));
+    nodes[ti].kill9();
+    let st = wait_child(&bb, &mut drain, Duration::from_secs(100));
+    assert!(st.success(), "surge bb drain failed\n{}", bb.logs());
+    let vi = nodes.iter().position(|n| n.addr == victim).unwrap();
+    assert!(nodes[vi].wait_exit(Duration::from_secs(10)).is_some_and(|s| s.success()), "the drained node must exit 0");
+    bb.wait_persisted("/", Duration::from_secs(60));
+    assert_all_in_s3(&bb, &acked);
+    drop(m);
+    assert_reads_back(&bb, "m2", &acked);
+    assert!(bb.logs().contains("taken back"), "the chunks on the dead target must have been taken back:\n{}", bb.logs());
+}
+
+/// Accepts connections at `addr` and never answers (a hung host, as the
+/// network sees it), for the rest of the test.
+fn black_hole(addr: &str) -> String {
+    let hole = std::net::TcpListener::bind(addr).unwrap();
+    let addr = hole.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in hole.incoming() {
+            held.push(c);
+        }
+    });
+    addr
+}
+
+/// A drain target that hangs (registered live in membership, as a node does
+/// at start, for `HUNG_LEASE`; accepts connections, never answers) costs the
+/// drain one timeout, not one per chunk: the drain finishes well inside its
+/// timeout, and nothing is lost. (A SIGSTOPped node would drop out of
+/// membership after its 3 s lease, often before the drain tried it.)
+#[test]
+fn a_hung_drain_target_does_not_stall_the_drain() {
+    const HUNG_LEASE: Duration = Duration::from_secs(30);
+    let mut bb = Bb::new("drain-hung", "256KiB");
+    // Long enough that the drain (one 10 s timeout) hands chunks over first.
+    bb.node_args = vec!["--writeback-delay".into(), "15s".into()];
+    let nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    let acked = write_acked(&m, 12, 900_000);
+    let victim = most_dirty(&bb, &nodes);
+    let hung = black_hole("127.0.0.1:0");
+    let meta = surge_bb::meta::redis::RedisMeta::connect(&bb.redis.url(), "default").unwrap();
+    meta.register_node(&surge_bb::meta::NodeInfo::new(&hung, 256 << 20), HUNG_LEASE.as_millis() as u64).unwrap();
+    let start = Instant::now();
+    let mut drain = start_drain(&bb, &victim);
+    let st = wait_child(&bb, &mut drain, Duration::from_secs(100));
+    let took = start.elapsed();
+    assert!(st.success(), "surge bb drain failed\n{}", bb.logs());
+    let logs = bb.logs();
+    assert!(logs.contains(&format!("to {hung}: I/O node {hung} did not answer")), "the drain must have tried the hung node:\n{logs}");
+    // One 10 s timeout on the hung node, plus the 1 s pause and the copying.
+    assert!(took < Duration::from_secs(22), "the drain took {took:?}: it waited on the hung node for more than one chunk\n{logs}");
+    assert!(logs.contains("handed to"), "the drain must have handed chunks over, not waited for write-back");
+    // The hung node's registration lapses; publishing waits a write-back
+    // delay after each requeue: allow several.
+    bb.wait_persisted("/", Duration::from_secs(120));
+    assert_all_in_s3(&bb, &acked);
+    drop(m);
+    assert_reads_back(&bb, "m2", &acked);
+}
+
+/// After a drain, no chunk names the drained node as a holder, and reads
+/// never wait for it: a listener that accepts and never answers is put at
+/// its address, and a new mount still reads every file at once (before, each
+/// persisted chunk tried the drained node first and waited 10 s for it).
+#[test]
+fn a_drained_node_is_gone_from_holder_lists_and_reads_do_not_wait_for_it() {
+    let bb = Bb::new("drain-holders", "256KiB");
+    let mut nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    let acked = write_acked(&m, 6, 600_000);
+    bb.wait_persisted("/", Duration::from_secs(60));
+    drop(m);
+    let meta = surge_bb::meta::redis::RedisMeta::connect(&bb.redis.url(), "default").unwrap();
+    let holders = |addr: &str| -> usize {
+        let mut n = 0;
+        for (f, _) in &acked {
+            let a = surge_bb::meta::resolve(&meta, f).unwrap();
+            n += meta.chunk_map(a.ino).unwrap().values().filter(|e| e.holders.iter().any(|h| h == addr)).count();
+        }
+        n
+    };
+    let victim = nodes.iter().map(|n| n.addr.clone()).max_by_key(|a| holders(a)).unwrap();
+    assert!(holders(&victim) > 0, "the victim must be listed as a holder before the drain");
+    let mut drain = start_drain(&bb, &victim);
+    assert!(wait_child(&bb, &mut drain, Duration::from_secs(60)).success(), "surge bb drain failed\n{}", bb.logs());
+    let vi = nodes.iter().position(|n| n.addr == victim).unwrap();
+    assert!(nodes[vi].wait_exit(Duration::from_secs(10)).is_some_and(|s| s.success()), "the drained node must exit 0");
+    assert_eq!(holders(&victim), 0, "chunks still name the drained node {victim} as a holder");
+    black_hole(&victim);
+    let start = Instant::now();
+    assert_reads_back(&bb, "m2", &acked);
+    assert!(start.elapsed() < Duration::from_secs(8), "reading back took {:?}", start.elapsed());
 }

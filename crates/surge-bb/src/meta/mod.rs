@@ -261,8 +261,13 @@ pub trait MetaStore: Send + Sync {
     fn expedite(&self, ino: Ino) -> MetaResult<()>;
     /// The chunk version is in S3; drops it from the dirty log.
     fn mark_persisted(&self, chunk: &ChunkId) -> MetaResult<bool>;
-    /// Replaces the holder list of a chunk version (if still current).
-    fn set_holders(&self, chunk: &ChunkId, holders: &[String]) -> MetaResult<bool>;
+    /// Replaces the holder list of a chunk version, if the version is still
+    /// current and its holders are still `old` (two nodes moving one chunk
+    /// at once must not overwrite each other's list).
+    fn set_holders(&self, chunk: &ChunkId, old: &[String], new: &[String]) -> MetaResult<bool>;
+    /// Removes `addr` from the holders of a chunk version (if still current),
+    /// unless that leaves a version not yet in S3 with no holder at all.
+    fn drop_holder(&self, chunk: &ChunkId, addr: &str) -> MetaResult<bool>;
 
     /// Inodes waiting to be published (manifest + export object) that were queued
     /// before `before_ms`.

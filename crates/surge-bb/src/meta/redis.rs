@@ -257,8 +257,29 @@ static SET_HOLDERS: LazyLock<Script> = LazyLock::new(|| {
 local ino, idx, ver = ARGV[2], ARGV[3], ARGV[4]
 local cur = redis.call('HGET', P..'c:'..ino, idx)
 if not cur or ver_of(cur) ~= ver then return 0 end
-local v, l, p = string.match(cur, '^(%d+):(%d+):(%d):')
-redis.call('HSET', P..'c:'..ino, idx, v..':'..l..':'..p..':'..ARGV[5])
+local v, l, p, h = string.match(cur, '^(%d+):(%d+):(%d):(.*)$')
+if h ~= ARGV[5] then return 0 end
+redis.call('HSET', P..'c:'..ino, idx, v..':'..l..':'..p..':'..ARGV[6])
+return 1
+"#,
+    )
+});
+
+// ARGV: P, ino, idx, ver, addr. Removes addr from the holders of the current
+// version, unless it would leave a version not in S3 with no holder.
+static DROP_HOLDER: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ino, idx, ver, addr = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local cur = redis.call('HGET', P..'c:'..ino, idx)
+if not cur or ver_of(cur) ~= ver then return 0 end
+local v, l, p, h = string.match(cur, '^(%d+):(%d+):(%d):(.*)$')
+local rest, found = {}, false
+for x in string.gmatch(h, '[^,]+') do
+  if x == addr then found = true else table.insert(rest, x) end
+end
+if not found or (p ~= '1' and #rest == 0) then return 0 end
+redis.call('HSET', P..'c:'..ino, idx, v..':'..l..':'..p..':'..table.concat(rest, ','))
 return 1
 "#,
     )
@@ -748,11 +769,16 @@ impl MetaStore for RedisMeta {
         Ok(r == 1)
     }
 
-    fn set_holders(&self, chunk: &ChunkId, holders: &[String]) -> MetaResult<bool> {
+    fn set_holders(&self, chunk: &ChunkId, old: &[String], new: &[String]) -> MetaResult<bool> {
         let r: i64 = self.run(
             &SET_HOLDERS,
-            &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string(), holders.join(",")],
+            &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string(), old.join(","), new.join(",")],
         )?;
+        Ok(r == 1)
+    }
+
+    fn drop_holder(&self, chunk: &ChunkId, addr: &str) -> MetaResult<bool> {
+        let r: i64 = self.run(&DROP_HOLDER, &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string(), addr.into()])?;
         Ok(r == 1)
     }
 

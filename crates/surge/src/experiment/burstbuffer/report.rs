@@ -114,28 +114,41 @@ pub fn write(out: &Path, plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<S
     Ok(())
 }
 
-/// Did the pool grow during Montage and shrink after it, in every surge round?
-pub fn pool_growth(s: &Sample) -> (usize, usize, usize, bool, bool) {
-    let (w0, w1) = s.montage_window;
-    // Nodes when Montage started: the last sample before it (or the first).
-    let first = s.pool.iter().take_while(|p| p.t <= w0).last().or(s.pool.first()).map(|p| p.nodes).unwrap_or(0);
-    // The daemon samples demand every second: growth within 2 s of the end counts.
-    let peak = s.pool.iter().filter(|p| p.t >= w0 && p.t <= w1 + 2.0).map(|p| p.nodes).max().unwrap_or(0);
-    let end = s.pool.last().map(|p| p.nodes).unwrap_or(0);
-    // Shrank: below the round's peak (the later phases may grow it further) by the end.
-    let overall = s.pool.iter().map(|p| p.nodes).max().unwrap_or(0);
-    (first, peak, end, peak > first, end < overall)
+/// The pool in one surge round, from its sampled trace.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PoolRound {
+    /// Live nodes when Montage started (the last sample before it).
+    pub start: usize,
+    /// The most during Montage, plus 2 s (the daemon samples demand every second).
+    pub montage_peak: usize,
+    /// The most in the whole round (the phases after Montage may grow it further).
+    pub peak: usize,
+    /// At the end of the round, after the idle wait.
+    pub end: usize,
+    /// The workflow grew the pool: `montage_peak > start`.
+    pub grew: bool,
+    /// The pool shrank after the work: `end < peak`.
+    pub shrank: bool,
+}
+
+/// Start, peaks and end of a round's trace; `montage` is its (start, end) in
+/// the trace's seconds.
+pub fn pool_round(trace: &[super::pool::Point], montage: (f64, f64)) -> PoolRound {
+    let (w0, w1) = montage;
+    let start = trace.iter().take_while(|p| p.t <= w0).last().or(trace.first()).map_or(0, |p| p.nodes);
+    let montage_peak = trace.iter().filter(|p| p.t >= w0 && p.t <= w1 + 2.0).map(|p| p.nodes).max().unwrap_or(start);
+    let peak = trace.iter().map(|p| p.nodes).max().unwrap_or(0);
+    let end = trace.last().map_or(0, |p| p.nodes);
+    PoolRound { start, montage_peak, peak, end, grew: montage_peak > start, shrank: end < peak }
 }
 
 fn pool_json(surge: &[Sample], min: usize, max: usize) -> serde_json::Value {
-    let rounds: Vec<_> = surge.iter().map(pool_growth).collect();
+    let rounds: Vec<PoolRound> = surge.iter().map(|s| pool_round(&s.pool, s.montage_window)).collect();
     json!({
         "min": min, "max": max,
-        "min_nodes": rounds.iter().map(|r| r.0).min(),
-        "max_nodes": rounds.iter().map(|r| r.1).max(),
-        "end_nodes": rounds.iter().map(|r| r.2).max(),
-        "grew": !rounds.is_empty() && rounds.iter().all(|r| r.3),
-        "shrank": !rounds.is_empty() && rounds.iter().all(|r| r.4),
+        "rounds": rounds,
+        "grew": !rounds.is_empty() && rounds.iter().all(|r| r.grew),
+        "shrank": !rounds.is_empty() && rounds.iter().all(|r| r.shrank),
         "cost_usd_daemon": surge.iter().filter_map(|s| s.pool.last().and_then(|p| p.cost_usd)).collect::<Vec<_>>(),
     })
 }
@@ -283,12 +296,40 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
         let _ = writeln!(s, "- {d}");
     }
     if let super::fs::Nodes::Pool { .. } = plan.nodes {
-        let _ = writeln!(s, "\n## Pool\n\n| round | nodes at start | peak during Montage | at the end | grew | shrank |\n|---|---|---|---|---|---|");
+        let _ = writeln!(
+            s,
+            "\n## Pool\n\nLive I/O nodes per surge round: at Montage's start, the most during Montage (+2 s), the most in the round, and at its end after the idle wait. Grew: Montage peak > start; shrank: end < round peak.\n\n| round | start | Montage peak | round peak | end | grew | shrank |\n|---|---|---|---|---|---|---|"
+        );
         for smp in by.get("surge").into_iter().flatten() {
-            let (a, b, c, g, sh) = pool_growth(smp);
-            let _ = writeln!(s, "| {} | {a} | {b} | {c} | {g} | {sh} |", smp.round + 1);
+            let r = pool_round(&smp.pool, smp.montage_window);
+            let _ = writeln!(s, "| {} | {} | {} | {} | {} | {} | {} |", smp.round + 1, r.start, r.montage_peak, r.peak, r.end, r.grew, r.shrank);
         }
     }
     let _ = writeln!(s, "\nPlots: `throughput-read.svg`, `throughput-write.svg`, `pool-size.svg`. Raw samples: `results.json` (`samples`).");
     s
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+    use crate::experiment::burstbuffer::pool::Point;
+
+    fn trace(v: &[(f64, usize)]) -> Vec<Point> {
+        v.iter().map(|&(t, nodes)| Point { t, nodes, cost_usd: None }).collect()
+    }
+
+    #[test]
+    fn a_round_that_grows_after_montage_and_drains_one_node_shrank() {
+        // Round 2 of the full run: 2, 3 during Montage, 6 after it, 5 at the end.
+        let r = pool_round(&trace(&[(1.0, 2), (20.0, 3), (21.0, 6), (62.0, 5)]), (2.0, 18.5));
+        assert_eq!(r, PoolRound { start: 2, montage_peak: 3, peak: 6, end: 5, grew: true, shrank: true });
+    }
+
+    #[test]
+    fn a_round_still_at_its_peak_did_not_shrink_and_a_flat_one_did_not_grow() {
+        let r = pool_round(&trace(&[(0.0, 2), (5.0, 4), (30.0, 4)]), (1.0, 10.0));
+        assert!(r.grew && !r.shrank, "{r:?}");
+        let r = pool_round(&trace(&[(0.0, 2), (5.0, 2)]), (1.0, 10.0));
+        assert!(!r.grew && !r.shrank, "{r:?}");
+    }
 }
