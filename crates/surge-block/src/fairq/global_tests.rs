@@ -300,3 +300,38 @@ fn a_tenant_returning_from_idle_banks_no_global_credit() {
     assert_eq!(s.global_service(a), s.global_service(b));
 }
 
+
+/// The experiment's servers: 16 MB/s with 1 ms per request (a 256 KiB chunk
+/// takes 17.384 ms), reports every 20 ms (the daemon's default `--coop-period`).
+const EXP_DISK: Device = Device { servers: 1, bytes_per_sec: 16_000_000, fixed: Duration::from_millis(1) };
+const EXP_PERIOD: Duration = Duration::from_millis(20);
+
+/// The quick experiment's 16:1 case on virtual time: 8 servers, 4 + 4 clients
+/// with one 1 MiB request each striped as 4 x 256 KiB, the daemon's default
+/// cooperation settings, chunks up to `jitter` late. Returns a:b over 0.5..4 s,
+/// b's MB/s and the holds that ran out.
+fn experiment_16_to_1(jitter: Duration) -> (f64, f64, u64) {
+    let clients = (0..8).map(|i| striper(i / 4, 0..8, 4, 1, (i * 3) % 8)).collect::<Vec<_>>();
+    let make = || {
+        let g = GlobalConfig { period: EXP_PERIOD, ..GlobalConfig::default() };
+        let mut s = Scheduler::new(SchedConfig { depth: 2, global: Some(g), ..Default::default() });
+        s.add_tenant(weight(16));
+        s.add_tenant(weight(1));
+        s
+    };
+    let mut c = Cluster::new(8, EXP_DISK, &["a", "b"], make, clients, Some((EXP_PERIOD, TRANSIT)));
+    c.jitter(jitter, 17);
+    let (warm, end) = (ms(500), ms(3750));
+    c.run(secs(4));
+    let b = c.bytes_between(warm, end);
+    let expired = (0..8).map(|s| c.sched(s).holds_expired()).sum();
+    (b[0] as f64 / b[1] as f64, b[1] as f64 / (end - warm).as_secs_f64() / 1e6, expired)
+}
+
+#[test]
+fn probe_experiment_16_to_1() {
+    for j in [0, 1, 2, 4, 8, 16] {
+        let (r, bm, e) = experiment_16_to_1(ms(j));
+        eprintln!("jitter {j} ms: {r:.2}:1, b {bm:.2} MB/s, expired {e}");
+    }
+}
