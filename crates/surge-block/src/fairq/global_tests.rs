@@ -306,11 +306,69 @@ fn a_tenant_returning_from_idle_banks_no_global_credit() {
 const EXP_DISK: Device = Device { servers: 1, bytes_per_sec: 16_000_000, fixed: Duration::from_millis(1) };
 const EXP_PERIOD: Duration = Duration::from_millis(20);
 
+/// a:b as the experiment measures it: between the first and the last
+/// completion of b (the tenant with fewer) inside the window, so neither count
+/// is cut in the middle of one of b's requests.
+fn ratio_between_completions(c: &Cluster, from: Duration, to: Duration) -> f64 {
+    let times: Vec<Duration> = c.done[1].iter().map(|&(t, _)| t).filter(|&t| t > from && t <= to).collect();
+    let (first, last) = (times[0], times[times.len() - 1]);
+    let b = c.bytes_between(first, last);
+    b[0] as f64 / b[1] as f64
+}
+
 /// The quick experiment's 16:1 case on virtual time: 8 servers, 4 + 4 clients
 /// with one 1 MiB request each striped as 4 x 256 KiB, the daemon's default
 /// cooperation settings, chunks up to `jitter` late. Returns a:b over 0.5..4 s,
 /// b's MB/s and the holds that ran out.
-fn experiment_16_to_1(jitter: Duration) -> (f64, f64, u64) {
+fn experiment_16_to_1(jitter: Duration, seed: u64) -> (f64, f64, f64, u64) {
+    experiment_16_to_1_for(jitter, seed, ms(3750))
+}
+
+fn experiment_16_to_1_for(jitter: Duration, seed: u64, end: Duration) -> (f64, f64, f64, u64) {
+    experiment_16_to_1_with(jitter, seed, end, true)
+}
+
+fn experiment_16_to_1_with(jitter: Duration, seed: u64, end: Duration, coop: bool) -> (f64, f64, f64, u64) {
+    let clients = (0..8).map(|i| striper(i / 4, 0..8, 4, 1, (i * 3) % 8)).collect::<Vec<_>>();
+    let make = || {
+        let g = GlobalConfig { period: EXP_PERIOD, ..GlobalConfig::default() };
+        let mut s = Scheduler::new(SchedConfig { depth: 2, global: coop.then_some(g), ..Default::default() });
+        s.add_tenant(weight(16));
+        s.add_tenant(weight(1));
+        s
+    };
+    let mut c = Cluster::new(8, EXP_DISK, &["a", "b"], make, clients, Some((EXP_PERIOD, TRANSIT)));
+    c.jitter(jitter, seed);
+    let warm = ms(500);
+    c.run(end + ms(250));
+    let b = c.bytes_between(warm, end);
+    let expired = (0..8).map(|s| c.sched(s).holds_expired()).sum();
+    let held: Vec<u64> = (0..2).map(|t| (0..8).map(|s| c.sched(s).counters(t).held).sum()).collect();
+    eprintln!("      held a {} b {}", held[0], held[1]);
+    if end > secs(10) {
+        let per: Vec<String> = (0..12).map(|k| { let x = c.bytes_between(secs(5 * k), secs(5 * k + 5)); format!("{:.0}/{:.1}", x[0] as f64 / 5e6, x[1] as f64 / 5e6) }).collect();
+        eprintln!("      per 5 s: {}", per.join(" "));
+    }
+    let mbps = |x: u64| x as f64 / (end - warm).as_secs_f64() / 1e6;
+    (ratio_between_completions(&c, warm, end), mbps(b[0]), mbps(b[1]), expired)
+}
+
+#[test]
+fn probe_experiment_16_to_1() {
+    for j in [0, 32] {
+        for seed in [18] {
+            let (r, am, bm, e) = experiment_16_to_1(ms(j), seed);
+            eprintln!("jitter {j} ms seed {seed}: {r:.2}:1, a {am:.2} b {bm:.2} MB/s, expired {e}");
+            let (r, am, bm, e) = experiment_16_to_1_for(ms(j), seed, secs(60));
+            eprintln!("   60 s: {r:.2}:1, a {am:.2} b {bm:.2} MB/s ({:.2}), expired {e}", am / bm);
+            let (r, am, bm, _) = experiment_16_to_1_with(ms(j), seed, secs(60), false);
+            eprintln!("   60 s local: {r:.2}:1, a {am:.2} b {bm:.2} MB/s");
+        }
+    }
+}
+
+#[test]
+fn probe_b_times() {
     let clients = (0..8).map(|i| striper(i / 4, 0..8, 4, 1, (i * 3) % 8)).collect::<Vec<_>>();
     let make = || {
         let g = GlobalConfig { period: EXP_PERIOD, ..GlobalConfig::default() };
@@ -320,18 +378,8 @@ fn experiment_16_to_1(jitter: Duration) -> (f64, f64, u64) {
         s
     };
     let mut c = Cluster::new(8, EXP_DISK, &["a", "b"], make, clients, Some((EXP_PERIOD, TRANSIT)));
-    c.jitter(jitter, 17);
-    let (warm, end) = (ms(500), ms(3750));
+    c.jitter(ms(4), 18);
     c.run(secs(4));
-    let b = c.bytes_between(warm, end);
-    let expired = (0..8).map(|s| c.sched(s).holds_expired()).sum();
-    (b[0] as f64 / b[1] as f64, b[1] as f64 / (end - warm).as_secs_f64() / 1e6, expired)
-}
-
-#[test]
-fn probe_experiment_16_to_1() {
-    for j in [0, 1, 2, 4, 8, 16] {
-        let (r, bm, e) = experiment_16_to_1(ms(j));
-        eprintln!("jitter {j} ms: {r:.2}:1, b {bm:.2} MB/s, expired {e}");
-    }
+    let t: Vec<String> = c.done[1].iter().map(|(t, _)| format!("{}", t.as_millis())).collect();
+    eprintln!("b done at {}", t.join(" "));
 }
