@@ -28,6 +28,8 @@ pub struct Striper {
     pub outstanding: usize,
     /// Stripe position of its first chunk.
     pub start: usize,
+    /// It issues no request from this time on.
+    pub until: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -210,6 +212,7 @@ impl Cluster {
     fn handle(&mut self, kind: Kind) {
         let now = self.now;
         match kind {
+            Kind::Issue(c) if self.clients[c].until.is_some_and(|u| now >= u) => {}
             Kind::Issue(c) => self.issue(c),
             Kind::Arrive(s, r) => {
                 let tenant = self.clients[self.requests[r].client].tenant;

@@ -38,7 +38,7 @@ fn weight(w: u32) -> TenantConfig {
 }
 
 fn striper(tenant: usize, servers: std::ops::Range<usize>, chunks: usize, outstanding: usize, start: usize) -> Striper {
-    Striper { tenant, servers: servers.collect(), chunk: CHUNK, chunks, outstanding, start }
+    Striper { tenant, servers: servers.collect(), chunk: CHUNK, chunks, outstanding, start, until: None }
 }
 
 /// Chunks a device serves in `d` when never idle.
@@ -306,80 +306,76 @@ fn a_tenant_returning_from_idle_banks_no_global_credit() {
 const EXP_DISK: Device = Device { servers: 1, bytes_per_sec: 16_000_000, fixed: Duration::from_millis(1) };
 const EXP_PERIOD: Duration = Duration::from_millis(20);
 
-/// a:b as the experiment measures it: between the first and the last
-/// completion of b (the tenant with fewer) inside the window, so neither count
-/// is cut in the middle of one of b's requests.
-fn ratio_between_completions(c: &Cluster, from: Duration, to: Duration) -> f64 {
-    let times: Vec<Duration> = c.done[1].iter().map(|&(t, _)| t).filter(|&t| t > from && t <= to).collect();
-    let (first, last) = (times[0], times[times.len() - 1]);
-    let b = c.bytes_between(first, last);
-    b[0] as f64 / b[1] as f64
-}
-
-/// The quick experiment's 16:1 case on virtual time: 8 servers, 4 + 4 clients
-/// with one 1 MiB request each striped as 4 x 256 KiB, the daemon's default
-/// cooperation settings, chunks up to `jitter` late. Returns a:b over 0.5..4 s,
-/// b's MB/s and the holds that ran out.
-fn experiment_16_to_1(jitter: Duration, seed: u64) -> (f64, f64, f64, u64) {
-    experiment_16_to_1_for(jitter, seed, ms(3750))
-}
-
-fn experiment_16_to_1_for(jitter: Duration, seed: u64, end: Duration) -> (f64, f64, f64, u64) {
-    experiment_16_to_1_with(jitter, seed, end, true)
-}
-
-fn experiment_16_to_1_with(jitter: Duration, seed: u64, end: Duration, coop: bool) -> (f64, f64, f64, u64) {
-    let clients = (0..8).map(|i| striper(i / 4, 0..8, 4, 1, (i * 3) % 8)).collect::<Vec<_>>();
-    let make = || {
+/// The quick experiment's setting on virtual time: 8 servers, 4 + 4 clients
+/// with one 1 MiB request each striped as 4 x 256 KiB (a's clients stop at
+/// `a_until`), the daemon's default cooperation settings (or none), every
+/// chunk up to 8 ms late (a busy 2-core machine running 8 client processes
+/// and 8 proxies).
+fn experiment(weights: [u32; 2], coop: bool, a_until: Option<Duration>) -> Cluster {
+    let clients = (0..8)
+        .map(|i| Striper { until: a_until.filter(|_| i < 4), ..striper(i / 4, 0..8, 4, 1, (i * 3) % 8) })
+        .collect::<Vec<_>>();
+    let make = move || {
         let g = GlobalConfig { period: EXP_PERIOD, ..GlobalConfig::default() };
         let mut s = Scheduler::new(SchedConfig { depth: 2, global: coop.then_some(g), ..Default::default() });
-        s.add_tenant(weight(16));
-        s.add_tenant(weight(1));
+        s.add_tenant(weight(weights[0]));
+        s.add_tenant(weight(weights[1]));
         s
     };
     let mut c = Cluster::new(8, EXP_DISK, &["a", "b"], make, clients, Some((EXP_PERIOD, TRANSIT)));
-    c.jitter(jitter, seed);
-    let warm = ms(500);
-    c.run(end + ms(250));
+    c.jitter(ms(8), 17);
+    c
+}
+
+fn holds_expired(c: &Cluster) -> u64 {
+    (0..8).map(|s| c.sched(s).holds_expired()).sum()
+}
+
+/// The CI failure of issue 17 on virtual time. With chunks arriving late, the
+/// favoured tenant's next chunk at a server often came after the mean device
+/// latency, the old anticipation bound: the hold ran out and b got the slot,
+/// and b's share became whatever the expired holds gave it (8.38:1 here for
+/// 16:1, 183 holds expired in 4 s). Holding as long as a has been seen to take
+/// (its gap estimate), and judging who is ahead on the global service as it
+/// most likely stands (not as of the last reports, on which every server would
+/// let b through at once), holds the target.
+#[test]
+fn striped_16_to_1_holds_when_chunks_arrive_late() {
+    let mut c = experiment([16, 1], true, None);
+    let (warm, end) = (secs(1), secs(20));
+    c.run(end);
     let b = c.bytes_between(warm, end);
-    let expired = (0..8).map(|s| c.sched(s).holds_expired()).sum();
-    let held: Vec<u64> = (0..2).map(|t| (0..8).map(|s| c.sched(s).counters(t).held).sum()).collect();
-    eprintln!("      held a {} b {}", held[0], held[1]);
-    if end > secs(10) {
-        let per: Vec<String> = (0..12).map(|k| { let x = c.bytes_between(secs(5 * k), secs(5 * k + 5)); format!("{:.0}/{:.1}", x[0] as f64 / 5e6, x[1] as f64 / 5e6) }).collect();
-        eprintln!("      per 5 s: {}", per.join(" "));
-    }
-    let mbps = |x: u64| x as f64 / (end - warm).as_secs_f64() / 1e6;
-    (ratio_between_completions(&c, warm, end), mbps(b[0]), mbps(b[1]), expired)
+    let ratio = b[0] as f64 / b[1] as f64;
+    let expired = holds_expired(&c);
+    eprintln!("16:1 with late chunks: {ratio:.3}:1, {expired} holds expired, a {} b {} MiB", b[0] / MIB, b[1] / MIB);
+    assert!((ratio - 16.0).abs() <= 0.03 * 16.0, "{ratio:.3}:1");
+    assert!(expired <= 100, "{expired} holds expired");
+}
+
+/// Once the favoured tenant stops everywhere, nothing is kept for it: b gets
+/// what it would get from per-server SFQ(D) alone.
+#[test]
+fn once_a_stops_b_gets_what_it_would_without_cooperation() {
+    let b_rate = |coop: bool| {
+        let mut c = experiment([16, 1], coop, Some(secs(3)));
+        c.run(secs(8));
+        c.bytes_between(secs(4), secs(8))
+    };
+    let (coop, local) = (b_rate(true), b_rate(false));
+    eprintln!("after a stops: b {} MiB cooperating, {} MiB local only", coop[1] / MIB, local[1] / MIB);
+    assert_eq!((coop[0], local[0]), (0, 0), "a stopped");
+    assert!(coop[1] as f64 >= 0.99 * local[1] as f64, "b got {} MiB cooperating, {} MiB local only", coop[1] / MIB, local[1] / MIB);
 }
 
 #[test]
-fn probe_experiment_16_to_1() {
-    for j in [0, 32] {
-        for seed in [18] {
-            let (r, am, bm, e) = experiment_16_to_1(ms(j), seed);
-            eprintln!("jitter {j} ms seed {seed}: {r:.2}:1, a {am:.2} b {bm:.2} MB/s, expired {e}");
-            let (r, am, bm, e) = experiment_16_to_1_for(ms(j), seed, secs(60));
-            eprintln!("   60 s: {r:.2}:1, a {am:.2} b {bm:.2} MB/s ({:.2}), expired {e}", am / bm);
-            let (r, am, bm, _) = experiment_16_to_1_with(ms(j), seed, secs(60), false);
-            eprintln!("   60 s local: {r:.2}:1, a {am:.2} b {bm:.2} MB/s");
+fn probe_weights() {
+    for w in [2u32, 4, 8, 16] {
+        for end in [secs(4), secs(30)] {
+            let mut c = experiment([w, 1], true, None);
+            c.run(end);
+            let b = c.bytes_between(ms(500), end);
+            let held: Vec<u64> = (0..2).map(|t| (0..8).map(|s| c.sched(s).counters(t).held).sum()).collect();
+            eprintln!("{w}:1 {:?}: {:.2}:1 a {:.1} b {:.1} MB/s expired {} held {:?}", end, b[0] as f64 / b[1] as f64, b[0] as f64 / (end - ms(500)).as_secs_f64() / 1e6, b[1] as f64 / (end - ms(500)).as_secs_f64() / 1e6, holds_expired(&c), held);
         }
     }
-}
-
-#[test]
-fn probe_b_times() {
-    let clients = (0..8).map(|i| striper(i / 4, 0..8, 4, 1, (i * 3) % 8)).collect::<Vec<_>>();
-    let make = || {
-        let g = GlobalConfig { period: EXP_PERIOD, ..GlobalConfig::default() };
-        let mut s = Scheduler::new(SchedConfig { depth: 2, global: Some(g), ..Default::default() });
-        s.add_tenant(weight(16));
-        s.add_tenant(weight(1));
-        s
-    };
-    let mut c = Cluster::new(8, EXP_DISK, &["a", "b"], make, clients, Some((EXP_PERIOD, TRANSIT)));
-    c.jitter(ms(4), 18);
-    c.run(secs(4));
-    let t: Vec<String> = c.done[1].iter().map(|(t, _)| format!("{}", t.as_millis())).collect();
-    eprintln!("b done at {}", t.join(" "));
 }

@@ -150,8 +150,6 @@ struct TenantState {
     pending_reserved: u64,
     /// How many live peers report this tenant busy.
     remote_busy: usize,
-    /// Service here (WSCALE units, like `global`) since the last report to peers.
-    since_report: u128,
     /// When a request of this tenant last arrived here.
     last_arrival: Option<Duration>,
     /// Busy here since the last report to peers.
@@ -160,19 +158,6 @@ struct TenantState {
     empty_since: Option<Duration>,
     /// How long it takes to send its next request here once it has none queued.
     gap: GapEstimate,
-}
-
-impl TenantState {
-    /// The global service tag as it most likely stands now: what peers
-    /// reported, what was dispatched here, and, for every peer that reports the
-    /// tenant busy, as much again as was dispatched here since the last report
-    /// (their next reports will tell). Without that guess every server would
-    /// let a tenant that has just fallen back within the lag through at once,
-    /// on the same stale reports, and it would run ahead in bursts of one
-    /// request per server.
-    fn global_now(&self) -> u128 {
-        self.global + self.remote_busy as u128 * self.since_report
-    }
 }
 
 #[derive(Debug)]
@@ -244,7 +229,6 @@ impl Scheduler {
             pending: 0,
             pending_reserved: 0,
             remote_busy: 0,
-            since_report: 0,
             last_arrival: None,
             busy_since_report: false,
             empty_since: None,
@@ -303,7 +287,21 @@ impl Scheduler {
         if global.is_none() {
             self.hold_since = None;
         }
+        if self.cfg.global.is_none() && global.is_some() {
+            self.level_global_service();
+        }
         self.cfg.global = global;
+    }
+
+    /// Cooperation starts with no one owed: the global service tags counted
+    /// only local service while it was off (and under weights that may have
+    /// changed since), so a tenant that got more here then is not held back
+    /// for it now.
+    fn level_global_service(&mut self) {
+        let top = self.tenants.iter().map(|t| t.global).max().unwrap_or(0);
+        for t in &mut self.tenants {
+            t.global = top;
+        }
     }
 
     pub fn set_adaptive(&mut self, adaptive: Option<AdaptiveConfig>) {
@@ -445,7 +443,7 @@ impl Scheduler {
                 && o.cfg.limit.is_none()
                 && o.remote_busy > 0
                 && o.last_arrival.is_some_and(|a| now.saturating_sub(a) <= recent)
-                && me.global_now() > o.global_now() + lag;
+                && me.global > o.global + lag;
             owed.then_some(u)
         })
     }
@@ -523,7 +521,6 @@ impl Scheduler {
         let ts = &mut self.tenants[t];
         let busy = ts.busy_since_report || !ts.queue.is_empty() || ts.counters.in_flight > 0;
         ts.busy_since_report = false;
-        ts.since_report = 0;
         (ts.counters.dispatched_cost, ts.counters.reserved_cost, busy)
     }
 
@@ -559,9 +556,7 @@ impl Scheduler {
         c.in_flight += 1;
         c.dispatched += 1;
         c.dispatched_cost += p.cost;
-        let norm = p.cost as u128 * WSCALE / ts.cfg.weight as u128;
-        ts.global += norm;
-        ts.since_report += norm;
+        ts.global += p.cost as u128 * WSCALE / ts.cfg.weight as u128;
         ts.busy_since_report = true;
         if phase == Phase::Reservation {
             c.by_reservation += 1;
