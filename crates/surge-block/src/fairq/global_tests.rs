@@ -334,11 +334,10 @@ fn holds_expired(c: &Cluster) -> u64 {
 /// The CI failure of issue 17 on virtual time. With chunks arriving late, the
 /// favoured tenant's next chunk at a server often came after the mean device
 /// latency, the old anticipation bound: the hold ran out and b got the slot,
-/// and b's share became whatever the expired holds gave it (8.38:1 here for
-/// 16:1, 183 holds expired in 4 s). Holding as long as a has been seen to take
-/// (its gap estimate), and judging who is ahead on the global service as it
-/// most likely stands (not as of the last reports, on which every server would
-/// let b through at once), holds the target.
+/// and b's share became whatever the expired holds gave it. With that bound
+/// this test measured 13.42:1 for 16:1 with 615 holds expired (CI: 14.22 and
+/// 14.39, ~600 holds expired). Holding as long as a has been seen to take to
+/// send its next chunk (its gap estimate): 16.15:1, 23 holds expired.
 #[test]
 fn striped_16_to_1_holds_when_chunks_arrive_late() {
     let mut c = experiment([16, 1], true, None);
@@ -349,7 +348,7 @@ fn striped_16_to_1_holds_when_chunks_arrive_late() {
     let expired = holds_expired(&c);
     eprintln!("16:1 with late chunks: {ratio:.3}:1, {expired} holds expired, a {} b {} MiB", b[0] / MIB, b[1] / MIB);
     assert!((ratio - 16.0).abs() <= 0.03 * 16.0, "{ratio:.3}:1");
-    assert!(expired <= 100, "{expired} holds expired");
+    assert!(expired <= 60, "{expired} holds expired");
 }
 
 /// Once the favoured tenant stops everywhere, nothing is kept for it: b gets
@@ -367,15 +366,3 @@ fn once_a_stops_b_gets_what_it_would_without_cooperation() {
     assert!(coop[1] as f64 >= 0.99 * local[1] as f64, "b got {} MiB cooperating, {} MiB local only", coop[1] / MIB, local[1] / MIB);
 }
 
-#[test]
-fn probe_weights() {
-    for w in [2u32, 4, 8, 16] {
-        for end in [secs(4), secs(30)] {
-            let mut c = experiment([w, 1], true, None);
-            c.run(end);
-            let b = c.bytes_between(ms(500), end);
-            let held: Vec<u64> = (0..2).map(|t| (0..8).map(|s| c.sched(s).counters(t).held).sum()).collect();
-            eprintln!("{w}:1 {:?}: {:.2}:1 a {:.1} b {:.1} MB/s expired {} held {:?}", end, b[0] as f64 / b[1] as f64, b[0] as f64 / (end - ms(500)).as_secs_f64() / 1e6, b[1] as f64 / (end - ms(500)).as_secs_f64() / 1e6, holds_expired(&c), held);
-        }
-    }
-}
