@@ -3,8 +3,10 @@
 //! striping clients (a request is split into chunks on consecutive servers of
 //! the client's list; it completes when its last chunk does), and schedulers
 //! that report to each other every period over a link with a fixed delay.
-//! A server can be made silent from some time on (its reports stop). Virtual
-//! time, deterministic: tests assert exact counts.
+//! A server can be made silent from some time on (its reports stop), and
+//! chunks can be made to arrive late by a seeded pseudo-random delay (a busy
+//! machine scheduling the client and proxy processes late). Virtual time,
+//! deterministic: tests assert exact counts.
 
 use super::global::{local_report, Ledger, Report};
 use super::sched::{ReqId, Scheduler, TenantId};
@@ -26,6 +28,8 @@ pub struct Striper {
     pub outstanding: usize,
     /// Stripe position of its first chunk.
     pub start: usize,
+    /// It issues no request from this time on.
+    pub until: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -77,6 +81,10 @@ pub struct Cluster {
     pub done: Vec<Vec<(Duration, u64)>>,
     /// Per server and tenant: bytes completed there.
     pub served: Vec<Vec<u64>>,
+    /// Largest extra delay of a chunk on its way to its server, and the
+    /// state of the generator that draws it (xorshift64).
+    jitter: Duration,
+    rng: u64,
 }
 
 impl Cluster {
@@ -118,6 +126,8 @@ impl Cluster {
             in_transit: HashMap::new(),
             next_key: 0,
             done: vec![Vec::new(); names.len()],
+            jitter: Duration::ZERO,
+            rng: 1,
         };
         for i in 0..c.clients.len() {
             for _ in 0..c.clients[i].outstanding {
@@ -133,6 +143,23 @@ impl Cluster {
     /// Server `s` sends no report from `at` on.
     pub fn silence(&mut self, s: usize, at: Duration) {
         self.servers[s].silent_from = Some(at);
+    }
+
+    /// Every chunk from now on reaches its server up to `max` late (uniform,
+    /// drawn from a generator seeded with `seed`).
+    pub fn jitter(&mut self, max: Duration, seed: u64) {
+        self.jitter = max;
+        self.rng = seed.max(1);
+    }
+
+    fn delay(&mut self) -> Duration {
+        if self.jitter.is_zero() {
+            return Duration::ZERO;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        Duration::from_nanos(self.rng % self.jitter.as_nanos() as u64)
     }
 
     pub fn sched(&self, s: usize) -> &Scheduler {
@@ -156,7 +183,8 @@ impl Cluster {
         let servers: Vec<usize> = (0..cl.chunks).map(|k| cl.servers[(self.pos[c] + k) % cl.servers.len()]).collect();
         self.pos[c] += cl.chunks;
         for s in servers {
-            self.push(self.now, Kind::Arrive(s, r));
+            let at = self.now + self.delay();
+            self.push(at, Kind::Arrive(s, r));
         }
     }
 
@@ -184,6 +212,7 @@ impl Cluster {
     fn handle(&mut self, kind: Kind) {
         let now = self.now;
         match kind {
+            Kind::Issue(c) if self.clients[c].until.is_some_and(|u| now >= u) => {}
             Kind::Issue(c) => self.issue(c),
             Kind::Arrive(s, r) => {
                 let tenant = self.clients[self.requests[r].client].tenant;

@@ -64,7 +64,9 @@ impl Default for GlobalConfig {
 pub enum Anticipate {
     /// Never wait: an owed tenant is favoured only when it has a request here.
     Off,
-    /// The mean device latency of recent requests (dispatch to completion), within 1..=200 ms.
+    /// As long as the owed tenant has been seen to take to send its next request
+    /// here once it had none queued ([`GapEstimate`]), within 1..=200 ms; the
+    /// mean device latency until it has been seen.
     Auto,
     /// A fixed bound, in microseconds.
     Micros(u64),
@@ -74,13 +76,53 @@ impl Anticipate {
     pub const AUTO_MIN: Duration = Duration::from_millis(1);
     pub const AUTO_MAX: Duration = Duration::from_millis(200);
 
-    /// The bound in force given the mean device latency measured so far.
-    pub fn bound(self, mean_latency: Option<Duration>) -> Duration {
+    /// The bound in force for an owed tenant whose next request is expected
+    /// within `gap` (if known), given the mean device latency measured so far.
+    pub fn bound(self, gap: Option<Duration>, mean_latency: Option<Duration>) -> Duration {
         match self {
             Anticipate::Off => Duration::ZERO,
             Anticipate::Micros(us) => Duration::from_micros(us),
-            Anticipate::Auto => mean_latency.unwrap_or(Self::AUTO_MIN).clamp(Self::AUTO_MIN, Self::AUTO_MAX),
+            Anticipate::Auto => gap.or(mean_latency).unwrap_or(Self::AUTO_MIN).clamp(Self::AUTO_MIN, Self::AUTO_MAX),
         }
+    }
+}
+
+/// How long a tenant takes to send its next request to a server once it has
+/// none queued there: a smoothed mean and mean deviation, as TCP estimates a
+/// round trip (RFC 6298), so the next one is expected within mean + 4
+/// deviations. A striped client's next chunk at a server waits for its other
+/// chunks elsewhere, and on a busy machine for its process to run: a fixed
+/// bound either wastes the slot or gives it away too early, and every slot
+/// given away is service the other tenant gets beyond its share.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GapEstimate {
+    mean: Option<Duration>,
+    dev: Duration,
+}
+
+impl GapEstimate {
+    /// Take in one gap. A gap longer than any wait ([`Anticipate::AUTO_MAX`])
+    /// is a tenant that went away and came back: it says nothing about how long
+    /// to wait, so it is left out.
+    pub fn sample(&mut self, gap: Duration) {
+        if gap > Anticipate::AUTO_MAX {
+            return;
+        }
+        match self.mean {
+            None => {
+                self.mean = Some(gap);
+                self.dev = gap / 2;
+            }
+            Some(mean) => {
+                self.dev = (self.dev * 3 + mean.abs_diff(gap)) / 4;
+                self.mean = Some((mean * 7 + gap) / 8);
+            }
+        }
+    }
+
+    /// Within how long the next request is expected (none before the first gap).
+    pub fn expected_within(&self) -> Option<Duration> {
+        self.mean.map(|m| m + self.dev * 4)
     }
 }
 
@@ -207,7 +249,12 @@ impl Ledger {
 
     /// Whether a live peer reported `tenant` busy in its latest report.
     pub fn active(&self, tenant: &str, now: Duration) -> bool {
-        self.peers.values().any(|p| self.is_fresh(p, now) && p.tenants.get(tenant).is_some_and(|s| s.active))
+        self.busy_peers(tenant, now) > 0
+    }
+
+    /// How many live peers reported `tenant` busy in their latest report.
+    pub fn busy_peers(&self, tenant: &str, now: Duration) -> usize {
+        self.peers.values().filter(|p| self.is_fresh(p, now) && p.tenants.get(tenant).is_some_and(|s| s.active)).count()
     }
 
     /// Peers heard from within the timeout.
@@ -231,7 +278,7 @@ impl Ledger {
     /// Tell `sched` which of its tenants live peers report busy (none if `on` is false).
     pub fn refresh(&self, sched: &mut Scheduler, names: &[String], now: Duration, on: bool) {
         for (t, name) in names.iter().enumerate() {
-            sched.set_remote_active(t, on && self.active(name, now));
+            sched.set_remote_busy(t, if on { self.busy_peers(name, now) } else { 0 });
         }
     }
 
@@ -266,6 +313,10 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
     }
 
     fn report(from: &str, incarnation: u64, seq: u64, tenants: &[(&str, u64, u64, bool)]) -> Report {
@@ -338,10 +389,31 @@ mod tests {
 
     #[test]
     fn anticipation_bounds() {
-        assert_eq!(Anticipate::Off.bound(Some(ms(5))), Duration::ZERO);
-        assert_eq!(Anticipate::Micros(2500).bound(None), Duration::from_micros(2500));
-        assert_eq!(Anticipate::Auto.bound(Some(ms(30))), ms(30));
-        assert_eq!(Anticipate::Auto.bound(None), ms(1));
-        assert_eq!(Anticipate::Auto.bound(Some(ms(5000))), ms(200));
+        assert_eq!(Anticipate::Off.bound(Some(ms(5)), Some(ms(5))), Duration::ZERO);
+        assert_eq!(Anticipate::Micros(2500).bound(None, None), Duration::from_micros(2500));
+        assert_eq!(Anticipate::Auto.bound(Some(ms(30)), Some(ms(10))), ms(30));
+        assert_eq!(Anticipate::Auto.bound(None, Some(ms(10))), ms(10));
+        assert_eq!(Anticipate::Auto.bound(None, None), ms(1));
+        assert_eq!(Anticipate::Auto.bound(Some(ms(5000)), None), ms(200));
+    }
+
+    #[test]
+    fn the_gap_estimate_is_mean_plus_four_deviations() {
+        let mut g = GapEstimate::default();
+        assert_eq!(g.expected_within(), None);
+        g.sample(ms(16));
+        // mean 16, deviation 8.
+        assert_eq!(g.expected_within(), Some(ms(48)));
+        g.sample(ms(32));
+        // deviation (3 * 8 + 16) / 4 = 10, mean (7 * 16 + 32) / 8 = 18.
+        assert_eq!(g.expected_within(), Some(ms(58)));
+        // A tenant back from a long absence teaches nothing.
+        g.sample(secs(5));
+        assert_eq!(g.expected_within(), Some(ms(58)));
+        for _ in 0..100 {
+            g.sample(ms(20));
+        }
+        let e = g.expected_within().unwrap();
+        assert!(e >= ms(20) && e < ms(21), "{e:?}");
     }
 }

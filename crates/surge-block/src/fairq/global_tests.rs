@@ -38,7 +38,7 @@ fn weight(w: u32) -> TenantConfig {
 }
 
 fn striper(tenant: usize, servers: std::ops::Range<usize>, chunks: usize, outstanding: usize, start: usize) -> Striper {
-    Striper { tenant, servers: servers.collect(), chunk: CHUNK, chunks, outstanding, start }
+    Striper { tenant, servers: servers.collect(), chunk: CHUNK, chunks, outstanding, start, until: None }
 }
 
 /// Chunks a device serves in `d` when never idle.
@@ -298,5 +298,71 @@ fn a_tenant_returning_from_idle_banks_no_global_credit() {
     // a was idle all along: when it becomes busy it starts level with b.
     s.set_remote_active(a, true);
     assert_eq!(s.global_service(a), s.global_service(b));
+}
+
+
+/// The experiment's servers: 16 MB/s with 1 ms per request (a 256 KiB chunk
+/// takes 17.384 ms), reports every 20 ms (the daemon's default `--coop-period`).
+const EXP_DISK: Device = Device { servers: 1, bytes_per_sec: 16_000_000, fixed: Duration::from_millis(1) };
+const EXP_PERIOD: Duration = Duration::from_millis(20);
+
+/// The quick experiment's setting on virtual time: 8 servers, 4 + 4 clients
+/// with one 1 MiB request each striped as 4 x 256 KiB (a's clients stop at
+/// `a_until`), the daemon's default cooperation settings (or none), every
+/// chunk up to 8 ms late (a busy 2-core machine running 8 client processes
+/// and 8 proxies).
+fn experiment(weights: [u32; 2], coop: bool, a_until: Option<Duration>) -> Cluster {
+    let clients = (0..8)
+        .map(|i| Striper { until: a_until.filter(|_| i < 4), ..striper(i / 4, 0..8, 4, 1, (i * 3) % 8) })
+        .collect::<Vec<_>>();
+    let make = move || {
+        let g = GlobalConfig { period: EXP_PERIOD, ..GlobalConfig::default() };
+        let mut s = Scheduler::new(SchedConfig { depth: 2, global: coop.then_some(g), ..Default::default() });
+        s.add_tenant(weight(weights[0]));
+        s.add_tenant(weight(weights[1]));
+        s
+    };
+    let mut c = Cluster::new(8, EXP_DISK, &["a", "b"], make, clients, Some((EXP_PERIOD, TRANSIT)));
+    c.jitter(ms(8), 17);
+    c
+}
+
+fn holds_expired(c: &Cluster) -> u64 {
+    (0..8).map(|s| c.sched(s).holds_expired()).sum()
+}
+
+/// The CI failure of issue 17 on virtual time. With chunks arriving late, the
+/// favoured tenant's next chunk at a server often came after the mean device
+/// latency, the old anticipation bound: the hold ran out and b got the slot,
+/// and b's share became whatever the expired holds gave it. With that bound
+/// this test measured 13.42:1 for 16:1 with 615 holds expired (CI: 14.22 and
+/// 14.39, ~600 holds expired). Holding as long as a has been seen to take to
+/// send its next chunk (its gap estimate): 16.15:1, 23 holds expired.
+#[test]
+fn striped_16_to_1_holds_when_chunks_arrive_late() {
+    let mut c = experiment([16, 1], true, None);
+    let (warm, end) = (secs(1), secs(20));
+    c.run(end);
+    let b = c.bytes_between(warm, end);
+    let ratio = b[0] as f64 / b[1] as f64;
+    let expired = holds_expired(&c);
+    eprintln!("16:1 with late chunks: {ratio:.3}:1, {expired} holds expired, a {} b {} MiB", b[0] / MIB, b[1] / MIB);
+    assert!((ratio - 16.0).abs() <= 0.03 * 16.0, "{ratio:.3}:1");
+    assert!(expired <= 60, "{expired} holds expired");
+}
+
+/// Once the favoured tenant stops everywhere, nothing is kept for it: b gets
+/// what it would get from per-server SFQ(D) alone.
+#[test]
+fn once_a_stops_b_gets_what_it_would_without_cooperation() {
+    let b_rate = |coop: bool| {
+        let mut c = experiment([16, 1], coop, Some(secs(3)));
+        c.run(secs(8));
+        c.bytes_between(secs(4), secs(8))
+    };
+    let (coop, local) = (b_rate(true), b_rate(false));
+    eprintln!("after a stops: b {} MiB cooperating, {} MiB local only", coop[1] / MIB, local[1] / MIB);
+    assert_eq!((coop[0], local[0]), (0, 0), "a stopped");
+    assert!(coop[1] as f64 >= 0.99 * local[1] as f64, "b got {} MiB cooperating, {} MiB local only", coop[1] / MIB, local[1] / MIB);
 }
 

@@ -33,7 +33,7 @@
 //!   arrives: plain SFQ(D).
 
 use super::adaptive::{Adaptive, AdaptiveConfig, Share, Window};
-use super::global::GlobalConfig;
+use super::global::{GapEstimate, GlobalConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -148,12 +148,16 @@ struct TenantState {
     /// Service elsewhere not yet in this tenant's tags (applied at the next tagging).
     pending: u64,
     pending_reserved: u64,
-    /// A live peer reports this tenant busy.
-    remote_active: bool,
+    /// How many live peers report this tenant busy.
+    remote_busy: usize,
     /// When a request of this tenant last arrived here.
     last_arrival: Option<Duration>,
     /// Busy here since the last report to peers.
     busy_since_report: bool,
+    /// Since when it has had no request queued here (if it had one before).
+    empty_since: Option<Duration>,
+    /// How long it takes to send its next request here once it has none queued.
+    gap: GapEstimate,
 }
 
 #[derive(Debug)]
@@ -173,9 +177,11 @@ pub struct Scheduler {
     next_id: ReqId,
     adaptive: Option<Adaptive>,
     window: Window,
-    /// Since when a free slot has been kept for a tenant owed service.
+    /// Since when a free slot has been kept for a tenant owed service, and for how long at most.
     hold_since: Option<Duration>,
-    /// Mean device latency (exponentially weighted), for the anticipation bound.
+    hold_bound: Duration,
+    /// Mean device latency (exponentially weighted), the anticipation bound
+    /// for a tenant whose gap is not known yet.
     mean_latency: Option<Duration>,
     /// Holds that ran out their bound and served a tenant that was ahead.
     holds_expired: u64,
@@ -203,6 +209,7 @@ impl Scheduler {
             adaptive,
             window: Window::default(),
             hold_since: None,
+            hold_bound: Duration::ZERO,
             mean_latency: None,
             holds_expired: 0,
         }
@@ -221,9 +228,11 @@ impl Scheduler {
             global: 0,
             pending: 0,
             pending_reserved: 0,
-            remote_active: false,
+            remote_busy: 0,
             last_arrival: None,
             busy_since_report: false,
+            empty_since: None,
+            gap: GapEstimate::default(),
         });
         self.window.tenants.push(Default::default());
         self.tenants.len() - 1
@@ -278,7 +287,21 @@ impl Scheduler {
         if global.is_none() {
             self.hold_since = None;
         }
+        if self.cfg.global.is_none() && global.is_some() {
+            self.level_global_service();
+        }
         self.cfg.global = global;
+    }
+
+    /// Cooperation starts with no one owed: the global service tags counted
+    /// only local service while it was off (and under weights that may have
+    /// changed since), so a tenant that got more here then is not held back
+    /// for it now.
+    fn level_global_service(&mut self) {
+        let top = self.tenants.iter().map(|t| t.global).max().unwrap_or(0);
+        for t in &mut self.tenants {
+            t.global = top;
+        }
     }
 
     pub fn set_adaptive(&mut self, adaptive: Option<AdaptiveConfig>) {
@@ -314,6 +337,9 @@ impl Scheduler {
         }
         ts.last_arrival = Some(now);
         ts.busy_since_report = true;
+        if let Some(since) = ts.empty_since.take() {
+            ts.gap.sample(now.saturating_sub(since));
+        }
         ts.queue.push_back(Pending { id, cost });
         ts.counters.queued += 1;
         if ts.head.is_none() {
@@ -391,7 +417,8 @@ impl Scheduler {
             }
         }
         let since = *self.hold_since.get_or_insert(now);
-        if now >= since + g.anticipate.bound(self.mean_latency) {
+        self.hold_bound = self.hold_bound(&held, now, &g);
+        if now >= since + self.hold_bound {
             self.hold_since = None;
             self.holds_expired += 1;
             return Some(first);
@@ -400,24 +427,41 @@ impl Scheduler {
     }
 
     /// Whether `t` is more than the lag ahead of a tenant owed service that is
-    /// busy elsewhere and has used this server recently. Tenants with a limit
-    /// are not waited for (their limit, not their share, decides their pace).
+    /// busy elsewhere and has used this server recently.
     fn owes(&self, t: TenantId, now: Duration, g: &GlobalConfig) -> bool {
+        self.owed_by(t, now, g).next().is_some()
+    }
+
+    /// The tenants `t` owes service (see [`Self::owes`]). Tenants with a limit
+    /// are not waited for (their limit, not their share, decides their pace).
+    fn owed_by<'a>(&'a self, t: TenantId, now: Duration, g: &GlobalConfig) -> impl Iterator<Item = TenantId> + 'a {
         let me = &self.tenants[t];
         let lag = g.lag as u128 * WSCALE / me.cfg.weight as u128;
-        self.tenants.iter().enumerate().any(|(u, o)| {
-            u != t
+        let recent = g.recent;
+        self.tenants.iter().enumerate().filter_map(move |(u, o)| {
+            let owed = u != t
                 && o.cfg.limit.is_none()
-                && o.remote_active
-                && o.last_arrival.is_some_and(|a| now.saturating_sub(a) <= g.recent)
-                && me.global > o.global + lag
+                && o.remote_busy > 0
+                && o.last_arrival.is_some_and(|a| now.saturating_sub(a) <= recent)
+                && me.global > o.global + lag;
+            owed.then_some(u)
         })
+    }
+
+    /// How long a slot is kept for the tenants the `held` ones owe: the longest
+    /// anticipation bound among them (each by its own gap estimate under `auto`).
+    fn hold_bound(&self, held: &[TenantId], now: Duration, g: &GlobalConfig) -> Duration {
+        held.iter()
+            .flat_map(|&t| self.owed_by(t, now, g))
+            .map(|u| g.anticipate.bound(self.tenants[u].gap.expected_within(), self.mean_latency))
+            .max()
+            .unwrap_or(Duration::ZERO)
     }
 
     /// Busy here, or elsewhere as far as live peers say.
     fn is_active(&self, t: TenantId) -> bool {
         let ts = &self.tenants[t];
-        !ts.queue.is_empty() || ts.counters.in_flight > 0 || ts.remote_active
+        !ts.queue.is_empty() || ts.counters.in_flight > 0 || ts.remote_busy > 0
     }
 
     /// A tenant becoming busy banks nothing for its idle time: its global tag
@@ -458,12 +502,17 @@ impl Scheduler {
         }
     }
 
-    /// Whether live peers report tenant `t` busy.
+    /// Whether live peers report tenant `t` busy (as if one did).
     pub fn set_remote_active(&mut self, t: TenantId, active: bool) {
-        if active && !self.is_active(t) {
+        self.set_remote_busy(t, active as usize);
+    }
+
+    /// How many live peers report tenant `t` busy.
+    pub fn set_remote_busy(&mut self, t: TenantId, peers: usize) {
+        if peers > 0 && !self.is_active(t) {
             self.catch_up(t);
         }
-        self.tenants[t].remote_active = active;
+        self.tenants[t].remote_busy = peers;
     }
 
     /// What to tell peers about tenant `t`: cumulative cost dispatched here,
@@ -490,9 +539,14 @@ impl Scheduler {
     }
 
     fn take_head(&mut self, t: TenantId, phase: Phase, now: Duration) -> Dispatch {
+        // A tenant held back for others sends its next request late because its
+        // requests elsewhere wait too: its gaps then say nothing about how long
+        // to wait for it once it is owed, so they are not measured.
+        let free = self.cfg.global.as_ref().is_none_or(|g| !self.owes(t, now, g));
         let ts = &mut self.tenants[t];
         let head = ts.head.take().expect("picked tenant has a head");
         let p = ts.queue.pop_front().expect("head is queued");
+        ts.empty_since = (ts.queue.is_empty() && free).then_some(now);
         ts.last_finish = head.finish;
         ts.last_span = head.finish - head.start;
         ts.last_r = head.r.or(ts.last_r);
@@ -565,7 +619,7 @@ impl Scheduler {
             .map(|t| Duration::from_nanos(t.min(u64::MAX as u128) as u64));
         // A slot kept for an owed tenant is given up when the bound runs out.
         let hold = match (&self.cfg.global, self.hold_since) {
-            (Some(g), Some(since)) if self.outstanding.len() < self.depth => Some(since + g.anticipate.bound(self.mean_latency)),
+            (Some(_), Some(since)) if self.outstanding.len() < self.depth => Some(since + self.hold_bound),
             _ => None,
         };
         timed.into_iter().chain(hold).min()

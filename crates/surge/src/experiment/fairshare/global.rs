@@ -384,7 +384,7 @@ pub fn report(g: &GlobalResults) -> String {
         p.backlog
     ));
     s.push_str("| local only | the paper's system | the same proxies with `global=off` (set live): each schedules only its own queue |\n");
-    s.push_str("| cooperative | future work in the paper | `global=on`: each proxy reports what every tenant received to its peers every 20 ms over `--coop-peer` connections (default `--coop-period`), tags are delayed by service received elsewhere (DSFQ), a tenant running ahead of its share of the total by more than `lag` (1 MiB) yields to an owed tenant, and a server may wait for an owed tenant's next chunk up to its mean device latency (`anticipate=auto`, at most 200 ms); a peer unheard for 500 ms no longer counts (local SFQ(D) for it, I/O never waits for a peer) |\n");
+    s.push_str("| cooperative | future work in the paper | `global=on`: each proxy reports what every tenant received to its peers every 20 ms over `--coop-peer` connections (default `--coop-period`), tags are delayed by service received elsewhere (DSFQ), a tenant running ahead of its share of the total by more than `lag` (1 MiB) yields to an owed tenant, and a server may keep a free slot for an owed tenant's next chunk as long as that tenant has been seen to take to send one there (`anticipate=auto`: smoothed mean + 4 deviations of its gaps, 1..200 ms); a peer unheard for 500 ms no longer counts (local SFQ(D) for it, I/O never waits for a peer) |\n");
     s.push_str(&format!(
         "| runs | not stated | {} s per run, first {} s and last {} s not measured; {} run(s) of every case, local only and cooperative interleaved; medians with (min..max) |\n\n",
         p.run_s, p.warmup_s, p.cooldown_s, p.reps
