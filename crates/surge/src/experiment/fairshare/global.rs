@@ -51,15 +51,27 @@ impl GlobalPlan {
         }
     }
 
-    fn window(&self) -> (Duration, Duration) {
-        (Duration::from_secs_f64(self.warmup_s), Duration::from_secs_f64(self.run_s - self.cooldown_s))
+    /// Seconds of one run at a:b = `target`:1. The lighter tenant's share
+    /// shrinks with the target, and a ratio is only as precise as the number
+    /// of its completions counted (at 16:1 in a 4 s quick run, about 24: one
+    /// more or fewer moves the ratio by 4 %, most of the 5 % the gate allows).
+    /// So beyond 8:1 a run lasts in proportion to the target: the lighter
+    /// tenant completes about as many requests at 16:1 as at 8:1.
+    pub fn run_s_for(&self, target: u32) -> f64 {
+        self.run_s * (target as f64 / Self::FULL_LENGTH_UP_TO as f64).max(1.0)
+    }
+
+    const FULL_LENGTH_UP_TO: u32 = 8;
+
+    fn window(run_s: f64, warmup_s: f64, cooldown_s: f64) -> (Duration, Duration) {
+        (Duration::from_secs_f64(warmup_s), Duration::from_secs_f64(run_s - cooldown_s))
     }
 
     fn all_servers(&self) -> Vec<usize> {
         (0..self.servers.count).collect()
     }
 
-    fn load(&self, outstanding: usize, narrow_b: bool, via_proxies: bool) -> LoadSpec {
+    fn load(&self, outstanding: usize, narrow_b: bool, via_proxies: bool, run_s: f64) -> LoadSpec {
         let half: Vec<usize> = (0..self.servers.count.div_ceil(2)).collect();
         LoadSpec {
             apps: [
@@ -69,7 +81,7 @@ impl GlobalPlan {
             via_proxies,
             chunk: self.chunk,
             request: self.request,
-            duration: Duration::from_secs_f64(self.run_s),
+            duration: Duration::from_secs_f64(run_s),
         }
     }
 }
@@ -169,8 +181,8 @@ struct Measured {
 }
 
 impl Runner<'_> {
-    fn measure(&self, c: &Completions) -> Measured {
-        let w = self.plan.window();
+    fn measure(&self, c: &Completions, run_s: f64) -> Measured {
+        let w = GlobalPlan::window(run_s, self.plan.warmup_s, self.plan.cooldown_s);
         Measured { ratio: achieved_ratio(c, w), mbps: throughput(c, w) }
     }
 
@@ -186,15 +198,15 @@ impl Runner<'_> {
             self.configure(weights, cooperative)?;
         }
         let c = super::procs::run_clients(&self.store, load)?;
-        Ok(self.measure(&c))
+        Ok(self.measure(&c, load.duration.as_secs_f64()))
     }
 
     /// Every target, local only then cooperative, `reps` times interleaved.
     fn ratios(&self, outstanding: usize, targets: &[u32]) -> anyhow::Result<[Vec<RatioEntry>; 2]> {
         let p = self.plan;
-        let load = p.load(outstanding, false, true);
         let mut out = [Vec::new(), Vec::new()];
         for &target in targets {
+            let load = p.load(outstanding, false, true, p.run_s_for(target));
             let mut runs: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
             for rep in 0..p.reps {
                 for (mode, coop) in [false, true].into_iter().enumerate() {
@@ -224,7 +236,7 @@ impl Runner<'_> {
     /// a stripes over every server, b over half of them; equal weights.
     fn asymmetric(&self) -> anyhow::Result<Asymmetric> {
         let p = self.plan;
-        let load = p.load(1, true, true);
+        let load = p.load(1, true, true, p.run_s);
         let weights = [1u32, 1];
         let mut runs: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
         for rep in 0..p.reps {
@@ -262,7 +274,7 @@ impl Runner<'_> {
         let (mut direct, mut proxied) = (Vec::new(), Vec::new());
         for rep in 0..reps {
             for via in [false, true] {
-                let m = self.run([1, 1], true, &p.load(1, false, via))?;
+                let m = self.run([1, 1], true, &p.load(1, false, via, p.run_s))?;
                 let total = m.mbps[0] + m.mbps[1];
                 step(&format!("global overhead, {} (run {}): {total:.1} MB/s", if via { "through proxies" } else { "direct" }, rep + 1));
                 if via {
@@ -386,8 +398,8 @@ pub fn report(g: &GlobalResults) -> String {
     s.push_str("| local only | the paper's system | the same proxies with `global=off` (set live): each schedules only its own queue |\n");
     s.push_str("| cooperative | future work in the paper | `global=on`: each proxy reports what every tenant received to its peers every 20 ms over `--coop-peer` connections (default `--coop-period`), tags are delayed by service received elsewhere (DSFQ), a tenant running ahead of its share of the total by more than `lag` (1 MiB) yields to an owed tenant, and a server may keep a free slot for an owed tenant's next chunk as long as that tenant has been seen to take to send one there (`anticipate=auto`: smoothed mean + 4 deviations of its gaps, 1..200 ms); a peer unheard for 500 ms no longer counts (local SFQ(D) for it, I/O never waits for a peer) |\n");
     s.push_str(&format!(
-        "| runs | not stated | {} s per run, first {} s and last {} s not measured; {} run(s) of every case, local only and cooperative interleaved; medians with (min..max) |\n\n",
-        p.run_s, p.warmup_s, p.cooldown_s, p.reps
+        "| runs | not stated | {} s per run ({} s at 16:1: beyond {}:1 a run lasts in proportion to the target, so that the lighter tenant completes as many requests as at {}:1), first {} s and last {} s not measured; {} run(s) of every case, local only and cooperative interleaved; medians with (min..max) |\n\n",
+        p.run_s, p.run_s_for(16), GlobalPlan::FULL_LENGTH_UP_TO, GlobalPlan::FULL_LENGTH_UP_TO, p.warmup_s, p.cooldown_s, p.reps
     ));
     s.push_str("### Proportional sharing, 1 MiB striped, one outstanding request per client (Fig. 4)\n\n");
     ratio_rows(&mut s, g, false);
