@@ -375,8 +375,13 @@ impl Client {
         };
         if over {
             // Backpressure: this writer flushes its own file, then waits for
-            // background flushes to bring the total under the budget.
-            self.flush_buffers(&of)?;
+            // background flushes to bring the total under the budget. A failed
+            // flush stays stored for fsync or close: the kernel may turn this
+            // failed WRITE into a short count and drop the error.
+            if let Err(e) = self.flush_buffers(&of) {
+                of.st.lock().error.get_or_insert((e.errno(), e.to_string()));
+                return Err(e);
+            }
             let mut b = self.buffered.lock();
             let deadline = Instant::now() + Duration::from_secs(60);
             while *b > self.cfg.write_behind && Instant::now() < deadline {

@@ -117,3 +117,24 @@ fn an_error_reported_by_a_write_is_reported_again_by_fsync() {
     let e = a.fsync(f).expect_err("fsync must report the failed flush too");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
 }
+
+/// A write over the write-behind budget flushes the file itself; when that
+/// flush fails, the write reports it and so must fsync (the kernel may turn
+/// the failed WRITE into a short count and drop the error, and the failed
+/// chunks are no longer buffered).
+#[test]
+fn a_flush_failed_under_write_behind_backpressure_is_reported_by_fsync() {
+    // Two nodes of two 64 KiB chunks each, two copies: two chunks fit.
+    let s = setup_with_capacity(2, 128 << 10);
+    let a = Client::new(s.tier.clone(), ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() }).unwrap();
+    let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
+    a.open(f).unwrap();
+    a.write(f, 0, &vec![1u8; 2 << 16]).unwrap();
+    a.fsync(f).unwrap(); // the nodes are full now
+    // Partial chunks stay buffered until the budget is exceeded.
+    a.write(f, 2 << 16, &vec![2u8; 60 << 10]).unwrap();
+    let e = a.write(f, 3 << 16, &vec![3u8; 60 << 10]).expect_err("the flush that makes room fails");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    let e = a.fsync(f).expect_err("fsync must report the failed flush too");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+}
