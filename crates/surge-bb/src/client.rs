@@ -177,11 +177,17 @@ const SUPERSEDED_RETRIES: usize = 50;
 
 /// An error a background flush hit, reported to the next call on the file.
 fn stored_error(ino: Ino, errno: i32, why: String) -> DataError {
-    if errno == libc::ENOSPC {
-        DataError::NotReplicated { chunk: format!("of inode {ino}"), got: 0, want: 0, why, full: true }
-    } else {
-        DataError::Unreadable { chunk: format!("of inode {ino}"), why: format!("an earlier background flush failed: {why}") }
-    }
+    DataError::EarlierFlush { ino, errno, why }
+}
+
+/// What a flush does with an error a background flush stored: fsync, close
+/// and truncate report it and clear it; a write under backpressure reports it
+/// and keeps it, since the kernel may turn that failed WRITE into a short count
+/// and drop the error (re-storing the reported error's text would nest it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StoredError {
+    Clear,
+    Keep,
 }
 
 /// Version used in the cache for bytes of an imported object.
@@ -378,10 +384,7 @@ impl Client {
             // background flushes to bring the total under the budget. A failed
             // flush stays stored for fsync or close: the kernel may turn this
             // failed WRITE into a short count and drop the error.
-            if let Err(e) = self.flush_buffers(&of) {
-                of.st.lock().error.get_or_insert((e.errno(), e.to_string()));
-                return Err(e);
-            }
+            self.flush_buffers(&of, StoredError::Keep)?;
             let mut b = self.buffered.lock();
             let deadline = Instant::now() + Duration::from_secs(60);
             while *b > self.cfg.write_behind && Instant::now() < deadline {
@@ -411,8 +414,9 @@ impl Client {
     }
 
     /// Flushes every buffered chunk of the file and waits for background
-    /// flushes; returns the first error any of them hit.
-    fn flush_buffers(&self, of: &OpenFile) -> Result<()> {
+    /// flushes; returns the first error any of them hit. With `Keep` the
+    /// error also stays stored for the next fsync or close.
+    fn flush_buffers(&self, of: &OpenFile, stored: StoredError) -> Result<()> {
         let bufs = {
             let mut st = of.st.lock();
             st.buffered = 0;
@@ -432,9 +436,16 @@ impl Client {
                 of.changed.wait(&mut st);
             }
             if let Some(e) = first_err {
+                if stored == StoredError::Keep {
+                    st.error.get_or_insert((e.errno(), e.to_string()));
+                }
                 return Err(e);
             }
-            if let Some((errno, why)) = st.error.take() {
+            let earlier = match stored {
+                StoredError::Keep => st.error.clone(),
+                StoredError::Clear => st.error.take(),
+            };
+            if let Some((errno, why)) = earlier {
                 return Err(stored_error(of.ino, errno, why));
             }
         }
@@ -504,7 +515,7 @@ impl Client {
     /// clients and on R nodes) when this returns Ok.
     pub fn flush(&self, ino: Ino) -> Result<()> {
         let Some(of) = self.open_file(ino) else { return Ok(()) };
-        self.flush_buffers(&of)
+        self.flush_buffers(&of, StoredError::Clear)
     }
 
     /// fsync: flush, and with `fsync_waits_for_s3`, wait until the file's
@@ -526,9 +537,9 @@ impl Client {
                 return Ok(());
             }
             if start.elapsed() > timeout {
-                let why = format!("inode {ino} not persisted in S3 after {timeout:?} (generation {} of {})", a.pgen, a.gen);
-                tracing::error!("fsync: {why}");
-                return Err(DataError::Unreadable { chunk: format!("{ino}"), why });
+                let err = DataError::NotPersisted { ino, waited: timeout, persisted: a.pgen, current: a.gen };
+                tracing::error!("fsync: {err}");
+                return Err(err);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -536,7 +547,7 @@ impl Client {
 
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
         if let Some(of) = self.open_file(ino) {
-            self.flush_buffers(&of)?;
+            self.flush_buffers(&of, StoredError::Clear)?;
         }
         let cs = self.chunk_size();
         let tail_idx = size / cs;
@@ -624,7 +635,7 @@ impl Client {
             None => Arc::new(Vec::new()),
         };
         let d = if d.is_empty() && valid > 0 {
-            let d = Arc::new(self.tier.read_imported(ino, &view.import, idx)?);
+            let d = Arc::new(self.tier.read_imported(&view.import, idx)?);
             self.cache.lock().insert(id, d.clone());
             d
         } else {

@@ -156,7 +156,7 @@ pub fn files(tier: &Tier, path: &str) -> Result<Vec<FileStatus>, DataError> {
 /// Imports every object of the bucket (outside surge's own prefix) that is not
 /// in the namespace yet, creating directories along the keys. Returns the count.
 pub fn import(tier: &Tier, prefix: Option<&str>) -> Result<usize, DataError> {
-    let s3 = tier.s3.as_ref().ok_or_else(|| DataError::Unreadable { chunk: "-".into(), why: "no S3 configured".into() })?;
+    let s3 = tier.s3.as_ref().ok_or(DataError::NoS3("importing bucket objects"))?;
     let mut n = 0;
     for (key, size) in s3.list(prefix)? {
         if key.starts_with(crate::s3::INTERNAL_PREFIX) {

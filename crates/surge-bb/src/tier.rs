@@ -21,6 +21,14 @@ pub enum DataError {
     NotReplicated { chunk: String, got: usize, want: usize, why: String, full: bool },
     #[error("reading chunk {chunk}: no I/O node has it and {why}")]
     Unreadable { chunk: String, why: String },
+    /// A background flush failed; reported (with its errno) by a later call on the file.
+    #[error("inode {ino}: an earlier background write failed: {why}")]
+    EarlierFlush { ino: u64, errno: i32, why: String },
+    /// An fsync that waits for S3 timed out.
+    #[error("inode {ino} not persisted in S3 after {waited:?} (generation {persisted} of {current})")]
+    NotPersisted { ino: u64, waited: Duration, persisted: u64, current: u64 },
+    #[error("no S3 bucket configured: {0} needs one")]
+    NoS3(&'static str),
     #[error(transparent)]
     S3(#[from] S3Error),
 }
@@ -30,6 +38,7 @@ impl DataError {
         match self {
             DataError::Meta(m) => m.errno(),
             DataError::NotReplicated { full: true, .. } => libc::ENOSPC,
+            DataError::EarlierFlush { errno, .. } => *errno,
             _ => libc::EIO,
         }
     }
@@ -168,7 +177,7 @@ impl Tier {
                     return Ok(d);
                 }
             }
-            let s3 = self.s3.as_ref().ok_or_else(|| DataError::Unreadable { chunk: chunk.member(), why: "no S3 configured".into() })?;
+            let s3 = self.s3.as_ref().ok_or(DataError::NoS3("reading a written-back chunk"))?;
             let key = chunk_key(ino, idx, e.ver);
             match s3.get(&key) {
                 Ok(Some(d)) => {
@@ -190,7 +199,7 @@ impl Tier {
     }
 
     /// Bytes `[idx*cs, ..)` of an imported object still backing chunk `idx`.
-    pub fn read_imported(&self, ino: u64, import: &Option<(String, u64)>, idx: u64) -> Result<Vec<u8>, DataError> {
+    pub fn read_imported(&self, import: &Option<(String, u64)>, idx: u64) -> Result<Vec<u8>, DataError> {
         let Some((key, limit)) = import else { return Ok(vec![]) };
         let cs = self.params.chunk_size;
         let start = idx * cs;
@@ -198,7 +207,7 @@ impl Tier {
         if start >= end {
             return Ok(vec![]);
         }
-        let s3 = self.s3.as_ref().ok_or_else(|| DataError::Unreadable { chunk: format!("{ino}:{idx}"), why: "no S3 configured".into() })?;
+        let s3 = self.s3.as_ref().ok_or(DataError::NoS3("reading an imported object"))?;
         match s3.get_range(key, start..end) {
             Ok(b) => Ok(b.to_vec()),
             Err(e) => {

@@ -232,7 +232,7 @@ impl Writeback {
                 None if a.import.as_ref().is_some_and(|(_, lim)| idx * cs < *lim) => {
                     // Copy the imported bytes into a chunk object first, so the
                     // export object (maybe the same key) can be replaced.
-                    let data = self.tier.read_imported(ino, &a.import, idx)?;
+                    let data = self.tier.read_imported(&a.import, idx)?;
                     let ver = (u64::MAX >> 1) - a.gen; // unique per (ino, idx): imports happen once per gen
                     let e = ChunkEntry { ver, len: data.len() as u64, persisted: true, holders: vec![] };
                     s3.put(&chunk_key(ino, idx, ver), bytes::Bytes::from(data))?;

@@ -138,3 +138,24 @@ fn a_flush_failed_under_write_behind_backpressure_is_reported_by_fsync() {
     let e = a.fsync(f).expect_err("fsync must report the failed flush too");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
 }
+
+/// A background flush error that a write under backpressure reports reaches
+/// fsync unchanged: the same errno and the same words, not wrapped again.
+#[test]
+fn a_stored_flush_error_reaches_fsync_unwrapped() {
+    // Two nodes of two 64 KiB chunks each, two copies: two chunks fit.
+    let s = setup_with_capacity(2, 128 << 10);
+    let a = Client::new(s.tier.clone(), ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() }).unwrap();
+    let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
+    a.open(f).unwrap();
+    // Four whole chunks, over the budget: the write waits for the background
+    // flushes, two of which fail with "full", and reports that.
+    let by_write = a.write(f, 0, &vec![5u8; 4 << 16]).expect_err("two chunks cannot be stored");
+    let by_fsync = a.fsync(f).expect_err("fsync reports it again");
+    assert_eq!((by_write.errno(), by_fsync.errno()), (libc::ENOSPC, libc::ENOSPC));
+    assert_eq!(by_write.to_string(), by_fsync.to_string());
+    let text = by_fsync.to_string();
+    assert_eq!(text.matches("earlier background write failed").count(), 1, "{text}");
+    assert!(text.contains("full"), "{text}");
+    a.fsync(f).expect("reported once to fsync, then cleared");
+}
