@@ -175,15 +175,15 @@ pub type Result<T> = std::result::Result<T, DataError>;
 /// How often a read follows a chunk replaced under it before giving up.
 const SUPERSEDED_RETRIES: usize = 50;
 
-/// An error a background flush hit, reported to the next call on the file.
+/// An error a flush hit, stored for the file and reported to later calls.
 fn stored_error(ino: Ino, errno: i32, why: String) -> DataError {
-    DataError::EarlierFlush { ino, errno, why }
+    DataError::FlushFailed { ino, errno, why }
 }
 
-/// What a flush does with an error a background flush stored: fsync, close
-/// and truncate report it and clear it; a write under backpressure reports it
-/// and keeps it, since the kernel may turn that failed WRITE into a short count
-/// and drop the error (re-storing the reported error's text would nest it).
+/// What a flush does with a stored flush error: fsync and truncate report it
+/// and clear it; a write under backpressure and close report it and keep it
+/// (the kernel may turn that failed WRITE into a short count and drop the
+/// error; a close may be a forked child's).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum StoredError {
     Clear,
@@ -404,8 +404,16 @@ impl Client {
         let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
         let r = self.flush_chunk(of.ino, idx, buf);
         self.release_budget(bytes);
+        {
+            let mut st = of.st.lock();
+            st.buffered = st.buffered.saturating_sub(bytes);
+        }
+        self.flushed(of, r);
+    }
+
+    /// One flush in flight is done: its error is stored for the file.
+    fn flushed(&self, of: &OpenFile, r: Result<()>) {
         let mut st = of.st.lock();
-        st.buffered = st.buffered.saturating_sub(bytes);
         if let Err(e) = r {
             st.error.get_or_insert((e.errno(), e.to_string()));
         }
@@ -413,39 +421,36 @@ impl Client {
         of.changed.notify_all();
     }
 
-    /// Flushes every buffered chunk of the file and waits for background
-    /// flushes; returns the first error any of them hit. With `Keep` the
-    /// error also stays stored for the next fsync or close.
+    /// Flushes every buffered chunk of the file and waits for every flush in
+    /// flight, this call's and others'; returns the first error any of them
+    /// hit. With `Keep` the error also stays stored for the next fsync.
     fn flush_buffers(&self, of: &OpenFile, stored: StoredError) -> Result<()> {
+        // The taken buffers count as in flight: a concurrent flush (an fsync
+        // racing a close of another descriptor) must wait for them, not find
+        // nothing buffered and return before they are committed.
         let bufs = {
             let mut st = of.st.lock();
             st.buffered = 0;
-            std::mem::take(&mut st.bufs)
+            let bufs = std::mem::take(&mut st.bufs);
+            st.inflight += bufs.len();
+            bufs
         };
-        let mut first_err = None;
         for (idx, buf) in bufs {
             let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
-            if let Err(e) = self.flush_chunk(of.ino, idx, buf) {
-                first_err.get_or_insert(e);
-            }
+            let r = self.flush_chunk(of.ino, idx, buf);
             self.release_budget(bytes);
+            self.flushed(of, r);
         }
         {
             let mut st = of.st.lock();
             while st.inflight > 0 {
                 of.changed.wait(&mut st);
             }
-            if let Some(e) = first_err {
-                if stored == StoredError::Keep {
-                    st.error.get_or_insert((e.errno(), e.to_string()));
-                }
-                return Err(e);
-            }
-            let earlier = match stored {
+            let failed = match stored {
                 StoredError::Keep => st.error.clone(),
                 StoredError::Clear => st.error.take(),
             };
-            if let Some((errno, why)) = earlier {
+            if let Some((errno, why)) = failed {
                 return Err(stored_error(of.ino, errno, why));
             }
         }
@@ -512,16 +517,21 @@ impl Client {
     }
 
     /// flush(2)/close: everything written so far is committed (visible to all
-    /// clients and on R nodes) when this returns Ok.
+    /// clients and on R nodes) when this returns Ok. A stored error is
+    /// reported but kept for fsync: the kernel sends FLUSH for every close of
+    /// a descriptor, also when a forked child execs and closes its inherited
+    /// copy, and that close must not swallow the writer's error.
     pub fn flush(&self, ino: Ino) -> Result<()> {
         let Some(of) = self.open_file(ino) else { return Ok(()) };
-        self.flush_buffers(&of, StoredError::Clear)
+        self.flush_buffers(&of, StoredError::Keep)
     }
 
     /// fsync: flush, and with `fsync_waits_for_s3`, wait until the file's
     /// current generation is in S3 (chunks, manifest and export object).
     pub fn fsync(&self, ino: Ino) -> Result<()> {
-        self.flush(ino)?;
+        if let Some(of) = self.open_file(ino) {
+            self.flush_buffers(&of, StoredError::Clear)?;
+        }
         if !self.cfg.fsync_waits_for_s3 {
             return Ok(());
         }

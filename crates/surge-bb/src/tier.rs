@@ -21,9 +21,10 @@ pub enum DataError {
     NotReplicated { chunk: String, got: usize, want: usize, why: String, full: bool },
     #[error("reading chunk {chunk}: no I/O node has it and {why}")]
     Unreadable { chunk: String, why: String },
-    /// A background flush failed; reported (with its errno) by a later call on the file.
-    #[error("inode {ino}: an earlier background write failed: {why}")]
-    EarlierFlush { ino: u64, errno: i32, why: String },
+    /// Buffered writes of the file could not be stored; reported (with its
+    /// errno) by every call on the file until an fsync.
+    #[error("inode {ino}: buffered writes could not be stored: {why}")]
+    FlushFailed { ino: u64, errno: i32, why: String },
     /// An fsync that waits for S3 timed out.
     #[error("inode {ino} not persisted in S3 after {waited:?} (generation {persisted} of {current})")]
     NotPersisted { ino: u64, waited: Duration, persisted: u64, current: u64 },
@@ -38,7 +39,7 @@ impl DataError {
         match self {
             DataError::Meta(m) => m.errno(),
             DataError::NotReplicated { full: true, .. } => libc::ENOSPC,
-            DataError::EarlierFlush { errno, .. } => *errno,
+            DataError::FlushFailed { errno, .. } => *errno,
             _ => libc::EIO,
         }
     }

@@ -343,9 +343,12 @@ fn faults_give_clear_errors() {
     assert!(lost.logs().contains("reading chunk"), "the client must log which chunk failed");
 }
 
-/// Full nodes: ENOSPC to the writer, from a write or from fsync.
+/// Full nodes: ENOSPC to the writer, from a write or from fsync, also when a
+/// forked child closed its inherited copy of the descriptor first (exec
+/// closes it, the kernel sends FLUSH: that close must not clear the error).
+/// Before the fix this failed in CI whenever another test spawned a process
+/// at the wrong moment: sync_all returned Ok for chunks never stored.
 #[test]
-#[ignore = "open (2026-11-26): in two clean CI runs in a row write_all + sync_all of 8 MiB onto two 2 MiB nodes returned Ok(()) instead of ENOSPC (whether the bytes were stored was not checked); it passes in the development tree; cause unknown. Run with --include-ignored"]
 fn full_nodes_give_enospc_to_the_writer() {
     let mut bb = Bb::new("full", "1MiB");
     bb.replicas = 2;
@@ -354,10 +357,11 @@ fn full_nodes_give_enospc_to_the_writer() {
     let r = (|| {
         let mut f = fs::File::create(m.dir.join("big"))?;
         f.write_all(&pattern(1, 8 << 20))?;
+        // The child inherits the descriptor until its exec closes it.
+        std::process::Command::new("true").status()?;
         f.sync_all()
     })();
     if errno(&r) != Some(libc::ENOSPC) {
-        // Open finding (see the ignore reason): say what the nodes and S3 hold.
         let (_, status, _) = bb.run(&["status", "/"]);
         let back = fs::read(bb.mount("check", &[]).dir.join("big")).map(|v| v == pattern(1, 8 << 20));
         panic!("{r:?}; read back intact: {back:?}\n{status}\n{}", bb.logs());
