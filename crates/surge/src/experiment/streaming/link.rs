@@ -78,7 +78,8 @@ impl Drop for Link {
             }
         }
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        let _ = Command::new("ip").args(["link", "del", &self.host_if]).status();
+        // Usually gone already: deleting the namespace deletes the veth pair.
+        let _ = Command::new("ip").args(["link", "del", &self.host_if]).stderr(std::process::Stdio::null()).status();
     }
 }
 
