@@ -153,6 +153,15 @@ pub trait BlockDev: Send + Sync {
     fn file_span(&self) -> Option<FileSpan<'_>> {
         None
     }
+
+    /// Whether a read (`write == false`) or write of `[offset, offset+len)`
+    /// may wait on a remote peer (a network round trip), so a front end must
+    /// not run it on a thread other requests wait behind. Local devices keep
+    /// the default `false`; a layer passes the question on to what it would
+    /// touch.
+    fn may_wait_remote(&self, _offset: u64, _len: u64, _write: bool) -> bool {
+        false
+    }
 }
 
 /// `OutOfRange` unless `[offset, offset+len)` lies inside a device of `size` bytes.
@@ -206,5 +215,8 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn file_span(&self) -> Option<FileSpan<'_>> {
         (**self).file_span()
+    }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        (**self).may_wait_remote(offset, len, write)
     }
 }

@@ -4,9 +4,11 @@
 //! nbdkit does): the thread holding the connection's intake lock reads the next
 //! request (buffered, so one `read` syscall often brings many headers) and its
 //! whole write payload into a pooled buffer. A small read or write on a fast
-//! export it runs right there, still holding the lock (no hand-off, no wake-up);
-//! anything else it runs after releasing the lock, so another thread reads the
-//! next request meanwhile. Replies are queued and sent by whichever thread finds
+//! export it runs right there, still holding the lock (no hand-off, no wake-up),
+//! unless the device says it may wait on the network (a copy-on-write volume
+//! reading its remote base: [`BlockDev::may_wait_remote`]), which would hold up
+//! every request behind it; anything else it runs after releasing the lock, so
+//! another thread reads the next request meanwhile. Replies are queued and sent by whichever thread finds
 //! the queue unattended, many per `writev`. The pool of per-connection buffers
 //! bounds the requests in flight: when all are out, nobody reads (backpressure).
 //! A request runs only once its payload is complete, so a client that
@@ -98,6 +100,9 @@ struct Job {
     big: bool,
     /// Read after shutdown began: answered NBD_ESHUTDOWN, not run.
     refused: bool,
+    /// A small read or write that may wait on a remote peer (a base image over
+    /// the network): never run inline, and not part of the service time.
+    remote: bool,
     /// A write payload held in a pipe (zero-copy): `buf` has only its first
     /// `prefix` bytes (what was already buffered), the pipe the rest.
     spliced: Option<Spliced>,
@@ -396,7 +401,9 @@ fn lead_and_follow<R: Read>(export: &ExportState, conn: &Conn, intake: &Mutex<In
             }
             match next_request(conn, &mut g.reader, pools) {
                 Ok(job) => {
-                    if job.refused || (inline_ok && is_small_io(&job.req) && export.service.fast()) {
+                    // A request waiting on the network here would hold up every
+                    // request behind it on this connection.
+                    if job.refused || (inline_ok && is_small_io(&job.req) && !job.remote && export.service.fast()) {
                         run_job(export, conn, job, false);
                         continue;
                     }
@@ -480,7 +487,8 @@ fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -
             return Err(Err(io::Error::new(e.kind(), format!("client left in the middle of a write payload: {e}"))));
         }
     }
-    Ok(Job { req, buf, big, refused, spliced })
+    let remote = is_small_io(&req) && conn.dev.may_wait_remote(req.offset, req.len, req.cmd == CMD_WRITE);
+    Ok(Job { req, buf, big, refused, remote, spliced })
 }
 
 /// Zero-copy payload: what is already buffered goes to `buf`, the rest is
@@ -600,9 +608,11 @@ impl From<BlockError> for Fail {
 
 /// Runs one request and queues its reply (sending it at once with `flush`).
 fn run_job(export: &ExportState, conn: &Conn, job: Job, flush: bool) {
-    let Job { req, buf, big, refused, spliced } = job;
+    let Job { req, buf, big, refused, remote, spliced } = job;
     let mut msg = OutMsg::new(buf, big);
-    let started = is_small_io(&req).then(Instant::now);
+    // The service time says whether local small requests are fast enough to
+    // run inline; requests that wait on the network never run inline.
+    let started = (is_small_io(&req) && !remote).then(Instant::now);
     let result = match spliced {
         // Payloads are spliced only when no shutdown was under way.
         Some(sp) => spliced_write(export, conn, &req, &mut msg, sp),

@@ -108,6 +108,9 @@ impl BlockDev for Timed {
     fn prefetch(&self, offset: u64, len: u64) -> surge_block::Result<()> {
         self.inner.prefetch(offset, len)
     }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.inner.may_wait_remote(offset, len, write)
+    }
 }
 
 /// Latency histograms by export name.

@@ -87,6 +87,11 @@ impl AllocMap {
         (s, b)
     }
 
+    /// Whether some block of the range is in `state`.
+    pub fn any(&self, blocks: std::ops::Range<u64>, state: State) -> bool {
+        blocks.into_iter().any(|b| self.get(b) == state)
+    }
+
     /// The first block at or after `from` in `state`, if any.
     pub fn find(&self, from: u64, state: State) -> Option<u64> {
         let mut b = from;

@@ -715,6 +715,26 @@ impl BlockDev for CowDev {
         Ok(())
     }
 
+    /// Reads of blocks still in the base, and writes that must fill a partial
+    /// block from the base, wait on the base; everything else is local.
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        if len == 0 || check_range(self.layout.size, offset, len).is_err() {
+            return false;
+        }
+        let g = self.g();
+        let end = offset + len;
+        let (b0, b1) = (offset / g, end.div_ceil(g));
+        let needs_base = if write {
+            let partial = |b: u64, covered: bool| !covered && self.map.get(b) == State::Base;
+            let (first_lo, _) = self.byte_range(b0, b0 + 1);
+            let (_, last_hi) = self.byte_range(b1 - 1, b1);
+            partial(b0, offset == first_lo) || partial(b1 - 1, end == last_hi)
+        } else {
+            self.map.any(b0..b1, State::Base)
+        };
+        needs_base && self.base.read().as_ref().is_some_and(|b| b.may_wait_remote(offset, len, false))
+    }
+
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         check_range(self.layout.size, offset, len)?;
         let g = self.g();

@@ -1,11 +1,15 @@
 //! Read-ahead for base reads: a remote base answers in round trips, so a
 //! guest reading base data sequentially in small requests would pay one per
 //! request. Misses that each start exactly where the one before ended form a
-//! stream: from the third on, they fetch a window beyond the request that
-//! doubles, up to `max_window`, while the stream goes on (as Linux read-ahead
-//! does). Other
-//! misses fetch exactly what was asked: a booting system reading scattered
-//! files gains nothing from data next to them, and the link pays for it.
+//! stream; once a stream has read `min_stream` bytes, each further miss fetches
+//! a window beyond the request that doubles, up to `max_window`, while the
+//! stream goes on (as Linux read-ahead does). Other misses, and short streams,
+//! fetch exactly what was asked: a booting system reading scattered files (each
+//! a short stream: a guest kernel reads a file in a few sequential requests,
+//! with its own read-ahead inside the file) gains nothing from the data after
+//! each file, and the link pays for it. In the streaming experiment, reading
+//! ahead from the third miss of a stream on made the boot fetch 153 MB from the
+//! base instead of 110 MB.
 //! Data fetched ahead waits in a small LRU cache in memory (never in the
 //! overlay: that is copy-on-read's job). The base is read-only, so cached
 //! data is never stale; the cow layer asks only for blocks still in `Base`.
@@ -18,6 +22,8 @@ use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy)]
 pub struct ReadaheadConfig {
+    /// Bytes a stream reads before it gets a window.
+    pub min_stream: u64,
     /// First window of a stream.
     pub min_window: u64,
     /// Largest window (0: no read-ahead).
@@ -28,7 +34,7 @@ pub struct ReadaheadConfig {
 
 impl Default for ReadaheadConfig {
     fn default() -> Self {
-        ReadaheadConfig { min_window: 128 << 10, max_window: 512 << 10, cache_bytes: 64 << 20 }
+        ReadaheadConfig { min_stream: 1 << 20, min_window: 128 << 10, max_window: 512 << 10, cache_bytes: 64 << 20 }
     }
 }
 
@@ -37,6 +43,8 @@ impl Default for ReadaheadConfig {
 #[derive(Debug, Clone, Copy)]
 struct Stream {
     next: u64,
+    /// Bytes the stream has asked for so far.
+    run: u64,
     window: u64,
 }
 
@@ -74,18 +82,18 @@ impl Readahead {
         if self.cfg.max_window == 0 {
             return 0;
         }
-        // A miss right after a miss starts a stream (window 0: the two may be
-        // one request split up); the third in a row reads ahead, and each
-        // further one doubles the window.
-        let (window, next_window) = match st.streams.iter().position(|s| s.next == start) {
+        // A miss right after a miss continues a stream; once the stream is
+        // long enough it reads ahead, and each further miss doubles the window.
+        let (run, window) = match st.streams.iter().position(|s| s.next == start) {
             Some(i) => {
-                let w = st.streams.remove(i).expect("found").window;
-                let next = if w == 0 { self.cfg.min_window } else { w * 2 };
-                (w, next.min(self.cfg.max_window))
+                let s = st.streams.remove(i).expect("found");
+                (s.run + (end - start), s.window)
             }
-            None => (0, 0),
+            None => (end - start, 0),
         };
-        st.streams.push_front(Stream { next: end + window, window: next_window });
+        let window = if run > self.cfg.min_stream { window.max(self.cfg.min_window).min(self.cfg.max_window) } else { 0 };
+        let next_window = if window == 0 { 0 } else { (window * 2).min(self.cfg.max_window) };
+        st.streams.push_front(Stream { next: end + window, run: run + window, window: next_window });
         st.streams.truncate(STREAMS);
         window
     }
@@ -104,6 +112,7 @@ impl Readahead {
                 // A hit at the front of a window keeps its stream going.
                 if let Some(s) = st.streams.iter_mut().find(|s| s.next == pos) {
                     s.next = end;
+                    s.run += end - pos;
                 }
                 return Ok(0);
             }
@@ -145,7 +154,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sequential_stream_grows_its_window_and_hits_the_cache() {
+    fn a_long_sequential_stream_grows_its_window_and_hits_the_cache() {
         let b = base(8 << 20);
         let cfg = ReadaheadConfig::default();
         let ra = Readahead::new(cfg);
@@ -156,10 +165,11 @@ mod tests {
             assert_eq!(buf, pattern(3, pos, 4096), "at {pos}");
         }
         let s = b.stats();
-        // Two plain misses, the growing windows (128, 256 KiB), then full windows.
-        let most = 4 + (4 << 20) / cfg.max_window;
+        // Plain misses up to min_stream, then the growing windows (128, 256
+        // KiB) and full windows over the other 3 MiB.
+        let most = cfg.min_stream / 4096 + 3 + (3 << 20) / cfg.max_window;
         assert!(s.reads <= most, "4 MiB read 4 KiB at a time took {} base reads (at most {most})", s.reads);
-        assert!(s.read_bytes <= 6 << 20, "fetched {} bytes for 4 MiB", s.read_bytes);
+        assert!(s.read_bytes <= 5 << 20, "fetched {} bytes for 4 MiB", s.read_bytes);
     }
 
     #[test]
@@ -177,13 +187,33 @@ mod tests {
     }
 
     #[test]
-    fn read_ahead_stops_at_the_limit_and_the_device_end() {
-        let b = base((1 << 20) + 1000);
+    fn small_files_read_in_several_requests_are_not_read_past() {
+        // A guest reading a 256 KiB file in 4 KiB requests, then a file far
+        // away, and so on: each file is a short stream; the bytes after it
+        // belong to files no one asked for.
+        let b = base(64 << 20);
         let ra = Readahead::new(ReadaheadConfig::default());
         let mut buf = vec![0u8; 4096];
+        for f in 0..16u64 {
+            let start = f * (4 << 20);
+            for i in 0..64u64 {
+                let pos = start + i * 4096;
+                assert_eq!(ra.read(b.as_ref(), &mut buf, pos, 64 << 20).unwrap(), 4096, "file {f}, request {i}");
+                assert_eq!(buf, pattern(3, pos, 4096));
+            }
+        }
+        assert_eq!(b.stats().read_bytes, 16 * (256 << 10));
+    }
+
+    #[test]
+    fn read_ahead_stops_at_the_limit_and_the_device_end() {
+        let b = base((1 << 20) + 1000);
+        let ra = Readahead::new(ReadaheadConfig { min_stream: 8192, ..ReadaheadConfig::default() });
+        let mut buf = vec![0u8; 4096];
         ra.read(b.as_ref(), &mut buf, 0, 1 << 30).unwrap();
-        assert_eq!(ra.read(b.as_ref(), &mut buf, 4096, 1 << 30).unwrap(), 4096, "the second of a stream reads no more");
-        assert_eq!(ra.read(b.as_ref(), &mut buf, 8192, 64 << 10).unwrap(), 56 << 10, "the third reads ahead, up to the limit");
+        assert_eq!(ra.read(b.as_ref(), &mut buf, 4096, 1 << 30).unwrap(), 4096, "a stream of min_stream bytes reads no more");
+        assert_eq!(ra.read(b.as_ref(), &mut buf, 8192, 64 << 10).unwrap(), 56 << 10, "past min_stream it reads ahead, up to the limit");
+        let ra = Readahead::new(ReadaheadConfig { min_stream: 200, ..ReadaheadConfig::default() });
         let mut small = vec![0u8; 100];
         ra.read(b.as_ref(), &mut small, (1 << 20) - 200, 1 << 30).unwrap();
         ra.read(b.as_ref(), &mut small, (1 << 20) - 100, 1 << 30).unwrap();

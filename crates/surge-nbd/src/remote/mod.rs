@@ -610,6 +610,11 @@ impl BlockDev for RemoteDev {
         Ok(out)
     }
 
+    /// Every request is a network round trip.
+    fn may_wait_remote(&self, _offset: u64, _len: u64, _write: bool) -> bool {
+        true
+    }
+
     fn prefetch(&self, offset: u64, len: u64) -> surge_block::Result<()> {
         check_range(self.size, offset, len)?;
         if self.has(FLAG_SEND_CACHE) {
