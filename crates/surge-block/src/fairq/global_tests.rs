@@ -366,3 +366,61 @@ fn once_a_stops_b_gets_what_it_would_without_cooperation() {
     assert!(coop[1] as f64 >= 0.99 * local[1] as f64, "b got {} MiB cooperating, {} MiB local only", coop[1] / MIB, local[1] / MIB);
 }
 
+
+/// The paper's Fig. 5 setting on virtual time: 64 KiB requests, each on one
+/// server whole; a client writing in order sends 4 in a row to a server (256
+/// KiB stripe unit) before it moves on to the next. One outstanding request
+/// per client, 4 + 4 clients over 8 servers, chunks up to 8 ms late, as in
+/// [`experiment`].
+fn small_requests(weights: [u32; 2], coop: bool) -> Cluster {
+    const SMALL: u64 = 64 * KIB;
+    let per_unit = (CHUNK / SMALL) as usize;
+    // Each server repeated once per 64 KiB of its stripe unit: one request per step.
+    let order: Vec<usize> = (0..8).flat_map(|s| std::iter::repeat_n(s, per_unit)).collect();
+    let clients = (0..8)
+        .map(|i| Striper {
+            tenant: i / 4,
+            servers: order.clone(),
+            chunk: SMALL,
+            chunks: 1,
+            outstanding: 1,
+            start: (i * 3) % 8 * per_unit,
+            until: None,
+        })
+        .collect::<Vec<_>>();
+    let make = move || {
+        let g = GlobalConfig { period: EXP_PERIOD, ..GlobalConfig::default() };
+        let mut s = Scheduler::new(SchedConfig { depth: 2, global: coop.then_some(g), ..Default::default() });
+        s.add_tenant(weight(weights[0]));
+        s.add_tenant(weight(weights[1]));
+        s
+    };
+    let mut c = Cluster::new(8, EXP_DISK, &["a", "b"], make, clients, Some((EXP_PERIOD, TRANSIT)));
+    c.jitter(ms(8), 17);
+    c
+}
+
+/// With one 64 KiB request per client, each server sees about one request of
+/// each application at a time: per-server SFQ(D) rarely has both queued and
+/// the split stays near 1:1 whatever the weight; cooperating proxies hold
+/// every target from 2:1 to 16:1 to within 3 %. a's 4 clients keep at most 4
+/// of the 8 servers busy, so at the others every hold for a runs out and
+/// serves b: with a bound that did not grow with b's lead, 16:1 measured
+/// 11.89:1 here (674 holds expired; a quick run of the real experiment:
+/// 14.15:1); stretching it by b's lead in lags: 15.76:1 (506).
+#[test]
+fn small_requests_get_their_targets_only_with_cooperation() {
+    let (warm, end) = (secs(1), secs(20));
+    for target in [2u32, 4, 8, 16] {
+        let ratio = |coop: bool| {
+            let mut c = small_requests([target, 1], coop);
+            c.run(end);
+            let b = c.bytes_between(warm, end);
+            (b[0] as f64 / b[1] as f64, holds_expired(&c), (b[0] + b[1]) / MIB)
+        };
+        let (local, coop) = (ratio(false), ratio(true));
+        eprintln!("64 KiB {target}:1: local only {:.3}:1, cooperative {:.3}:1 ({} holds expired, {} MiB total)", local.0, coop.0, coop.1, coop.2);
+        assert!(local.0 < 0.6 * target as f64, "local only {:.3}:1 for {target}:1", local.0);
+        assert!((coop.0 - target as f64).abs() <= 0.03 * target as f64, "cooperative {:.3}:1 for {target}:1", coop.0);
+    }
+}

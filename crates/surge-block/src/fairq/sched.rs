@@ -33,7 +33,7 @@
 //!   arrives: plain SFQ(D).
 
 use super::adaptive::{Adaptive, AdaptiveConfig, Share, Window};
-use super::global::{GapEstimate, GlobalConfig};
+use super::global::{Anticipate, GapEstimate, GlobalConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -45,6 +45,8 @@ pub type ReqId = u64;
 /// and tests can count exactly.
 const WSCALE: u128 = 720_720;
 const NANOS: u128 = 1_000_000_000;
+/// The most an anticipation bound is stretched for a held tenant far ahead (see `hold_bound`).
+const MAX_LEAD_SCALE: u32 = 8;
 
 /// A tenant's share. Rates are in cost units (bytes plus per-request overhead) per second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -450,10 +452,27 @@ impl Scheduler {
 
     /// How long a slot is kept for the tenants the `held` ones owe: the longest
     /// anticipation bound among them (each by its own gap estimate under `auto`).
+    ///
+    /// Under `auto` the bound grows with how far the held tenant is ahead, in
+    /// lags (up to [`MAX_LEAD_SCALE`] times, within the auto maximum): every
+    /// hold that runs out serves the tenant that is ahead, so when the owed
+    /// tenant cannot use every server at once (small requests, one per client)
+    /// the held one's service is what the expired holds give it, and its lead
+    /// keeps growing. Waiting longer the further it is ahead brings that
+    /// service down to its share instead.
     fn hold_bound(&self, held: &[TenantId], now: Duration, g: &GlobalConfig) -> Duration {
         held.iter()
-            .flat_map(|&t| self.owed_by(t, now, g))
-            .map(|u| g.anticipate.bound(self.tenants[u].gap.expected_within(), self.mean_latency))
+            .flat_map(|&t| self.owed_by(t, now, g).map(move |u| (t, u)))
+            .map(|(t, u)| {
+                let base = g.anticipate.bound(self.tenants[u].gap.expected_within(), self.mean_latency);
+                if g.anticipate != Anticipate::Auto {
+                    return base;
+                }
+                let (me, o) = (&self.tenants[t], &self.tenants[u]);
+                let lag = (g.lag as u128 * WSCALE / me.cfg.weight as u128).max(1);
+                let leads = (me.global.saturating_sub(o.global) / lag).clamp(1, MAX_LEAD_SCALE as u128) as u32;
+                (base * leads).min(Anticipate::AUTO_MAX)
+            })
             .max()
             .unwrap_or(Duration::ZERO)
     }

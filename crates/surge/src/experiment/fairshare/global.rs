@@ -21,9 +21,16 @@ pub struct GlobalPlan {
     pub clients: usize,
     pub chunk: u64,
     pub request: u64,
+    /// The paper's Fig. 5 request size: smaller than `chunk`, so each request
+    /// lands on one server, and a client's sequential requests move on to the
+    /// next server every `chunk / small_request` requests (IOR writing its file
+    /// in order over a 256 KiB stripe unit).
+    pub small_request: u64,
     /// Requests each client keeps in flight in the backlogged variant.
     pub backlog: usize,
     pub targets: Vec<u32>,
+    /// Targets run with `small_request` (one outstanding request per client).
+    pub small_targets: Vec<u32>,
     pub backlogged_targets: Vec<u32>,
     pub run_s: f64,
     pub warmup_s: f64,
@@ -40,8 +47,11 @@ impl GlobalPlan {
             clients: 4,
             chunk: 256 * KIB,
             request: MIB,
+            small_request: 64 * KIB,
             backlog: 4,
             targets: vec![2, 4, 8, 16],
+            // Quick: the end of the range where the paper fell short at 64 KiB.
+            small_targets: if quick { vec![16] } else { vec![2, 4, 8, 16] },
             // Backlogged, local SFQ(D) alone holds the ratio: the ends of the range show it.
             backlogged_targets: if quick { vec![16] } else { vec![2, 16] },
             run_s: if quick { 4.0 } else { 10.0 },
@@ -51,14 +61,17 @@ impl GlobalPlan {
         }
     }
 
-    /// Seconds of one run at a:b = `target`:1. The lighter tenant's share
-    /// shrinks with the target, and a ratio is only as precise as the number
-    /// of its completions counted (at 16:1 in a 4 s quick run, about 24: one
-    /// more or fewer moves the ratio by 4 %, most of the 5 % the gate allows).
-    /// So beyond 8:1 a run lasts in proportion to the target: the lighter
-    /// tenant completes about as many requests at 16:1 as at 8:1.
-    pub fn run_s_for(&self, target: u32) -> f64 {
-        self.run_s * (target as f64 / Self::FULL_LENGTH_UP_TO as f64).max(1.0)
+    /// Seconds of one run at a:b = `target`:1 with requests of `request`
+    /// bytes. The lighter tenant's share shrinks with the target, and a ratio
+    /// is only as precise as the number of its completions counted (1 MiB at
+    /// 16:1 in a 4 s quick run: about 24, one more or fewer moves the ratio by
+    /// 4 %, most of the 5 % the gate allows). So beyond 8:1 at 1 MiB a run
+    /// lasts in proportion to the target: the lighter tenant completes about
+    /// as many requests at 16:1 as at 8:1. Smaller requests complete that many
+    /// sooner (64 KiB: 16 times as many per second), so they need no more.
+    pub fn run_s_for(&self, target: u32, request: u64) -> f64 {
+        let fewer = target as f64 / Self::FULL_LENGTH_UP_TO as f64 * request as f64 / MIB as f64;
+        self.run_s * fewer.max(1.0)
     }
 
     const FULL_LENGTH_UP_TO: u32 = 8;
@@ -72,6 +85,10 @@ impl GlobalPlan {
     }
 
     fn load(&self, outstanding: usize, narrow_b: bool, via_proxies: bool, run_s: f64) -> LoadSpec {
+        self.load_of(self.request, outstanding, narrow_b, via_proxies, run_s)
+    }
+
+    fn load_of(&self, request: u64, outstanding: usize, narrow_b: bool, via_proxies: bool, run_s: f64) -> LoadSpec {
         let half: Vec<usize> = (0..self.servers.count.div_ceil(2)).collect();
         LoadSpec {
             apps: [
@@ -80,7 +97,7 @@ impl GlobalPlan {
             ],
             via_proxies,
             chunk: self.chunk,
-            request: self.request,
+            request,
             duration: Duration::from_secs_f64(run_s),
         }
     }
@@ -103,7 +120,8 @@ pub struct RatioEntry {
 
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct ModeResults {
-    /// One request outstanding per client (the paper's IOR setting).
+    /// One request outstanding per client (the paper's IOR setting): 1 MiB
+    /// striped (Fig. 4) and 64 KiB (Fig. 5), told apart by `request_bytes`.
     pub ratios: Vec<RatioEntry>,
     pub backlogged_ratios: Vec<RatioEntry>,
 }
@@ -202,17 +220,18 @@ impl Runner<'_> {
     }
 
     /// Every target, local only then cooperative, `reps` times interleaved.
-    fn ratios(&self, outstanding: usize, targets: &[u32]) -> anyhow::Result<[Vec<RatioEntry>; 2]> {
+    fn ratios(&self, request: u64, outstanding: usize, targets: &[u32]) -> anyhow::Result<[Vec<RatioEntry>; 2]> {
         let p = self.plan;
         let mut out = [Vec::new(), Vec::new()];
         for &target in targets {
-            let load = p.load(outstanding, false, true, p.run_s_for(target));
+            let load = p.load_of(request, outstanding, false, true, p.run_s_for(target, request));
             let mut runs: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
             for rep in 0..p.reps {
                 for (mode, coop) in [false, true].into_iter().enumerate() {
                     let m = self.run([target, 1], coop, &load)?;
                     step(&format!(
-                        "global {target}:1, {} outstanding, {} (run {}): {:.2}:1, {:.1} + {:.1} MB/s",
+                        "global {target}:1, {} KiB, {} outstanding, {} (run {}): {:.2}:1, {:.1} + {:.1} MB/s",
+                        request / KIB,
                         outstanding,
                         if coop { "cooperative" } else { "local only" },
                         rep + 1,
@@ -227,7 +246,7 @@ impl Runner<'_> {
                 let r: Vec<f64> = runs[mode].iter().map(|m| m.ratio).collect();
                 let (min, max) = spread(&r);
                 let mbps = [0, 1].map(|t| median(&runs[mode].iter().map(|m| m.mbps[t]).collect::<Vec<_>>()));
-                out[mode].push(RatioEntry { target, achieved: median(&r), request_bytes: p.request, outstanding, runs: r, min, max, mbps });
+                out[mode].push(RatioEntry { target, achieved: median(&r), request_bytes: request, outstanding, runs: r, min, max, mbps });
             }
         }
         Ok(out)
@@ -314,8 +333,11 @@ pub fn run(plan: &GlobalPlan) -> anyhow::Result<GlobalResults> {
 
 fn measure(plan: &GlobalPlan, store: Store, started: std::time::Instant) -> anyhow::Result<GlobalResults> {
     let r = Runner { plan, store };
-    let [lo, co] = r.ratios(1, &plan.targets)?;
-    let [lo_b, co_b] = r.ratios(plan.backlog, &plan.backlogged_targets)?;
+    let [mut lo, mut co] = r.ratios(plan.request, 1, &plan.targets)?;
+    let [lo_s, co_s] = r.ratios(plan.small_request, 1, &plan.small_targets)?;
+    lo.extend(lo_s);
+    co.extend(co_s);
+    let [lo_b, co_b] = r.ratios(plan.request, plan.backlog, &plan.backlogged_targets)?;
     let asymmetric = r.asymmetric()?;
     let overhead = r.overhead()?;
     let proxy_counters = r.counters();
@@ -334,20 +356,33 @@ fn measure(plan: &GlobalPlan, store: Store, started: std::time::Instant) -> anyh
 /// The paper's Fig. 4 (1 MiB, 8 servers, per-server SFQ(2) proxies): achieved a:b by target.
 pub const PAPER_FIG4: [(f64, f64); 2] = [(2.0, 1.9), (16.0, 5.8)];
 
-fn ratio_rows(s: &mut String, g: &GlobalResults, backlogged: bool) {
+/// What the paper reports for a target: Fig. 4 (1 MiB), Fig. 5 (64 KiB; its
+/// text gives no numbers, only how it compares), nothing for the backlogged variant.
+fn paper_says(backlogged: bool, request: u64, target: u32) -> &'static str {
+    match (backlogged, request, target) {
+        (true, _, _) => "-",
+        (false, MIB, 2) => "1.9",
+        (false, MIB, 16) => "5.8",
+        (false, MIB, _) => "(falls off, Fig. 4)",
+        (false, _, 16) => "< 16 (Fig. 5)",
+        (false, _, _) => "better than 1 MiB (Fig. 5)",
+    }
+}
+
+/// One mode's entries of one request size.
+fn of_size(v: &[RatioEntry], request: u64) -> Vec<&RatioEntry> {
+    v.iter().filter(|x| x.request_bytes == request).collect()
+}
+
+fn ratio_rows(s: &mut String, g: &GlobalResults, backlogged: bool, request: u64) {
     let (lo, co) = if backlogged {
-        (&g.local_only.backlogged_ratios, &g.cooperative.backlogged_ratios)
+        (of_size(&g.local_only.backlogged_ratios, request), of_size(&g.cooperative.backlogged_ratios, request))
     } else {
-        (&g.local_only.ratios, &g.cooperative.ratios)
+        (of_size(&g.local_only.ratios, request), of_size(&g.cooperative.ratios, request))
     };
     s.push_str("| target | outstanding / client | paper (local) | local only | cooperative | cooperative / target | MB/s a + b (local / coop) |\n|---|---|---|---|---|---|---|\n");
-    for (l, c) in lo.iter().zip(co) {
-        let paper = match (backlogged, l.target) {
-            (false, 2) => "1.9",
-            (false, 16) => "5.8",
-            (false, _) => "(falls off, Fig. 4)",
-            _ => "-",
-        };
+    for (l, c) in lo.into_iter().zip(co) {
+        let paper = paper_says(backlogged, request, l.target);
         s.push_str(&format!(
             "| {}:1 | {} | {paper} | {:.2} ({:.2}..{:.2}) | {:.2} ({:.2}..{:.2}) | {:.3} | {:.1} + {:.1} / {:.1} + {:.1} |\n",
             l.target,
@@ -388,24 +423,39 @@ pub fn report(g: &GlobalResults) -> String {
     };
     s.push_str(&format!("| proxy in front of a server | user-level proxy forwarding to the PVFS2 server | {interposed} |\n"));
     s.push_str(&format!(
-        "| clients | IOR over MPI-IO, 32 per application, 1 MiB requests striped as 4 x 256 KiB, 1 outstanding | {} `surge stripe-bench` processes per application (own NBD connections to every server it uses, bound to its application's address), {} KiB requests striped as {} x {} KiB chunks round robin over the servers, sent together; 1 outstanding per client, and {} in the backlogged variant |\n",
+        "| clients | IOR over MPI-IO, 32 per application, 1 MiB requests striped as 4 x 256 KiB (Fig. 5: 64 KiB requests), 1 outstanding | {} `surge stripe-bench` processes per application (own NBD connections to every server it uses, bound to its application's address), {} KiB requests striped as {} x {} KiB chunks round robin over the servers, sent together, and {} KiB requests (Fig. 5; one server each); 1 outstanding per client, and {} in the backlogged variant |\n",
         p.clients,
         p.request / KIB,
         p.request / p.chunk,
         p.chunk / KIB,
+        p.small_request / KIB,
         p.backlog
     ));
     s.push_str("| local only | the paper's system | the same proxies with `global=off` (set live): each schedules only its own queue |\n");
-    s.push_str("| cooperative | future work in the paper | `global=on`: each proxy reports what every tenant received to its peers every 20 ms over `--coop-peer` connections (default `--coop-period`), tags are delayed by service received elsewhere (DSFQ), a tenant running ahead of its share of the total by more than `lag` (1 MiB) yields to an owed tenant, and a server may keep a free slot for an owed tenant's next chunk as long as that tenant has been seen to take to send one there (`anticipate=auto`: smoothed mean + 4 deviations of its gaps, 1..200 ms); a peer unheard for 500 ms no longer counts (local SFQ(D) for it, I/O never waits for a peer) |\n");
+    s.push_str("| cooperative | future work in the paper | `global=on`: each proxy reports what every tenant received to its peers every 20 ms over `--coop-peer` connections (default `--coop-period`), tags are delayed by service received elsewhere (DSFQ), a tenant running ahead of its share of the total by more than `lag` (1 MiB) yields to an owed tenant, and a server may keep a free slot for an owed tenant's next chunk as long as that tenant has been seen to take to send one there (`anticipate=auto`: smoothed mean + 4 deviations of its gaps, stretched by the held tenant's lead in lags up to 8 times, within 1..200 ms); a peer unheard for 500 ms no longer counts (local SFQ(D) for it, I/O never waits for a peer) |\n");
     s.push_str(&format!(
-        "| runs | not stated | {} s per run ({} s at 16:1: beyond {}:1 a run lasts in proportion to the target, so that the lighter tenant completes as many requests as at {}:1), first {} s and last {} s not measured; {} run(s) of every case, local only and cooperative interleaved; medians with (min..max) |\n\n",
-        p.run_s, p.run_s_for(16), GlobalPlan::FULL_LENGTH_UP_TO, GlobalPlan::FULL_LENGTH_UP_TO, p.warmup_s, p.cooldown_s, p.reps
+        "| runs | not stated | {} s per run ({} s at 16:1 with 1 MiB requests: beyond {}:1 a run lasts in proportion to the target, so that the lighter tenant completes as many requests as at {}:1; 64 KiB runs complete 16 times as many and keep the base length), first {} s and last {} s not measured; {} run(s) of every case, local only and cooperative interleaved; medians with (min..max) |\n\n",
+        p.run_s, p.run_s_for(16, p.request), GlobalPlan::FULL_LENGTH_UP_TO, GlobalPlan::FULL_LENGTH_UP_TO, p.warmup_s, p.cooldown_s, p.reps
     ));
     s.push_str("### Proportional sharing, 1 MiB striped, one outstanding request per client (Fig. 4)\n\n");
-    ratio_rows(&mut s, g, false);
+    ratio_rows(&mut s, g, false, p.request);
     s.push_str("\nWith one request outstanding per client and its chunks spread over the servers, no single proxy sees the favoured application's requests waiting often enough for its weight to act: local SFQ(D) is work-conserving and gives the idle share away, as the paper found. Cooperating proxies charge each tenant for the service it received everywhere, so the favoured tenant's next chunk at any server starts ahead of the other's.\n\n");
+    if !p.small_targets.is_empty() {
+        s.push_str(&format!(
+            "### Small requests: {} KiB, one outstanding request per client (Fig. 5)\n\n",
+            p.small_request / KIB
+        ));
+        ratio_rows(&mut s, g, false, p.small_request);
+        s.push_str(&format!(
+            "\nA {} KiB request is smaller than the {} KiB stripe unit: it goes to one server whole, and a client writing its region in order moves on to the next server every {} requests (the paper's IOR writes sequentially; it gives no other placement). Each client has one chunk in flight instead of {}, so each proxy sees fewer requests of either application at once. The paper's text gives no numbers for Fig. 5, only that it came out much better than Fig. 4 and still short at 16:1.\n\n",
+            p.small_request / KIB,
+            p.chunk / KIB,
+            p.chunk / p.small_request,
+            p.request / p.chunk
+        ));
+    }
     s.push_str("### Backlogged variant\n\n");
-    ratio_rows(&mut s, g, true);
+    ratio_rows(&mut s, g, true, p.request);
     s.push_str("\nWith several requests in flight per client the proxies see both tenants queued far more often and local SFQ(D) alone comes much closer to the target (local-only column); cooperation must close the rest and not overshoot.\n\n");
     let a = &g.asymmetric;
     s.push_str(&format!(
@@ -440,18 +490,23 @@ fn fmt_runs(v: &[f64]) -> String {
     v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ")
 }
 
-/// Achieved vs target across the servers, beside the paper's Fig. 4.
+/// Achieved vs target across the servers, 1 MiB beside the paper's Fig. 4 and
+/// 64 KiB (Fig. 5, whose numbers the paper's text does not give).
 pub fn plot(out: &Path, g: &GlobalResults) -> anyhow::Result<()> {
     use super::plot::{line_chart, Chart, Series};
-    let pts = |v: &[RatioEntry]| v.iter().map(|x| (x.target as f64, x.achieved)).collect();
-    let title = format!("Achieved vs target over {} servers, 1 MiB striped, 1 outstanding/client", g.plan.servers.count);
+    let p = &g.plan;
+    let pts = |v: &[RatioEntry], request: u64| of_size(v, request).iter().map(|x| (x.target as f64, x.achieved)).collect();
+    let small = format!("{} KiB", p.small_request / KIB);
+    let title = format!("Achieved vs target over {} servers, 1 outstanding/client (Figs. 4, 5)", p.servers.count);
     line_chart(
         &out.join("global-ratios.svg"),
         &Chart { title: &title, x_label: "target a:b", y_label: "achieved a:b", log_x: false },
         &[
-            Series { name: "per-server SFQ(D) (local only)".into(), points: pts(&g.local_only.ratios), reference: false },
-            Series { name: "cooperating proxies".into(), points: pts(&g.cooperative.ratios), reference: false },
-            Series { name: "paper, Fig. 4".into(), points: PAPER_FIG4.to_vec(), reference: false },
+            Series { name: "per-server SFQ(D) (local only), 1 MiB striped".into(), points: pts(&g.local_only.ratios, p.request), reference: false },
+            Series { name: "cooperating proxies, 1 MiB striped".into(), points: pts(&g.cooperative.ratios, p.request), reference: false },
+            Series { name: "paper, Fig. 4 (1 MiB, per-server SFQ(2))".into(), points: PAPER_FIG4.to_vec(), reference: false },
+            Series { name: format!("per-server SFQ(D) (local only), {small}"), points: pts(&g.local_only.ratios, p.small_request), reference: false },
+            Series { name: format!("cooperating proxies, {small}"), points: pts(&g.cooperative.ratios, p.small_request), reference: false },
             Series { name: "ideal".into(), points: vec![(2.0, 2.0), (16.0, 16.0)], reference: true },
         ],
     )
