@@ -99,16 +99,22 @@ fn flushed_writes_are_replicated_and_read_by_other_clients() {
     assert!(got[4..].iter().all(|&x| x == 0));
 }
 
+/// Two nodes of two 64 KiB chunks each, two copies: two chunks fit. A client
+/// with `cfg` and the open file "big".
+fn room_for_two_chunks(cfg: ClientConfig) -> (Setup, Arc<Client>, u64) {
+    let s = setup_with_capacity(2, 128 << 10);
+    let a = Client::new(s.tier.clone(), cfg).unwrap();
+    let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
+    a.open(f).unwrap();
+    (s, a, f)
+}
+
 /// A background flush that failed (nodes full) is reported by the next write
 /// and still by fsync: the kernel turns a failed WRITE after bytes it already
 /// sent into a short count and drops the error, so a write must not clear it.
 #[test]
 fn an_error_reported_by_a_write_is_reported_again_by_fsync() {
-    // Two nodes of two 64 KiB chunks each, two copies: two chunks fit.
-    let s = setup_with_capacity(2, 128 << 10);
-    let a = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
-    let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
-    a.open(f).unwrap();
+    let (_s, a, f) = room_for_two_chunks(ClientConfig::default());
     // Four whole chunks: flushed in the background, two fail with "full".
     a.write(f, 0, &vec![7u8; 4 << 16]).unwrap();
     let _ = a.read(f, 0, 1); // waits for the background flushes
@@ -124,11 +130,7 @@ fn an_error_reported_by_a_write_is_reported_again_by_fsync() {
 /// chunks are no longer buffered).
 #[test]
 fn a_flush_failed_under_write_behind_backpressure_is_reported_by_fsync() {
-    // Two nodes of two 64 KiB chunks each, two copies: two chunks fit.
-    let s = setup_with_capacity(2, 128 << 10);
-    let a = Client::new(s.tier.clone(), ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() }).unwrap();
-    let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
-    a.open(f).unwrap();
+    let (_s, a, f) = room_for_two_chunks(ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() });
     a.write(f, 0, &vec![1u8; 2 << 16]).unwrap();
     a.fsync(f).unwrap(); // the nodes are full now
     // Partial chunks stay buffered until the budget is exceeded.
@@ -143,11 +145,7 @@ fn a_flush_failed_under_write_behind_backpressure_is_reported_by_fsync() {
 /// fsync unchanged: the same errno and the same words, not wrapped again.
 #[test]
 fn a_stored_flush_error_reaches_fsync_unwrapped() {
-    // Two nodes of two 64 KiB chunks each, two copies: two chunks fit.
-    let s = setup_with_capacity(2, 128 << 10);
-    let a = Client::new(s.tier.clone(), ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() }).unwrap();
-    let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
-    a.open(f).unwrap();
+    let (_s, a, f) = room_for_two_chunks(ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() });
     // Four whole chunks, over the budget: the write waits for the background
     // flushes, two of which fail with "full", and reports that.
     let by_write = a.write(f, 0, &vec![5u8; 4 << 16]).expect_err("two chunks cannot be stored");
@@ -165,11 +163,7 @@ fn a_stored_flush_error_reaches_fsync_unwrapped() {
 /// clear it: the writer's fsync still gets it.
 #[test]
 fn a_close_by_another_descriptor_does_not_swallow_the_writers_error() {
-    // Two nodes of two 64 KiB chunks each, two copies: two chunks fit.
-    let s = setup_with_capacity(2, 128 << 10);
-    let a = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
-    let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
-    a.open(f).unwrap();
+    let (_s, a, f) = room_for_two_chunks(ClientConfig::default());
     a.write(f, 0, &vec![9u8; 4 << 16]).unwrap(); // two of four chunks will not fit
     let e = a.flush(f).expect_err("the close sees the failed flush");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");

@@ -315,6 +315,12 @@ fn experiment(weights: [u32; 2], coop: bool, a_until: Option<Duration>) -> Clust
     let clients = (0..8)
         .map(|i| Striper { until: a_until.filter(|_| i < 4), ..striper(i / 4, 0..8, 4, 1, (i * 3) % 8) })
         .collect::<Vec<_>>();
+    experiment_cluster(weights, coop, clients)
+}
+
+/// 8 proxies over the experiment's disks with the daemon's default
+/// cooperation settings (or none), every chunk up to 8 ms late.
+fn experiment_cluster(weights: [u32; 2], coop: bool, clients: Vec<Striper>) -> Cluster {
     let make = move || {
         let g = GlobalConfig { period: EXP_PERIOD, ..GlobalConfig::default() };
         let mut s = Scheduler::new(SchedConfig { depth: 2, global: coop.then_some(g), ..Default::default() });
@@ -388,16 +394,7 @@ fn small_requests(weights: [u32; 2], coop: bool) -> Cluster {
             until: None,
         })
         .collect::<Vec<_>>();
-    let make = move || {
-        let g = GlobalConfig { period: EXP_PERIOD, ..GlobalConfig::default() };
-        let mut s = Scheduler::new(SchedConfig { depth: 2, global: coop.then_some(g), ..Default::default() });
-        s.add_tenant(weight(weights[0]));
-        s.add_tenant(weight(weights[1]));
-        s
-    };
-    let mut c = Cluster::new(8, EXP_DISK, &["a", "b"], make, clients, Some((EXP_PERIOD, TRANSIT)));
-    c.jitter(ms(8), 17);
-    c
+    experiment_cluster(weights, coop, clients)
 }
 
 /// With one 64 KiB request per client, each server sees about one request of
