@@ -404,16 +404,14 @@ impl Client {
         let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
         let r = self.flush_chunk(of.ino, idx, buf);
         self.release_budget(bytes);
-        {
-            let mut st = of.st.lock();
-            st.buffered = st.buffered.saturating_sub(bytes);
-        }
-        self.flushed(of, r);
+        self.flushed(of, bytes, r);
     }
 
-    /// One flush in flight is done: its error is stored for the file.
-    fn flushed(&self, of: &OpenFile, r: Result<()>) {
+    /// One flush in flight is done: `buffered` bytes leave the file's count
+    /// (0 when the caller already zeroed it), its error is stored for the file.
+    fn flushed(&self, of: &OpenFile, buffered: u64, r: Result<()>) {
         let mut st = of.st.lock();
+        st.buffered = st.buffered.saturating_sub(buffered);
         if let Err(e) = r {
             st.error.get_or_insert((e.errno(), e.to_string()));
         }
@@ -439,7 +437,7 @@ impl Client {
             let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
             let r = self.flush_chunk(of.ino, idx, buf);
             self.release_budget(bytes);
-            self.flushed(of, r);
+            self.flushed(of, 0, r);
         }
         {
             let mut st = of.st.lock();
