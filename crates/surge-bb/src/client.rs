@@ -108,8 +108,15 @@ struct FileState {
     buffered: u64,
     /// Chunks taken out of `bufs` and being flushed.
     inflight: usize,
-    /// First error of a background flush, reported at the next flush/fsync.
+    /// Flush errors, counted as Linux's errseq_t does: `errors` flushes of this
+    /// file have failed, the last with `error`; descriptor `fh` has been told
+    /// by fsync of the first `told[fh]`.
     error: Option<(i32, String)>,
+    errors: u64,
+    /// Errors some fsync has reported: a descriptor opened now starts here, so
+    /// an error nobody was told of still reaches its fsync.
+    reported: u64,
+    told: HashMap<Fh, u64>,
     /// End of the last read (sequential detection).
     last_read_end: u64,
     /// Largest end offset written through this client and not yet committed.
@@ -118,12 +125,34 @@ struct FileState {
     attr: Option<Attr>,
 }
 
+impl FileState {
+    /// The last flush error, if descriptor `fh` has not been told of it by fsync.
+    fn untold(&self, ino: Ino, fh: Fh) -> Option<DataError> {
+        let told = self.told.get(&fh).copied().unwrap_or(self.reported);
+        self.error_since(ino, told)
+    }
+
+    /// The last flush error, if there were errors after the first `since`.
+    fn error_since(&self, ino: Ino, since: u64) -> Option<DataError> {
+        let (errno, why) = self.error.clone().filter(|_| since < self.errors)?;
+        Some(DataError::FlushFailed { ino, errno, why })
+    }
+
+    fn store_error(&mut self, e: &DataError) {
+        self.errors += 1;
+        self.error = Some((e.errno(), e.to_string()));
+    }
+}
+
 struct OpenFile {
     ino: Ino,
-    refs: Mutex<usize>,
     st: Mutex<FileState>,
     changed: Condvar,
 }
+
+/// An open descriptor of a file (a FUSE file handle): flush errors are
+/// reported to each descriptor's fsync, not only to the first fsync.
+pub type Fh = u64;
 
 /// Chunk data by version: an entry can never be stale.
 struct ChunkCache {
@@ -161,6 +190,7 @@ pub struct Client {
     cfg: ClientConfig,
     client_id: u64,
     next_ver: AtomicU64,
+    next_fh: AtomicU64,
     open: Mutex<HashMap<Ino, Arc<OpenFile>>>,
     cache: Mutex<ChunkCache>,
     prefetching: Mutex<HashSet<ChunkId>>,
@@ -175,19 +205,18 @@ pub type Result<T> = std::result::Result<T, DataError>;
 /// How often a read follows a chunk replaced under it before giving up.
 const SUPERSEDED_RETRIES: usize = 50;
 
-/// An error a flush hit, stored for the file and reported to later calls.
-fn stored_error(ino: Ino, errno: i32, why: String) -> DataError {
-    DataError::FlushFailed { ino, errno, why }
-}
-
-/// What a flush does with a stored flush error: fsync and truncate report it
-/// and clear it; a write under backpressure and close report it and keep it
+/// Which stored flush errors a flush reports. A write under backpressure and
+/// a close report what the descriptor has not been told of and mark nothing
 /// (the kernel may turn that failed WRITE into a short count and drop the
-/// error; a close may be a forked child's).
+/// error; a close may be a forked child's of an inherited descriptor); fsync
+/// reports it and marks the descriptor told; truncate reports only errors of
+/// the flushes it waited for (an older error belongs to the descriptors'
+/// fsyncs).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum StoredError {
-    Clear,
-    Keep,
+enum Report {
+    Untold(Fh),
+    Fsync(Fh),
+    New,
 }
 
 /// Version used in the cache for bytes of an imported object.
@@ -214,6 +243,7 @@ impl Client {
             cfg,
             client_id,
             next_ver: AtomicU64::new(1),
+            next_fh: AtomicU64::new(1),
             open: Mutex::default(),
             prefetching: Mutex::default(),
             jobs: tx,
@@ -308,47 +338,49 @@ impl Client {
 
     // ---- open files ------------------------------------------------------
 
-    /// Opens a file: fresh attributes (close-to-open), write-behind state.
-    pub fn open(&self, ino: Ino) -> Result<Attr> {
+    /// Opens a descriptor of a file: fresh attributes (close-to-open),
+    /// write-behind state shared by the file's descriptors.
+    pub fn open(&self, ino: Ino) -> Result<Fh> {
         let a = self.tier.meta.getattr(ino)?;
         if a.kind == Kind::Dir {
             return Err(MetaError::IsDir.into());
         }
-        let of = self
-            .open
-            .lock()
-            .entry(ino)
-            .or_insert_with(|| Arc::new(OpenFile { ino, refs: Mutex::new(0), st: Mutex::default(), changed: Condvar::new() }))
-            .clone();
-        *of.refs.lock() += 1;
-        of.st.lock().attr = Some(a.clone());
-        Ok(a)
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        // The map stays locked until the descriptor is registered, so a
+        // concurrent last release cannot forget the file in between.
+        let mut open = self.open.lock();
+        let of = open.entry(ino).or_insert_with(|| Arc::new(OpenFile { ino, st: Mutex::default(), changed: Condvar::new() })).clone();
+        let mut st = of.st.lock();
+        let start = st.reported;
+        st.told.insert(fh, start);
+        st.attr = Some(a);
+        Ok(fh)
     }
 
-    /// Closes one reference: flushes, and forgets the file when it was the last.
-    pub fn release(&self, ino: Ino) -> Result<()> {
-        let r = self.flush(ino);
+    /// Closes a descriptor: flushes, and forgets the file after its last.
+    pub fn release(&self, ino: Ino, fh: Fh) -> Result<()> {
+        let r = self.flush(ino, fh);
         let mut open = self.open.lock();
         if let Some(of) = open.get(&ino).cloned() {
-            let mut refs = of.refs.lock();
-            *refs = refs.saturating_sub(1);
-            if *refs == 0 {
+            let mut st = of.st.lock();
+            st.told.remove(&fh);
+            if st.told.is_empty() {
                 open.remove(&ino);
             }
         }
         r
     }
 
-    pub fn write(self: &Arc<Self>, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+    pub fn write(self: &Arc<Self>, ino: Ino, fh: Fh, off: u64, data: &[u8]) -> Result<usize> {
         let of = self.open_file(ino).ok_or(MetaError::Invalid)?;
         let cs = self.chunk_size();
         {
             let mut st = of.st.lock();
-            // Reported, not cleared: the kernel turns a failed WRITE after
+            // Reported, not marked told: the kernel turns a failed WRITE after
             // bytes it already sent into a short count and drops the error,
-            // so only fsync or close (flush_buffers) may clear it.
-            if let Some((errno, why)) = st.error.clone() {
-                return Err(stored_error(ino, errno, why));
+            // so only fsync may.
+            if let Some(e) = st.untold(ino, fh) {
+                return Err(e);
             }
             let mut pos = 0usize;
             let mut full = Vec::new();
@@ -384,7 +416,7 @@ impl Client {
             // background flushes to bring the total under the budget. A failed
             // flush stays stored for fsync or close: the kernel may turn this
             // failed WRITE into a short count and drop the error.
-            self.flush_buffers(&of, StoredError::Keep)?;
+            self.flush_buffers(&of, Report::Untold(fh))?;
             let mut b = self.buffered.lock();
             let deadline = Instant::now() + Duration::from_secs(60);
             while *b > self.cfg.write_behind && Instant::now() < deadline {
@@ -413,25 +445,25 @@ impl Client {
         let mut st = of.st.lock();
         st.buffered = st.buffered.saturating_sub(buffered);
         if let Err(e) = r {
-            st.error.get_or_insert((e.errno(), e.to_string()));
+            st.store_error(&e);
         }
         st.inflight -= 1;
         of.changed.notify_all();
     }
 
     /// Flushes every buffered chunk of the file and waits for every flush in
-    /// flight, this call's and others'; returns the first error any of them
-    /// hit. With `Keep` the error also stays stored for the next fsync.
-    fn flush_buffers(&self, of: &OpenFile, stored: StoredError) -> Result<()> {
+    /// flight, this call's and others'; then reports a stored error as
+    /// `report` says.
+    fn flush_buffers(&self, of: &OpenFile, report: Report) -> Result<()> {
         // The taken buffers count as in flight: a concurrent flush (an fsync
         // racing a close of another descriptor) must wait for them, not find
         // nothing buffered and return before they are committed.
-        let bufs = {
+        let (bufs, errors_before) = {
             let mut st = of.st.lock();
             st.buffered = 0;
             let bufs = std::mem::take(&mut st.bufs);
             st.inflight += bufs.len();
-            bufs
+            (bufs, st.errors)
         };
         for (idx, buf) in bufs {
             let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
@@ -444,12 +476,21 @@ impl Client {
             while st.inflight > 0 {
                 of.changed.wait(&mut st);
             }
-            let failed = match stored {
-                StoredError::Keep => st.error.clone(),
-                StoredError::Clear => st.error.take(),
+            let failed = match report {
+                Report::Untold(fh) => st.untold(of.ino, fh),
+                Report::Fsync(fh) => {
+                    let e = st.untold(of.ino, fh);
+                    let errors = st.errors;
+                    if let Some(told) = st.told.get_mut(&fh) {
+                        *told = errors;
+                    }
+                    st.reported = errors;
+                    e
+                }
+                Report::New => st.error_since(of.ino, errors_before),
             };
-            if let Some((errno, why)) = failed {
-                return Err(stored_error(of.ino, errno, why));
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
         // Committed: the size now comes from metadata again.
@@ -515,20 +556,22 @@ impl Client {
     }
 
     /// flush(2)/close: everything written so far is committed (visible to all
-    /// clients and on R nodes) when this returns Ok. A stored error is
-    /// reported but kept for fsync: the kernel sends FLUSH for every close of
+    /// clients and on R nodes) when this returns Ok. An error this descriptor
+    /// has not been told of is reported but kept for fsync: the kernel sends FLUSH for every close of
     /// a descriptor, also when a forked child execs and closes its inherited
     /// copy, and that close must not swallow the writer's error.
-    pub fn flush(&self, ino: Ino) -> Result<()> {
+    pub fn flush(&self, ino: Ino, fh: Fh) -> Result<()> {
         let Some(of) = self.open_file(ino) else { return Ok(()) };
-        self.flush_buffers(&of, StoredError::Keep)
+        self.flush_buffers(&of, Report::Untold(fh))
     }
 
-    /// fsync: flush, and with `fsync_waits_for_s3`, wait until the file's
-    /// current generation is in S3 (chunks, manifest and export object).
-    pub fn fsync(&self, ino: Ino) -> Result<()> {
+    /// fsync: flush, report a flush error this descriptor has not been told
+    /// of (every descriptor's fsync is told once, as with Linux's errseq_t),
+    /// and with `fsync_waits_for_s3`, wait until the file's current
+    /// generation is in S3 (chunks, manifest and export object).
+    pub fn fsync(&self, ino: Ino, fh: Fh) -> Result<()> {
         if let Some(of) = self.open_file(ino) {
-            self.flush_buffers(&of, StoredError::Clear)?;
+            self.flush_buffers(&of, Report::Fsync(fh))?;
         }
         if !self.cfg.fsync_waits_for_s3 {
             return Ok(());
@@ -555,7 +598,7 @@ impl Client {
 
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
         if let Some(of) = self.open_file(ino) {
-            self.flush_buffers(&of, StoredError::Clear)?;
+            self.flush_buffers(&of, Report::New)?;
         }
         let cs = self.chunk_size();
         let tail_idx = size / cs;
@@ -773,16 +816,16 @@ impl Client {
             }
             Err(e) => return Err(e),
         };
-        self.open(a.ino)?;
-        let r = self.write(a.ino, 0, data).and_then(|_| self.fsync(a.ino));
-        let c = self.release(a.ino);
+        let fh = self.open(a.ino)?;
+        let r = self.write(a.ino, fh, 0, data).and_then(|_| self.fsync(a.ino, fh));
+        let c = self.release(a.ino, fh);
         r.and(c)?;
         Ok(a.ino)
     }
 
     pub fn read_file(self: &Arc<Self>, path: &str) -> Result<Vec<u8>> {
         let a = self.resolve(path)?;
-        self.open(a.ino)?;
+        let fh = self.open(a.ino)?;
         let mut out = Vec::new();
         let r = (|| loop {
             let piece = self.read(a.ino, out.len() as u64, 4 << 20)?;
@@ -791,7 +834,7 @@ impl Client {
             }
             out.extend_from_slice(&piece);
         })();
-        let c = self.release(a.ino);
+        let c = self.release(a.ino, fh);
         r.and(c)?;
         Ok(out)
     }

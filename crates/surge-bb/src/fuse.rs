@@ -237,17 +237,19 @@ impl Filesystem for BbFs {
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let oflags = self.open_flags();
         self.spawn(move |c| {
-            let r = c.open(ino).and_then(|_| {
+            let r = c.open(ino).and_then(|fh| {
                 if flags & libc::O_TRUNC != 0 {
-                    c.truncate(ino, 0)?;
+                    if let Err(e) = c.truncate(ino, 0) {
+                        let _ = c.release(ino, fh);
+                        return Err(e);
+                    }
                 }
-                Ok(())
+                Ok(fh)
             });
             match r {
-                Ok(()) => reply.opened(fh, oflags),
+                Ok(fh) => reply.opened(fh, oflags),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -256,19 +258,15 @@ impl Filesystem for BbFs {
     fn create(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
         let ttl = self.cfg.attr_ttl;
         let (uid, gid) = (req.uid(), req.gid());
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let oflags = self.open_flags();
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
         self.spawn(move |c| {
-            let r = c.create(parent, &name, Kind::File, mode & !umask & 0o7777, uid, gid).and_then(|a| {
-                c.open(a.ino)?;
-                Ok(a)
-            });
+            let r = c.create(parent, &name, Kind::File, mode & !umask & 0o7777, uid, gid).and_then(|a| Ok((c.open(a.ino)?, a)));
             match r {
-                Ok(a) => reply.created(&ttl, &file_attr(&a), 0, fh, oflags),
+                Ok((fh, a)) => reply.created(&ttl, &file_attr(&a), 0, fh, oflags),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -281,30 +279,30 @@ impl Filesystem for BbFs {
         });
     }
 
-    fn write(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, data: &[u8], _wf: u32, _flags: i32, _lock: Option<u64>, reply: ReplyWrite) {
+    fn write(&mut self, _req: &Request<'_>, ino: u64, fh: u64, offset: i64, data: &[u8], _wf: u32, _flags: i32, _lock: Option<u64>, reply: ReplyWrite) {
         let data = data.to_vec();
-        self.spawn(move |c| match c.write(ino, offset.max(0) as u64, &data) {
+        self.spawn(move |c| match c.write(ino, fh, offset.max(0) as u64, &data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         });
     }
 
-    fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _lock: u64, reply: ReplyEmpty) {
-        self.spawn(move |c| match c.flush(ino) {
+    fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock: u64, reply: ReplyEmpty) {
+        self.spawn(move |c| match c.flush(ino, fh) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         });
     }
 
-    fn release(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _flags: i32, _lock: Option<u64>, _flush: bool, reply: ReplyEmpty) {
-        self.spawn(move |c| match c.release(ino) {
+    fn release(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _flags: i32, _lock: Option<u64>, _flush: bool, reply: ReplyEmpty) {
+        self.spawn(move |c| match c.release(ino, fh) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         });
     }
 
-    fn fsync(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        self.spawn(move |c| match c.fsync(ino) {
+    fn fsync(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        self.spawn(move |c| match c.fsync(ino, fh) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         });

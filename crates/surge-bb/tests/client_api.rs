@@ -2,7 +2,7 @@
 //! (no S3): concurrent writers of one chunk, replication, read-after-write.
 
 use std::sync::Arc;
-use surge_bb::client::{Client, ClientConfig};
+use surge_bb::client::{Client, ClientConfig, Fh};
 use surge_bb::local::LocalRedis;
 use surge_bb::meta::{Kind, ROOT};
 use surge_bb::node::{self, NodeConfig};
@@ -48,16 +48,15 @@ fn concurrent_writers_of_one_chunk_lose_no_bytes() {
     let a = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
     let b = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
     let f = a.create(ROOT, "shared", Kind::File, 0o644, 0, 0).unwrap().ino;
-    a.open(f).unwrap();
-    b.open(f).unwrap();
     let rounds = 40u64;
     let piece = 1000u64;
     let writer = |c: Arc<Client>, parity: u64, byte: u8| {
+        let fh = c.open(f).unwrap();
         std::thread::spawn(move || {
             for r in 0..rounds {
                 let off = (2 * r + parity) * piece;
-                c.write(f, off, &vec![byte; piece as usize]).unwrap();
-                c.flush(f).unwrap();
+                c.write(f, fh, off, &vec![byte; piece as usize]).unwrap();
+                c.flush(f, fh).unwrap();
             }
         })
     };
@@ -86,9 +85,9 @@ fn flushed_writes_are_replicated_and_read_by_other_clients() {
     }
     assert!(b.read_file("/f").unwrap() == data);
     // Overwrite a range through a: b's next read sees it (no stale cache).
-    a.open(ino).unwrap();
-    a.write(ino, 70_000, b"NEW BYTES").unwrap();
-    a.flush(ino).unwrap();
+    let fa = a.open(ino).unwrap();
+    a.write(ino, fa, 70_000, b"NEW BYTES").unwrap();
+    a.flush(ino, fa).unwrap();
     b.open(ino).unwrap();
     assert_eq!(b.read(ino, 70_000, 9).unwrap(), b"NEW BYTES");
     // Truncate through b, extend again: the cut bytes must read as zeros.
@@ -100,13 +99,13 @@ fn flushed_writes_are_replicated_and_read_by_other_clients() {
 }
 
 /// Two nodes of two 64 KiB chunks each, two copies: two chunks fit. A client
-/// with `cfg` and the open file "big".
-fn room_for_two_chunks(cfg: ClientConfig) -> (Setup, Arc<Client>, u64) {
+/// with `cfg`, the file "big" and a descriptor of it.
+fn room_for_two_chunks(cfg: ClientConfig) -> (Setup, Arc<Client>, u64, Fh) {
     let s = setup_with_capacity(2, 128 << 10);
     let a = Client::new(s.tier.clone(), cfg).unwrap();
     let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
-    a.open(f).unwrap();
-    (s, a, f)
+    let fh = a.open(f).unwrap();
+    (s, a, f, fh)
 }
 
 /// A background flush that failed (nodes full) is reported by the next write
@@ -114,13 +113,13 @@ fn room_for_two_chunks(cfg: ClientConfig) -> (Setup, Arc<Client>, u64) {
 /// sent into a short count and drops the error, so a write must not clear it.
 #[test]
 fn an_error_reported_by_a_write_is_reported_again_by_fsync() {
-    let (_s, a, f) = room_for_two_chunks(ClientConfig::default());
+    let (_s, a, f, fh) = room_for_two_chunks(ClientConfig::default());
     // Four whole chunks: flushed in the background, two fail with "full".
-    a.write(f, 0, &vec![7u8; 4 << 16]).unwrap();
+    a.write(f, fh, 0, &vec![7u8; 4 << 16]).unwrap();
     let _ = a.read(f, 0, 1); // waits for the background flushes
-    let e = a.write(f, 4 << 16, b"x").expect_err("the failed background flush is reported");
+    let e = a.write(f, fh, 4 << 16, b"x").expect_err("the failed background flush is reported");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
-    let e = a.fsync(f).expect_err("fsync must report the failed flush too");
+    let e = a.fsync(f, fh).expect_err("fsync must report the failed flush too");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
 }
 
@@ -130,14 +129,14 @@ fn an_error_reported_by_a_write_is_reported_again_by_fsync() {
 /// chunks are no longer buffered).
 #[test]
 fn a_flush_failed_under_write_behind_backpressure_is_reported_by_fsync() {
-    let (_s, a, f) = room_for_two_chunks(ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() });
-    a.write(f, 0, &vec![1u8; 2 << 16]).unwrap();
-    a.fsync(f).unwrap(); // the nodes are full now
+    let (_s, a, f, fh) = room_for_two_chunks(ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() });
+    a.write(f, fh, 0, &vec![1u8; 2 << 16]).unwrap();
+    a.fsync(f, fh).unwrap(); // the nodes are full now
     // Partial chunks stay buffered until the budget is exceeded.
-    a.write(f, 2 << 16, &vec![2u8; 60 << 10]).unwrap();
-    let e = a.write(f, 3 << 16, &vec![3u8; 60 << 10]).expect_err("the flush that makes room fails");
+    a.write(f, fh, 2 << 16, &vec![2u8; 60 << 10]).unwrap();
+    let e = a.write(f, fh, 3 << 16, &vec![3u8; 60 << 10]).expect_err("the flush that makes room fails");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
-    let e = a.fsync(f).expect_err("fsync must report the failed flush too");
+    let e = a.fsync(f, fh).expect_err("fsync must report the failed flush too");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
 }
 
@@ -145,17 +144,17 @@ fn a_flush_failed_under_write_behind_backpressure_is_reported_by_fsync() {
 /// fsync unchanged: the same errno and the same words, not wrapped again.
 #[test]
 fn a_stored_flush_error_reaches_fsync_unwrapped() {
-    let (_s, a, f) = room_for_two_chunks(ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() });
+    let (_s, a, f, fh) = room_for_two_chunks(ClientConfig { write_behind: 100 << 10, ..ClientConfig::default() });
     // Four whole chunks, over the budget: the write waits for the background
     // flushes, two of which fail with "full", and reports that.
-    let by_write = a.write(f, 0, &vec![5u8; 4 << 16]).expect_err("two chunks cannot be stored");
-    let by_fsync = a.fsync(f).expect_err("fsync reports it again");
+    let by_write = a.write(f, fh, 0, &vec![5u8; 4 << 16]).expect_err("two chunks cannot be stored");
+    let by_fsync = a.fsync(f, fh).expect_err("fsync reports it again");
     assert_eq!((by_write.errno(), by_fsync.errno()), (libc::ENOSPC, libc::ENOSPC));
     assert_eq!(by_write.to_string(), by_fsync.to_string());
     let text = by_fsync.to_string();
     assert_eq!(text.matches("could not be stored").count(), 1, "{text}");
     assert!(text.contains("full"), "{text}");
-    a.fsync(f).expect("reported once to fsync, then cleared");
+    a.fsync(f, fh).expect("reported once to fsync, then cleared");
 }
 
 /// close() of another copy of the descriptor (FLUSH; a forked child's exec
@@ -163,11 +162,58 @@ fn a_stored_flush_error_reaches_fsync_unwrapped() {
 /// clear it: the writer's fsync still gets it.
 #[test]
 fn a_close_by_another_descriptor_does_not_swallow_the_writers_error() {
-    let (_s, a, f) = room_for_two_chunks(ClientConfig::default());
-    a.write(f, 0, &vec![9u8; 4 << 16]).unwrap(); // two of four chunks will not fit
-    let e = a.flush(f).expect_err("the close sees the failed flush");
+    let (_s, a, f, fh) = room_for_two_chunks(ClientConfig::default());
+    a.write(f, fh, 0, &vec![9u8; 4 << 16]).unwrap(); // two of four chunks will not fit
+    let e = a.flush(f, fh).expect_err("the close sees the failed flush");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
-    let e = a.fsync(f).expect_err("the writer's fsync must still see it");
+    let e = a.fsync(f, fh).expect_err("the writer's fsync must still see it");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+}
+
+/// Every descriptor's fsync is told of a failed flush once (Linux's errseq_t
+/// semantics), not only the first fsync on the file: a second descriptor (a
+/// database's checkpointer fsyncs files other processes wrote) got success
+/// for chunks never stored once the writer's fsync had taken the error.
+#[test]
+fn every_descriptors_fsync_is_told_of_a_failed_flush_once() {
+    let (_s, a, f, writer) = room_for_two_chunks(ClientConfig::default());
+    let other = a.open(f).unwrap();
+    a.write(f, writer, 0, &vec![4u8; 4 << 16]).unwrap(); // two of four chunks will not fit
+    let e = a.fsync(f, writer).expect_err("the writer's fsync");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    let e = a.fsync(f, other).expect_err("the other descriptor's fsync must be told too");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    a.fsync(f, writer).expect("told once");
+    a.fsync(f, other).expect("told once");
+    let late = a.open(f).unwrap();
+    a.fsync(f, late).expect("opened after the error was reported: nothing to tell");
+    a.write(f, writer, 0, b"after").expect("a descriptor that was told writes again");
+}
+
+/// A descriptor opened after a flush failed, before any fsync was told of it,
+/// is told at its fsync (the writer may have closed without looking).
+#[test]
+fn a_descriptor_opened_before_anyone_was_told_is_told() {
+    let (_s, a, f, writer) = room_for_two_chunks(ClientConfig::default());
+    a.write(f, writer, 0, &vec![6u8; 4 << 16]).unwrap();
+    let _ = a.read(f, 0, 1); // waits for the background flushes
+    let checkpointer = a.open(f).unwrap();
+    let e = a.fsync(f, checkpointer).expect_err("nobody was told yet");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    let e = a.fsync(f, writer).expect_err("the writer still is");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+}
+
+/// truncate reports only the failures of flushes it waited for: an older
+/// error belongs to the descriptors' fsyncs, and truncate took it from them
+/// (an open with O_TRUNC by another process made the writer's fsync succeed).
+#[test]
+fn a_truncate_does_not_take_an_older_error_from_fsync() {
+    let (_s, a, f, fh) = room_for_two_chunks(ClientConfig::default());
+    a.write(f, fh, 0, &vec![8u8; 4 << 16]).unwrap();
+    let _ = a.read(f, 0, 1); // waits for the background flushes
+    a.truncate(f, 0).expect("the failure is older than this truncate");
+    let e = a.fsync(f, fh).expect_err("the writer's fsync must still be told");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
 }
 
@@ -182,17 +228,17 @@ fn fsync_racing_a_close_returns_after_the_commit() {
     let a = Arc::new(Client::new(s.tier.clone(), ClientConfig::default()).unwrap());
     let b = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
     let f = a.create(ROOT, "f", Kind::File, 0o644, 0, 0).unwrap().ino;
-    a.open(f).unwrap();
+    let fh = a.open(f).unwrap();
     b.open(f).unwrap();
     for round in 0..100u64 {
         let data = vec![round as u8 + 1; 3000];
         let off = (round % 40) * 4096;
-        a.write(f, off, &data).unwrap();
+        a.write(f, fh, off, &data).unwrap();
         let closer = {
             let a = a.clone();
-            std::thread::spawn(move || a.flush(f))
+            std::thread::spawn(move || a.flush(f, fh))
         };
-        a.fsync(f).unwrap();
+        a.fsync(f, fh).unwrap();
         assert_eq!(b.read(f, off, data.len()).unwrap(), data, "round {round}: fsync returned before the commit");
         closer.join().unwrap().unwrap();
     }

@@ -354,8 +354,13 @@ fn full_nodes_give_enospc_to_the_writer() {
     bb.replicas = 2;
     let _small: Vec<Node> = (0..2).map(|_| bb.node(&["--memory", "2MiB", "--writeback-delay", "60s"])).collect();
     let m = bb.mount("m", &[]);
+    let mut other = None;
     let r = (|| {
         let mut f = fs::File::create(m.dir.join("big"))?;
+        // A second descriptor, open before the failure (a database's
+        // checkpointer fsyncs files other processes wrote): its fsync must be
+        // told too, not only the first fsync on the file.
+        other = Some(fs::File::open(m.dir.join("big"))?);
         f.write_all(&pattern(1, 8 << 20))?;
         // The child inherits the descriptor until its exec closes it.
         std::process::Command::new("true").status()?;
@@ -367,6 +372,8 @@ fn full_nodes_give_enospc_to_the_writer() {
         panic!("{r:?}; read back intact: {back:?}\n{status}\n{}", bb.logs());
     }
     assert!(bb.logs().contains("full"), "the client must log why");
+    let o = other.expect("opened").sync_all();
+    assert_eq!(errno(&o), Some(libc::ENOSPC), "the other descriptor's fsync: {o:?}");
 }
 
 /// A client killed in the middle of writing: what it had fsynced is intact,
