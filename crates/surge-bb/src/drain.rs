@@ -1,7 +1,8 @@
 //! A node leaving the pool. It is marked draining in membership, so placement
 //! stops choosing it for new chunks; then each dirty chunk it holds is handed
 //! to the chunk's rendezvous owner among the remaining nodes (copied, then the
-//! holder list swapped by compare-and-set), unless write-back takes it to S3
+//! holder list swapped by compare-and-set: `Tier::hand_over`, which the
+//! rebalance of an added node shares), unless write-back takes it to S3
 //! first. A target that fails is skipped for the rest of the pass (a hung node
 //! would otherwise cost a timeout per chunk). Before the node leaves, every
 //! handed-over chunk not yet in S3 must still be held by a live node; one whose
@@ -14,7 +15,7 @@ use crate::meta::DrainProgress;
 use crate::placement;
 use crate::proto::ChunkId;
 use crate::store::ChunkStore;
-use crate::tier::{DataError, Tier};
+use crate::tier::{DataError, Handover, Tier};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -79,29 +80,17 @@ impl Drainer {
             return Ok(true);
         }
         let Some(data) = self.store.get(&c) else { return Ok(true) };
-        for t in placement::rank(targets, &c) {
-            if e.holders.iter().any(|h| h == t) || failed.contains(t) {
-                continue;
-            }
-            if let Err(err) = self.tier.pool.put(t, c, data.to_vec(), true) {
-                tracing::warn!("drain: chunk {} to {t}: {err}; not trying {t} again in this pass", c.member());
-                failed.insert(t.to_string());
-                continue;
-            }
-            let holders: Vec<String> = e.holders.iter().map(|h| if *h == self.me { t.to_string() } else { h.clone() }).collect();
-            if self.tier.meta.set_holders(&c, &e.holders, &holders)? {
-                tracing::info!("drain: chunk {} handed to {t} (holders {:?} -> {:?})", c.member(), e.holders, holders);
+        match self.tier.hand_over("drain", c, &e, &self.me, &data, true, &placement::rank(targets, &c), failed)? {
+            Handover::To(t) => {
+                tracing::info!("drain: chunk {} handed to {t} (holders were {:?})", c.member(), e.holders);
                 self.handed.lock().insert(c, data);
                 self.store.mark_clean(&c);
-                return Ok(true);
+                Ok(true)
             }
-            // The version or its holders changed meanwhile: the copy on t is
-            // garbage; the next pass looks again.
-            let _ = self.tier.pool.delete(t, c);
-            return Ok(false);
+            // Changed: the next pass looks again. No target: write-back takes
+            // it to S3 instead.
+            Handover::Changed | Handover::NoTarget => Ok(false),
         }
-        // No other node took it: write-back takes it to S3 instead.
-        Ok(false)
     }
 
     /// Checks every chunk handed over that is still not in S3: one that no

@@ -21,6 +21,7 @@ pub mod node;
 pub mod placement;
 pub mod pool;
 pub mod proto;
+pub mod rebalance;
 pub mod s3;
 pub mod status;
 pub mod store;

@@ -2,8 +2,9 @@
 //! membership lease alive, and runs write-back and re-replication.
 
 use crate::drain::Drainer;
-use crate::meta::{DrainProgress, NodeInfo};
+use crate::meta::NodeInfo;
 use crate::proto::{self, Request, Response, Status};
+use crate::rebalance::{RebalanceConfig, Rebalancer};
 use crate::store::{ChunkStore, StoreConfig};
 use crate::tier::Tier;
 use crate::writeback::{Writeback, WritebackConfig};
@@ -20,6 +21,7 @@ pub struct NodeConfig {
     pub listen: String,
     pub store: StoreConfig,
     pub writeback: WritebackConfig,
+    pub rebalance: RebalanceConfig,
 }
 
 pub struct NodeHandle {
@@ -147,6 +149,7 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
         boot: boot_id(),
         started_ms: crate::now_ms(),
         draining: None,
+        rebalancing: None,
     };
     let shared = Arc::new(Shared {
         store: store.clone(),
@@ -229,6 +232,11 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
             run_drain(&tier, &shared, &drainer);
         })?;
     }
+    if cfg.rebalance.rate > 0 {
+        let (tier, shared) = (tier.clone(), shared.clone());
+        let rb = Rebalancer::new(tier.clone(), store.clone(), addr.clone(), cfg.rebalance.clone());
+        std::thread::Builder::new().name("bb-rebalance".into()).spawn(move || run_rebalance(&tier, &shared, &rb))?;
+    }
     tracing::info!("I/O node {addr} serving ({} MiB of memory)", cfg.store.capacity >> 20);
     Ok(NodeHandle { addr, store, shared, tier })
 }
@@ -241,22 +249,42 @@ fn boot_id() -> u64 {
     (x ^ (x >> 31)).max(1)
 }
 
-/// Publishes the drain progress at once (not only at the next lease renewal).
-fn publish(tier: &Tier, shared: &Shared, p: DrainProgress) {
+/// Publishes drain or rebalance progress at once (not only at the next lease renewal).
+fn publish(tier: &Tier, shared: &Shared, set: impl FnOnce(&mut NodeInfo)) {
     let mut info = shared.info.lock();
-    info.draining = Some(p);
+    set(&mut info);
     if !shared.stop.load(Ordering::SeqCst) {
         if let Err(e) = tier.members.heartbeat(&info) {
-            tracing::warn!("publishing drain progress: {e}");
+            tracing::warn!("publishing progress in membership: {e}");
         }
     }
+}
+
+/// Runs a rebalance pass whenever the placement nodes change (and again
+/// while chunks are left), until the node stops or drains.
+fn run_rebalance(tier: &Tier, shared: &Shared, rb: &Rebalancer) {
+    let me = shared.info.lock().addr.clone();
+    let stopping = || shared.stop.load(Ordering::SeqCst) || shared.drain.load(Ordering::SeqCst);
+    let mut st = crate::rebalance::State::default();
+    while !stopping() {
+        std::thread::sleep(Duration::from_millis(500));
+        let mut nodes = tier.placement_nodes();
+        nodes.sort();
+        if !nodes.contains(&me) || !st.due(&nodes, rb.cfg.retry, std::time::Instant::now()) {
+            continue;
+        }
+        if let Err(e) = rb.pass(&mut st, &nodes, &mut |p| publish(tier, shared, |i| i.rebalancing = p), &stopping) {
+            tracing::warn!("rebalance pass: {e}; retrying");
+        }
+    }
+    publish(tier, shared, |i| i.rebalancing = None);
 }
 
 /// Marks the node draining, hands over its dirty chunks until none is left
 /// for a few passes in a row, then leaves the pool.
 fn run_drain(tier: &Tier, shared: &Shared, drainer: &Drainer) {
     let mut progress = drainer.left();
-    publish(tier, shared, progress);
+    publish(tier, shared, |i| i.draining = Some(progress));
     // Clients cache the node list for 500 ms: after this, none picks us.
     std::thread::sleep(Duration::from_secs(1));
     let mut clean_passes = 0;
@@ -272,7 +300,7 @@ fn run_drain(tier: &Tier, shared: &Shared, drainer: &Drainer) {
                 progress.total_bytes = progress.total_bytes.max(bytes);
                 progress.left_bytes = bytes;
                 progress.left_chunks = chunks;
-                publish(tier, shared, progress);
+                publish(tier, shared, |i| i.draining = Some(progress));
                 clean_passes = if chunks == 0 { clean_passes + 1 } else { 0 };
                 if clean_passes >= 3 {
                     match drainer.drop_from_holders() {

@@ -30,7 +30,7 @@ pub struct PoolStatus {
 #[derive(Debug, serde::Serialize)]
 pub struct PoolNode {
     pub addr: String,
-    /// `live`, `draining N%` or `unreachable`.
+    /// `live`, `draining N%`, `rebalancing N%` or `unreachable`.
     pub state: String,
     pub chunks: u64,
     pub used_bytes: u64,
@@ -38,6 +38,9 @@ pub struct PoolNode {
     pub capacity_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainProgress>,
+    /// Moving chunks to a node that joined (`rebalance.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<DrainProgress>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -52,11 +55,12 @@ pub struct PoolView {
     pub daemon: Option<serde_json::Value>,
 }
 
-fn node_state(draining: Option<&DrainProgress>, reachable: bool) -> String {
-    match draining {
-        Some(p) => format!("draining {}%", p.percent()),
-        None if reachable => "live".into(),
-        None => "unreachable".into(),
+fn node_state(n: &crate::meta::NodeInfo, reachable: bool) -> String {
+    match (&n.draining, &n.rebalancing) {
+        (Some(p), _) => format!("draining {}%", p.percent()),
+        _ if !reachable => "unreachable".into(),
+        (None, Some(p)) => format!("rebalancing {}%", p.percent()),
+        (None, None) => "live".into(),
     }
 }
 
@@ -89,12 +93,13 @@ pub fn pool(tier: &Tier) -> Result<PoolStatus, DataError> {
             let st = n.stat.clone().unwrap_or_default();
             PoolNode {
                 addr: n.addr.clone(),
-                state: node_state(i.draining.as_ref(), n.reachable),
+                state: node_state(i, n.reachable),
                 chunks: st.chunks,
                 used_bytes: st.used_bytes,
                 dirty_bytes: st.dirty_bytes,
                 capacity_bytes: st.capacity_bytes,
                 drain: i.draining,
+                rebalance: i.rebalancing,
             }
         })
         .collect();

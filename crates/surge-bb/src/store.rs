@@ -238,6 +238,13 @@ impl ChunkStore {
         g.mem.keys().chain(g.spilled.keys()).copied().collect()
     }
 
+    /// Every chunk version held (in memory or spilled) with its length.
+    pub fn list(&self) -> Vec<(ChunkId, u64)> {
+        let g = self.inner.lock();
+        let mem = g.mem.iter().map(|(c, e)| (*c, e.data.len() as u64));
+        mem.chain(g.spilled.iter().map(|(c, l)| (*c, *l))).collect()
+    }
+
     /// Holds this version (in memory or spilled)?
     pub fn has(&self, chunk: &ChunkId) -> bool {
         let g = self.inner.lock();

@@ -10,6 +10,7 @@ use crate::placement;
 use crate::proto::ChunkId;
 use crate::s3::{chunk_key, S3Error, S3};
 use parking_lot::Mutex;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,17 @@ impl DataError {
             _ => libc::EIO,
         }
     }
+}
+
+/// How handing one node's copy of a chunk version to another node ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// Copied to this node, which replaced the giver in the holder list.
+    To(String),
+    /// The version or its holders changed meanwhile: nothing changed, look again later.
+    Changed,
+    /// Every candidate already holds it or failed in this pass.
+    NoTarget,
 }
 
 pub struct Tier {
@@ -216,6 +228,49 @@ impl Tier {
                 Err(e.into())
             }
         }
+    }
+
+    /// Hands `from`'s copy of chunk `c` (current entry `e`, `from` among its
+    /// holders) to the first of `candidates` that is not a holder and has not
+    /// failed in this pass (the drain and the rebalance both move copies this
+    /// way): copies it there, then swaps `from` for it in the holder list
+    /// with compare-and-set, so a concurrent change of the list is never
+    /// overwritten. `from` keeps its copy: the caller decides what becomes of
+    /// it. A target that fails goes into `failed` (a hung node then costs one
+    /// timeout per pass, not one per chunk).
+    #[allow(clippy::too_many_arguments)]
+    pub fn hand_over(&self, what: &str, c: ChunkId, e: &ChunkEntry, from: &str, data: &[u8], dirty: bool, candidates: &[&str], failed: &mut HashSet<String>) -> Result<Handover, DataError> {
+        for &t in candidates {
+            if e.holders.iter().any(|h| h == t) || failed.contains(t) {
+                continue;
+            }
+            if let Err(err) = self.put_checked(t, c, data, dirty) {
+                tracing::warn!("{what}: chunk {} to {t}: {err}; not trying {t} again in this pass", c.member());
+                failed.insert(t.to_string());
+                continue;
+            }
+            let holders: Vec<String> = e.holders.iter().map(|h| if h == from { t.to_string() } else { h.clone() }).collect();
+            if self.meta.set_holders(&c, &e.holders, &holders)? {
+                return Ok(Handover::To(t.to_string()));
+            }
+            // The copy on t is garbage, unless someone listed t meanwhile.
+            let (_, now) = self.meta.chunks(c.ino, &[c.idx])?;
+            if !now.into_iter().flatten().any(|n| n.ver == c.ver && n.holders.iter().any(|h| h == t)) {
+                let _ = self.pool.delete(t, c);
+            }
+            return Ok(Handover::Changed);
+        }
+        Ok(Handover::NoTarget)
+    }
+
+    /// Puts a copy on `node`; a clean copy is checked to be there, since a
+    /// node without room for it takes it without keeping it (it is a cache).
+    fn put_checked(&self, node: &str, c: ChunkId, data: &[u8], dirty: bool) -> Result<(), NodeError> {
+        self.pool.put(node, c, data.to_vec(), dirty)?;
+        if !dirty && !self.pool.has(node, c)? {
+            return Err(NodeError::Full { node: node.into() });
+        }
+        Ok(())
     }
 
     /// Drops node copies of chunk versions nobody references any more.

@@ -33,6 +33,7 @@ fn setup_with_capacity(nodes: usize, capacity: u64) -> Setup {
                 listen: "127.0.0.1:0".into(),
                 store: StoreConfig { capacity, spill_dir: None, spill_capacity: 0 },
                 writeback: WritebackConfig::default(),
+                rebalance: Default::default(),
             };
             node::start(c, cfg.open().unwrap()).unwrap()
         })

@@ -6,12 +6,14 @@
 mod bb_support;
 
 use bb_support::*;
+use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use surge_bb::meta::MetaStore;
+use surge_bb::meta::{ChunkEntry, MetaStore};
+use surge_bb::proto::ChunkId;
 
 fn status(bb: &Bb) -> serde_json::Value {
     let (ok, out, err) = bb.run(&["status", "--json"]);
@@ -399,4 +401,151 @@ fn a_drained_node_is_gone_from_holder_lists_and_reads_do_not_wait_for_it() {
     let start = Instant::now();
     assert_reads_back(&bb, "m2", &acked);
     assert!(start.elapsed() < Duration::from_secs(8), "reading back took {:?}", start.elapsed());
+}
+
+/// Every chunk of `files` with its current entry, as metadata has it.
+fn chunks_of(meta: &dyn MetaStore, files: &[(String, Vec<u8>)]) -> Vec<(ChunkId, ChunkEntry)> {
+    let mut v = Vec::new();
+    for (f, _) in files {
+        let a = surge_bb::meta::resolve(meta, f).unwrap();
+        v.extend(meta.chunk_map(a.ino).unwrap().into_iter().map(|(idx, e)| (ChunkId { ino: a.ino, idx, ver: e.ver }, e)));
+    }
+    v
+}
+
+/// The nodes rendezvous places chunk `c` on, among `nodes`, with 2 copies.
+fn top2(nodes: &[String], c: &ChunkId) -> BTreeSet<String> {
+    surge_bb::placement::rank(nodes, c).into_iter().take(2).map(String::from).collect()
+}
+
+fn holder_set(e: &ChunkEntry) -> BTreeSet<String> {
+    e.holders.iter().cloned().collect()
+}
+
+/// S3 GET requests the nodes made so far.
+fn node_s3_gets(bb: &Bb) -> u64 {
+    status(bb)["nodes"].as_array().unwrap().iter().map(|n| n["stat"]["s3_gets"].as_u64().unwrap_or(0)).sum()
+}
+
+/// Waits until every chunk of `files` is held where rendezvous over `nodes`
+/// puts it; returns whether a node was seen `rebalancing` meanwhile.
+fn wait_placed(bb: &Bb, meta: &dyn MetaStore, files: &[(String, Vec<u8>)], nodes: &[String], timeout: Duration) -> bool {
+    let start = Instant::now();
+    let mut seen = false;
+    loop {
+        let st = status(bb);
+        let states: Vec<&str> = st["pool"]["nodes"].as_array().unwrap().iter().map(|n| n["state"].as_str().unwrap()).collect();
+        seen |= states.iter().any(|s| s.starts_with("rebalancing"));
+        let placed = chunks_of(meta, files).iter().all(|(c, e)| holder_set(e) == top2(nodes, c));
+        if placed && states.iter().all(|s| *s == "live") {
+            return seen;
+        }
+        assert!(start.elapsed() < timeout, "chunks not placed after {timeout:?}: {states:?}\n{}", bb.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A node joins a pool whose chunks are all clean (written back): the old
+/// nodes move to it exactly the chunks whose rendezvous top-2 set now
+/// contains it, one copy each, and nothing else moves; `surge bb status`
+/// shows them rebalancing; every file then reads back right from the nodes
+/// with no S3 GET. (Before, a node that joined got only new chunks.)
+#[test]
+fn an_added_node_takes_exactly_its_share_of_the_clean_chunks() {
+    let mut bb = Bb::new("rebalance", "256KiB");
+    // Slow enough that status can see it, and the pacing is exercised.
+    bb.node_args = vec!["--rebalance-rate".into(), "1MiB".into()];
+    let nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    let acked = write_acked(&m, 12, 700_000);
+    bb.wait_persisted("/", Duration::from_secs(60));
+    drop(m);
+    let meta = surge_bb::meta::redis::RedisMeta::connect(&bb.redis.url(), "default").unwrap();
+    let mut all: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let before = chunks_of(&meta, &acked);
+    for (c, e) in &before {
+        assert!(e.persisted && holder_set(e) == top2(&all, c), "chunk {c:?} must be clean on its rendezvous nodes: {e:?}");
+    }
+    let gets = node_s3_gets(&bb);
+
+    let added = bb.node(&[]);
+    all.push(added.addr.clone());
+    let share = before.iter().filter(|(c, _)| top2(&all, c).contains(&added.addr)).count();
+    // Rendezvous: the new node is in the top 2 of 4 for about half the chunks.
+    assert!(share * 4 >= before.len() && share * 4 <= before.len() * 3, "share {share} of {}", before.len());
+    let seen = wait_placed(&bb, &meta, &acked, &all, Duration::from_secs(60));
+    assert!(seen, "status never showed a node rebalancing");
+
+    let after = chunks_of(&meta, &acked);
+    let pool = surge_bb::conn::NodePool::default();
+    let mut moved = 0;
+    for ((c, b), (c2, a)) in before.iter().zip(&after) {
+        assert_eq!(c, c2, "a chunk version changed");
+        let gained: Vec<&String> = a.holders.iter().filter(|h| !b.holders.contains(h)).collect();
+        assert!(gained.iter().all(|h| **h == added.addr), "chunk {c:?} moved between old nodes: {:?} -> {:?}", b.holders, a.holders);
+        moved += gained.len();
+        for n in &all {
+            assert_eq!(pool.has(n, *c).unwrap(), a.holders.contains(n), "{n} and chunk {c:?} (holders {:?})", a.holders);
+        }
+    }
+    assert_eq!(moved, share, "exactly one copy of each chunk whose placement changed moves");
+    assert_eq!(status(&bb)["pool"]["nodes"].as_array().unwrap().iter().find(|n| n["addr"] == added.addr).unwrap()["chunks"], share);
+    let logs = bb.logs();
+    assert!(logs.contains("rebalance started") && logs.contains("rebalance done: moved"), "start and end lines:\n{logs}");
+
+    // Every file reads back from the nodes: no S3 GET by the reader or a node.
+    let tier = surge_bb::tier::TierConfig {
+        redis: bb.redis.url(),
+        fs: "default".into(),
+        membership: "redis".into(),
+        s3: Some(surge_bb::s3::S3Config {
+            endpoint: Some(bb.endpoint.clone()),
+            bucket: bb.bucket.clone(),
+            region: "us-east-1".into(),
+            access_key: Some("test".into()),
+            secret_key: Some("test".into()),
+        }),
+        replicas: 2,
+        chunk_size: 256 << 10,
+    }
+    .open()
+    .unwrap();
+    let client = surge_bb::client::Client::new(tier.clone(), Default::default()).unwrap();
+    for (f, data) in &acked {
+        let a = client.resolve(f).unwrap();
+        client.open(a.ino).unwrap();
+        assert!(client.read(a.ino, 0, data.len()).unwrap() == *data, "{f} reads back wrong");
+        client.release(a.ino).unwrap();
+    }
+    assert_eq!(tier.s3.as_ref().unwrap().counts.snapshot().1, 0, "the reads went to S3");
+    assert_eq!(node_s3_gets(&bb), gets, "a node fetched from S3");
+}
+
+/// Chunks not yet written back stay where they are when a node joins (the
+/// holder lists and the new node do not change), and move to it once they
+/// are in S3. (Before, they never moved.)
+#[test]
+fn dirty_chunks_move_to_an_added_node_only_once_written_back() {
+    let mut bb = Bb::new("rebalance-dirty", "256KiB");
+    bb.node_args = vec!["--writeback-delay".into(), "8s".into()];
+    let nodes: Vec<Node> = (0..2).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    let acked = write_acked(&m, 6, 600_000);
+    let meta = surge_bb::meta::redis::RedisMeta::connect(&bb.redis.url(), "default").unwrap();
+    let before = chunks_of(&meta, &acked);
+    let added = bb.node(&[]);
+    std::thread::sleep(Duration::from_secs(2)); // several rebalance looks
+    let during = chunks_of(&meta, &acked);
+    assert!(during.iter().all(|(_, e)| !e.persisted), "the test needs the chunks still dirty: {during:?}");
+    assert_eq!(before, during, "dirty chunks must not move");
+    let st = status(&bb);
+    assert_eq!(st["pool"]["nodes"].as_array().unwrap().iter().find(|n| n["addr"] == added.addr).unwrap()["chunks"], 0);
+
+    bb.wait_persisted("/", Duration::from_secs(60));
+    let mut all: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    all.push(added.addr.clone());
+    assert!(before.iter().any(|(c, _)| top2(&all, c).contains(&added.addr)), "some chunk must belong to the new node");
+    wait_placed(&bb, &meta, &acked, &all, Duration::from_secs(60));
+    drop(m);
+    assert_reads_back(&bb, "m2", &acked);
 }

@@ -192,6 +192,9 @@ pub struct NodeInfo {
     /// Set while the node leaves the pool: placement no longer picks it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draining: Option<DrainProgress>,
+    /// Set while the node moves chunks to a node that joined (`rebalance.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalancing: Option<DrainProgress>,
 }
 
 impl NodeInfo {
@@ -200,10 +203,11 @@ impl NodeInfo {
     }
 }
 
-/// How far a leaving node is: dirty chunks still to hand over or write back.
+/// How far a node is in moving chunks: a leaving node's dirty chunks still to
+/// hand over or write back, or a rebalance's chunks still to move to an added node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DrainProgress {
-    /// Dirty bytes when the drain started (or the most seen since).
+    /// Bytes to move when it started (or the most seen since).
     pub total_bytes: u64,
     pub left_bytes: u64,
     pub left_chunks: u64,

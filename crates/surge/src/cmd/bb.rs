@@ -8,6 +8,7 @@ use std::sync::Arc;
 use surge_bb::client::{Client, ClientConfig};
 use surge_bb::fuse::MountConfig;
 use surge_bb::node::NodeConfig;
+use surge_bb::rebalance::RebalanceConfig;
 use surge_bb::s3::S3Config;
 use surge_bb::store::StoreConfig;
 use surge_bb::tier::TierConfig;
@@ -116,6 +117,10 @@ pub enum Action {
         /// A chunk dirty longer than this is logged as late.
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         writeback_deadline: std::time::Duration,
+        /// Bytes per second at most this node copies to a node that joined
+        /// (rebalancing its clean chunks); 0 turns rebalancing off.
+        #[arg(long, default_value = "128MiB", value_parser = parse_size)]
+        rebalance_rate: u64,
     },
     /// Mount the burst buffer at DIR (FUSE) until unmounted or signalled.
     Mount {
@@ -223,12 +228,13 @@ fn wait_for(stop: &AtomicBool) {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.action {
-        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline } => {
+        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline, rebalance_rate } => {
             let tier = common.tier()?;
             let cfg = NodeConfig {
                 listen,
                 store: StoreConfig { capacity: memory, spill_dir, spill_capacity: spill_size },
                 writeback: WritebackConfig { delay: writeback_delay, deadline: writeback_deadline, ..Default::default() },
+                rebalance: RebalanceConfig { rate: rebalance_rate, ..Default::default() },
             };
             let stop = stop_flag()?;
             let node = surge_bb::node::start(cfg, tier).context("starting the I/O node")?;
@@ -268,10 +274,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         println!("{}", serde_json::to_string_pretty(&s)?);
                     } else {
                         println!("chunk size {} B, {} copies per dirty chunk", s.chunk_size, s.replicas);
-                        println!("{:<24} {:<14} {:>10} {:>12} {:>12} {:>12}", "node", "state", "chunks", "used MiB", "dirty MiB", "memory MiB");
+                        println!("{:<24} {:<17} {:>10} {:>12} {:>12} {:>12}", "node", "state", "chunks", "used MiB", "dirty MiB", "memory MiB");
                         for n in &s.pool.nodes {
                             println!(
-                                "{:<24} {:<14} {:>10} {:>12.1} {:>12.1} {:>12.1}",
+                                "{:<24} {:<17} {:>10} {:>12.1} {:>12.1} {:>12.1}",
                                 n.addr,
                                 n.state,
                                 n.chunks,
