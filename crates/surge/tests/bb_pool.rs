@@ -513,9 +513,9 @@ fn an_added_node_takes_exactly_its_share_of_the_clean_chunks() {
     let client = surge_bb::client::Client::new(tier.clone(), Default::default()).unwrap();
     for (f, data) in &acked {
         let a = client.resolve(f).unwrap();
-        client.open(a.ino).unwrap();
+        let fh = client.open(a.ino).unwrap();
         assert!(client.read(a.ino, 0, data.len()).unwrap() == *data, "{f} reads back wrong");
-        client.release(a.ino).unwrap();
+        client.release(a.ino, fh).unwrap();
     }
     assert_eq!(tier.s3.as_ref().unwrap().counts.snapshot().1, 0, "the reads went to S3");
     assert_eq!(node_s3_gets(&bb), gets, "a node fetched from S3");
