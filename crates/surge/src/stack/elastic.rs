@@ -626,9 +626,6 @@ impl BlockDev for ElasticVolume {
         self.count(len as usize);
         Ok(())
     }
-    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
-        self.cache.may_wait_remote(offset, len, write)
-    }
 }
 
 impl Controllable for ElasticVolume {
