@@ -717,6 +717,10 @@ impl BlockDev for FaultDev {
         }
         self.inner.prefetch(offset, len)
     }
+
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.inner.may_wait_remote(offset, len, write)
+    }
 }
 
 #[cfg(test)]

@@ -268,6 +268,14 @@ impl BlockDev for Stripe {
         let pieces = self.map(offset, len);
         self.each_piece(&pieces, |m, p| m.prefetch(p.member_offset, p.buf.len() as u64))
     }
+
+    /// Asks only the members the request touches.
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        if check_range(self.size(), offset, len).is_err() {
+            return false; // refused at once
+        }
+        self.map(offset, len).iter().any(|p| self.slots[p.member].read().may_wait_remote(p.member_offset, p.buf.len() as u64, write))
+    }
 }
 
 #[cfg(test)]

@@ -78,4 +78,7 @@ impl BlockDev for Attachment {
         self.check()?;
         self.dev.prefetch(offset, len)
     }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.dev.may_wait_remote(offset, len, write)
+    }
 }

@@ -1232,6 +1232,13 @@ impl BlockDev for ElasticCache {
         Ok(())
     }
 
+    /// A miss (or a write when no cache is attached) goes to backing; the
+    /// cache device's blocks are anywhere on it, so it is asked as a whole.
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        let cache = self.attached.read().as_ref().map(|a| a.dev.clone());
+        self.backing.may_wait_remote(offset, len, write) || cache.is_some_and(|d| d.may_wait_remote(0, d.size(), write))
+    }
+
     /// A commit (or a backing flush without a cache); then every rescue must be
     /// resolved and no loss pending, or the FLUSH fails.
     fn flush(&self) -> Result<()> {

@@ -407,4 +407,7 @@ impl BlockDev for Tenant {
     fn prefetch(&self, offset: u64, len: u64) -> Result<()> {
         self.sched(len, || self.dev().prefetch(offset, len))
     }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.dev().may_wait_remote(offset, len, write)
+    }
 }

@@ -683,6 +683,11 @@ impl BlockDev for Mirror {
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.source.block_status(offset, len)
     }
+
+    /// Writes go to both legs and reads may be balanced onto the target.
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.source.may_wait_remote(offset, len, write) || (!self.failed.load(SeqCst) && self.target.may_wait_remote(offset, len, write))
+    }
 }
 
 /// A rebuild running on its own thread; stops (between steps) on drop.

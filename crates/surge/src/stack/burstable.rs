@@ -756,6 +756,9 @@ impl BlockDev for BurstableVolume {
     fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
         self.dev().block_status(offset, len)
     }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.dev().may_wait_remote(offset, len, write)
+    }
 }
 
 impl Controllable for BurstableVolume {

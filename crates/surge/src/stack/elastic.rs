@@ -626,6 +626,9 @@ impl BlockDev for ElasticVolume {
         self.count(len as usize);
         Ok(())
     }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.cache.may_wait_remote(offset, len, write)
+    }
 }
 
 impl Controllable for ElasticVolume {

@@ -83,6 +83,9 @@ impl surge_block::BlockDev for Detach {
     fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<surge_block::Extent>> {
         self.inner.block_status(offset, len)
     }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.inner.may_wait_remote(offset, len, write)
+    }
 }
 
 pub fn build_remote_volume(name: &str, spec: &VolumeSpec, provider: Arc<dyn Provider>) -> anyhow::Result<Built> {

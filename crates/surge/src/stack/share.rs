@@ -263,6 +263,9 @@ impl BlockDev for Classified {
     fn prefetch(&self, offset: u64, len: u64) -> surge_block::Result<()> {
         self.tenant().prefetch(offset, len)
     }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.tenant().may_wait_remote(offset, len, write)
+    }
 }
 
 fn share_err(msg: &str) -> SpecError {
