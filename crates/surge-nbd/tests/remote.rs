@@ -346,6 +346,104 @@ fn cut_connections_and_a_restart_that_loses_unflushed_writes_lose_no_request() {
     }
 }
 
+/// A disk with a volatile cache whose FLUSH waits until the test opens a gate
+/// (a server syncing a large cache to a slow disk).
+struct SlowSync {
+    disk: VolatileDisk,
+    open: Mutex<bool>,
+    opened: parking_lot::Condvar,
+    syncs_started: AtomicU64,
+}
+
+impl SlowSync {
+    fn gate(&self, open: bool) {
+        *self.open.lock() = open;
+        self.opened.notify_all();
+    }
+}
+
+impl BlockDev for SlowSync {
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+    fn caps(&self) -> Caps {
+        self.disk.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        self.disk.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        self.disk.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        self.syncs_started.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.lock();
+        while !*open {
+            self.opened.wait(&mut open);
+        }
+        drop(open);
+        self.disk.flush()
+    }
+}
+
+/// Write `n` blocks of 64 KiB from `first` on, in another thread; the
+/// receiver gets the result when every write returned.
+fn write_blocks(dev: &Arc<RemoteDev>, first: u64, n: u64) -> std::sync::mpsc::Receiver<surge_block::Result<()>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dev = dev.clone();
+    std::thread::spawn(move || {
+        let r = (first..first + n).try_for_each(|b| dev.write_at(&[b as u8; 64 << 10], b * (64 << 10), false));
+        let _ = tx.send(r);
+    });
+    rx
+}
+
+/// The replay log's bound: past the limit the device sends a FLUSH and goes
+/// on writing (before, every writer past the limit waited for the server's
+/// sync: the fairshare experiment's proxies stalled behind their storage
+/// servers' fsyncs, 4-77 % below direct clients); the reply, when it comes,
+/// takes what it covered out of the log; past twice the limit writers wait.
+#[test]
+fn the_replay_bound_flushes_in_the_background_and_waits_only_past_twice_the_limit() {
+    let disk = Arc::new(SlowSync {
+        disk: VolatileDisk { disk: MemoryDev::new(64 << 20), pending: Mutex::new(Vec::new()) },
+        open: Mutex::new(false),
+        opened: parking_lot::Condvar::new(),
+        syncs_started: AtomicU64::new(0),
+    });
+    let srv = InProcess::start(disk.clone());
+    let limit = 1 << 20;
+    let dev = Arc::new(RemoteDev::open(&uri_for(&srv.sock, "disk"), RemoteOptions { replay_limit: limit, ..opts() }).unwrap());
+    // 1.5 MiB: past the limit, under twice it. The sync starts and hangs; the writes return.
+    let done = write_blocks(&dev, 0, 24).recv_timeout(Duration::from_secs(5));
+    if !matches!(done, Ok(Ok(()))) {
+        // Let the server's sync end, so the server shuts down and the test fails rather than hangs.
+        disk.gate(true);
+        panic!("writes past the limit waited for the server's sync: {done:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while disk.syncs_started.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "no FLUSH was sent past the limit");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(dev.stats().replay_bytes > limit, "{:?}", dev.stats());
+    // Past twice the limit the writer waits for a sync.
+    let blocked = write_blocks(&dev, 24, 16);
+    assert!(blocked.recv_timeout(Duration::from_millis(300)).is_err(), "a writer past twice the limit did not wait");
+    disk.gate(true);
+    assert!(matches!(blocked.recv_timeout(Duration::from_secs(5)), Ok(Ok(()))));
+    // Synced: the log is empty, or holds only what came after the sync.
+    let s = dev.stats();
+    assert!(s.replay_bytes <= limit, "{s:?}");
+    // What was written is on the disk once flushed.
+    dev.flush().unwrap();
+    let mut b = vec![0u8; 64 << 10];
+    for blk in [0u64, 23, 39] {
+        disk.disk.disk.read_at(&mut b, blk * (64 << 10)).unwrap();
+        assert!(b.iter().all(|&x| x == blk as u8), "block {blk}");
+    }
+}
+
 #[test]
 fn a_server_that_stays_gone_fails_requests_clearly_and_is_used_again_when_back() {
     let srv = InProcess::start(Arc::new(MemoryDev::new(1 << 20)));

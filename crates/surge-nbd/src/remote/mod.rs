@@ -19,7 +19,9 @@
 //!   depends on it (requests that overlap and run concurrently have no order
 //!   to keep). What a restarted server may have *lost* is handled by the
 //!   replay log: writes it acknowledged but that no FLUSH covered yet are kept
-//!   (up to `replay_limit` bytes, then we flush) and sent again, in
+//!   (past `replay_limit` bytes we send a FLUSH without waiting for it, so
+//!   the writer is not held up by the server's sync; past twice the limit
+//!   writers wait for one) and sent again, in
 //!   acknowledgement order, on the new connection before any other request.
 //!   Not covered: two concurrent overlapping writes acknowledged in one order
 //!   and applied by the server in the other; after a restart, the replay
@@ -158,8 +160,17 @@ pub struct RemoteDev {
     epoch: RwLock<()>,
     reconnecting: Mutex<()>,
     replay: Mutex<ReplayLog>,
+    /// The FLUSH sent to bound the replay log, not waited for: its mark, when
+    /// it was sent, and where its reply comes.
+    bounding: Mutex<Option<BoundingFlush>>,
     gone: Mutex<Option<String>>,
     counters: Counters,
+}
+
+struct BoundingFlush {
+    mark: u64,
+    sent: Instant,
+    reply: crossbeam_channel::Receiver<Result<Reply, Failure>>,
 }
 
 /// One request as sent.
@@ -209,6 +220,7 @@ impl RemoteDev {
             epoch: RwLock::new(()),
             reconnecting: Mutex::new(()),
             replay: Mutex::new(ReplayLog::default()),
+            bounding: Mutex::new(None),
             gone: Mutex::new(None),
             counters: Counters::default(),
         })
@@ -417,12 +429,53 @@ impl RemoteDev {
         self.replay.lock().push(req.offset, effect);
     }
 
-    /// After a write: flush if the replay log grew past its limit.
+    /// After a write: keep the replay log near its limit. Past the limit a
+    /// FLUSH is sent and not waited for: a server syncing a large volatile
+    /// cache can take seconds, and a writer waiting for it holds whatever
+    /// the layers above gave it (a fair-queue slot, a client's request).
+    /// Its reply is taken by a later write. Past twice the limit (the server
+    /// syncs slower than we write, or the background FLUSH was lost) the
+    /// writer flushes and waits: the log's memory stays bounded.
     fn bound_replay_log(&self) -> Result<(), BlockError> {
-        if self.volatile() && self.replay.lock().bytes() > self.opts.replay_limit {
-            self.flush()?;
+        if !self.volatile() {
+            return Ok(());
+        }
+        self.reap_bounding_flush();
+        let bytes = self.replay.lock().bytes();
+        if bytes > self.opts.replay_limit.saturating_mul(2) {
+            return self.flush();
+        }
+        if bytes > self.opts.replay_limit {
+            self.start_bounding_flush();
         }
         Ok(())
+    }
+
+    /// Take the background FLUSH's reply if it came: what it covered leaves
+    /// the log. One that failed, broke or is older than the request timeout
+    /// is dropped (its writes stay logged; the next bound sends another).
+    fn reap_bounding_flush(&self) {
+        let mut b = self.bounding.lock();
+        let Some(f) = b.as_ref() else { return };
+        match f.reply.try_recv() {
+            Ok(Ok(reply)) if reply.error.is_none() => self.replay.lock().flushed(f.mark),
+            Ok(_) | Err(crossbeam_channel::TryRecvError::Disconnected) => {}
+            Err(crossbeam_channel::TryRecvError::Empty) if f.sent.elapsed() > self.opts.request_timeout => {}
+            Err(crossbeam_channel::TryRecvError::Empty) => return,
+        }
+        *b = None;
+    }
+
+    fn start_bounding_flush(&self) {
+        let mut b = self.bounding.lock();
+        if b.is_some() {
+            return;
+        }
+        let Some(conn) = self.healthy() else { return };
+        let mark = self.replay.lock().mark();
+        if let Ok(reply) = conn.send(CMD_FLUSH, 0, 0, 0, &[]) {
+            *b = Some(BoundingFlush { mark, sent: Instant::now(), reply });
+        }
     }
 
     /// Split `[offset, offset+len)` into requests of at most `max_request`.

@@ -196,12 +196,41 @@ struct Runner<'a> {
 struct Measured {
     ratio: f64,
     mbps: [f64; 2],
+    /// What the proxies did during the run (summed over them): requests of a
+    /// and b held back, holds that ran out their bound.
+    holds: Holds,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Holds {
+    held: [u64; 2],
+    expired: u64,
+}
+
+impl Holds {
+    fn since(self, before: Holds) -> Holds {
+        Holds { held: [0, 1].map(|t| self.held[t] - before.held[t]), expired: self.expired - before.expired }
+    }
+}
+
+impl std::fmt::Display for Holds {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "held a {} b {}, {} holds expired", self.held[0], self.held[1], self.expired)
+    }
 }
 
 impl Runner<'_> {
-    fn measure(&self, c: &Completions, run_s: f64) -> Measured {
+    fn measure(&self, c: &Completions, run_s: f64, holds: Holds) -> Measured {
         let w = GlobalPlan::window(run_s, self.plan.warmup_s, self.plan.cooldown_s);
-        Measured { ratio: achieved_ratio(c, w), mbps: throughput(c, w) }
+        Measured { ratio: achieved_ratio(c, w), mbps: throughput(c, w), holds }
+    }
+
+    fn holds(&self) -> Holds {
+        let sum = |tenant: &str, key: &str| -> u64 {
+            self.store.tenant_status(tenant).iter().map(|s| s["tenant"][key].as_u64().unwrap_or(0)).sum()
+        };
+        let expired = self.store.tenant_status("a").iter().map(|s| s["pool_holds_expired"].as_u64().unwrap_or(0)).sum();
+        Holds { held: [sum("a", "held"), sum("b", "held")], expired }
     }
 
     fn configure(&self, weights: [u32; 2], cooperative: bool) -> anyhow::Result<()> {
@@ -215,8 +244,9 @@ impl Runner<'_> {
         if load.via_proxies {
             self.configure(weights, cooperative)?;
         }
+        let before = self.holds();
         let c = super::procs::run_clients(&self.store, load)?;
-        Ok(self.measure(&c, load.duration.as_secs_f64()))
+        Ok(self.measure(&c, load.duration.as_secs_f64(), self.holds().since(before)))
     }
 
     /// Every target, local only then cooperative, `reps` times interleaved.
@@ -230,14 +260,15 @@ impl Runner<'_> {
                 for (mode, coop) in [false, true].into_iter().enumerate() {
                     let m = self.run([target, 1], coop, &load)?;
                     step(&format!(
-                        "global {target}:1, {} KiB, {} outstanding, {} (run {}): {:.2}:1, {:.1} + {:.1} MB/s",
+                        "global {target}:1, {} KiB, {} outstanding, {} (run {}): {:.2}:1, {:.1} + {:.1} MB/s; {}",
                         request / KIB,
                         outstanding,
                         if coop { "cooperative" } else { "local only" },
                         rep + 1,
                         m.ratio,
                         m.mbps[0],
-                        m.mbps[1]
+                        m.mbps[1],
+                        m.holds
                     ));
                     runs[mode].push(m);
                 }
@@ -262,11 +293,12 @@ impl Runner<'_> {
             for (mode, coop) in [false, true].into_iter().enumerate() {
                 let m = self.run(weights, coop, &load)?;
                 step(&format!(
-                    "global asymmetric, {} (run {}): wide {:.1} MB/s, narrow {:.1} MB/s",
+                    "global asymmetric, {} (run {}): wide {:.1} MB/s, narrow {:.1} MB/s; {}",
                     if coop { "cooperative" } else { "local only" },
                     rep + 1,
                     m.mbps[0],
-                    m.mbps[1]
+                    m.mbps[1],
+                    m.holds
                 ));
                 runs[mode].push(m);
             }
@@ -295,7 +327,12 @@ impl Runner<'_> {
             for via in [false, true] {
                 let m = self.run([1, 1], true, &p.load(1, false, via, p.run_s))?;
                 let total = m.mbps[0] + m.mbps[1];
-                step(&format!("global overhead, {} (run {}): {total:.1} MB/s", if via { "through proxies" } else { "direct" }, rep + 1));
+                step(&format!(
+                    "global overhead, {} (run {}): {total:.1} MB/s; {}",
+                    if via { "through proxies" } else { "direct" },
+                    rep + 1,
+                    m.holds
+                ));
                 if via {
                     proxied.push(total);
                 } else {
@@ -307,14 +344,14 @@ impl Runner<'_> {
     }
 
     fn counters(&self) -> serde_json::Value {
-        let sum = |tenant: &str, key: &str| -> u64 {
-            self.store.tenant_status(tenant).iter().map(|s| s["tenant"][key].as_u64().unwrap_or(0)).sum()
+        let sum = |tenant: &str| -> u64 {
+            self.store.tenant_status(tenant).iter().map(|s| s["tenant"]["remote_cost"].as_u64().unwrap_or(0)).sum()
         };
-        let expired: u64 = self.store.tenant_status("a").iter().map(|s| s["pool_holds_expired"].as_u64().unwrap_or(0)).sum();
+        let h = self.holds();
         serde_json::json!({
-            "held": { "a": sum("a", "held"), "b": sum("b", "held") },
-            "remote_cost": { "a": sum("a", "remote_cost"), "b": sum("b", "remote_cost") },
-            "holds_expired": expired,
+            "held": { "a": h.held[0], "b": h.held[1] },
+            "remote_cost": { "a": sum("a"), "b": sum("b") },
+            "holds_expired": h.expired,
         })
     }
 }
