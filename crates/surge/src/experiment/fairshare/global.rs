@@ -208,8 +208,9 @@ struct Holds {
 }
 
 impl Holds {
+    /// Saturating: a proxy that does not answer a status call drops out of a sum.
     fn since(self, before: Holds) -> Holds {
-        Holds { held: [0, 1].map(|t| self.held[t] - before.held[t]), expired: self.expired - before.expired }
+        Holds { held: [0, 1].map(|t| self.held[t].saturating_sub(before.held[t])), expired: self.expired.saturating_sub(before.expired) }
     }
 }
 
