@@ -353,6 +353,8 @@ struct SlowSync {
     open: Mutex<bool>,
     opened: parking_lot::Condvar,
     syncs_started: AtomicU64,
+    /// Syncs that fail (with EIO) before one succeeds.
+    failing: AtomicU64,
 }
 
 impl SlowSync {
@@ -382,7 +384,23 @@ impl BlockDev for SlowSync {
             self.opened.wait(&mut open);
         }
         drop(open);
+        if self.failing.load(Ordering::SeqCst) > 0 {
+            self.failing.fetch_sub(1, Ordering::SeqCst);
+            return Err(BlockError::Io { op: "flush", offset: 0, len: 0, source: std::io::Error::other("sync failed") });
+        }
         self.disk.flush()
+    }
+}
+
+impl SlowSync {
+    fn new(size: u64, open: bool, failing: u64) -> Arc<SlowSync> {
+        Arc::new(SlowSync {
+            disk: VolatileDisk { disk: MemoryDev::new(size), pending: Mutex::new(Vec::new()) },
+            open: Mutex::new(open),
+            opened: parking_lot::Condvar::new(),
+            syncs_started: AtomicU64::new(0),
+            failing: AtomicU64::new(failing),
+        })
     }
 }
 
@@ -405,12 +423,7 @@ fn write_blocks(dev: &Arc<RemoteDev>, first: u64, n: u64) -> std::sync::mpsc::Re
 /// takes what it covered out of the log; past twice the limit writers wait.
 #[test]
 fn the_replay_bound_flushes_in_the_background_and_waits_only_past_twice_the_limit() {
-    let disk = Arc::new(SlowSync {
-        disk: VolatileDisk { disk: MemoryDev::new(64 << 20), pending: Mutex::new(Vec::new()) },
-        open: Mutex::new(false),
-        opened: parking_lot::Condvar::new(),
-        syncs_started: AtomicU64::new(0),
-    });
+    let disk = SlowSync::new(64 << 20, false, 0);
     let srv = InProcess::start(disk.clone());
     let limit = 1 << 20;
     let dev = Arc::new(RemoteDev::open(&uri_for(&srv.sock, "disk"), RemoteOptions { replay_limit: limit, ..opts() }).unwrap());
@@ -442,6 +455,37 @@ fn the_replay_bound_flushes_in_the_background_and_waits_only_past_twice_the_limi
         disk.disk.disk.read_at(&mut b, blk * (64 << 10)).unwrap();
         assert!(b.iter().all(|&x| x == blk as u8), "block {blk}");
     }
+}
+
+/// A background FLUSH that the server fails leaves what it covered in the
+/// replay log (the writes were acknowledged, not yet durable) and fails no
+/// write: before, the writer that crossed the limit got the sync's error for
+/// a write that had succeeded. The next bound, or an explicit flush, syncs.
+#[test]
+fn a_failed_background_flush_keeps_its_writes_logged_and_fails_no_write() {
+    let disk = SlowSync::new(64 << 20, true, u64::MAX);
+    let srv = InProcess::start(disk.clone());
+    let limit = 1 << 20;
+    let dev = Arc::new(RemoteDev::open(&uri_for(&srv.sock, "disk"), RemoteOptions { replay_limit: limit, ..opts() }).unwrap());
+    // Past the limit: a FLUSH is sent, and the server fails it.
+    let r = write_blocks(&dev, 0, 20).recv_timeout(Duration::from_secs(10)).expect("writes returned");
+    assert!(r.is_ok(), "a write failed for a background sync: {r:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while disk.syncs_started.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the server never saw the background FLUSH");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Later writes take the failed replies: nothing leaves the log.
+    let r = write_blocks(&dev, 20, 1).recv_timeout(Duration::from_secs(10)).expect("write returned");
+    assert!(r.is_ok(), "{r:?}");
+    assert!(dev.stats().replay_bytes > 21 * (64 << 10), "{:?}", dev.stats());
+    disk.failing.store(0, Ordering::SeqCst);
+    // An explicit flush syncs everything.
+    dev.flush().unwrap();
+    assert_eq!(dev.stats().replay_bytes, 0);
+    let mut b = vec![0u8; 64 << 10];
+    disk.disk.disk.read_at(&mut b, 7 * (64 << 10)).unwrap();
+    assert!(b.iter().all(|&x| x == 7));
 }
 
 #[test]

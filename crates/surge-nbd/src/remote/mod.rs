@@ -458,8 +458,12 @@ impl RemoteDev {
         let mut b = self.bounding.lock();
         let Some(f) = b.as_ref() else { return };
         match f.reply.try_recv() {
-            Ok(Ok(reply)) if reply.error.is_none() => self.replay.lock().flushed(f.mark),
-            Ok(_) | Err(crossbeam_channel::TryRecvError::Disconnected) => {}
+            Ok(Ok(reply)) => match reply.error {
+                None => self.replay.lock().flushed(f.mark),
+                // The writes it covered stay logged; an explicit flush reports the failure.
+                Some((errno, msg)) => tracing::warn!(uri = %self.text, "background flush failed (errno {errno}: {msg}); its writes stay logged for replay"),
+            },
+            Ok(Err(_)) | Err(crossbeam_channel::TryRecvError::Disconnected) => {}
             Err(crossbeam_channel::TryRecvError::Empty) if f.sent.elapsed() > self.opts.request_timeout => {}
             Err(crossbeam_channel::TryRecvError::Empty) => return,
         }
