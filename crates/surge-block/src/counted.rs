@@ -117,6 +117,9 @@ impl BlockDev for Counted {
         let span = self.inner.file_span().filter(|s| s.observer.is_none())?;
         Some(FileSpan { observer: Some(self), ..span })
     }
+    fn in_file_span(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.file_span().is_some() && self.inner.in_file_span(offset, len, write)
+    }
     fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
         self.inner.may_wait_remote(offset, len, write)
     }

@@ -71,10 +71,11 @@ pub struct Extent {
 }
 
 /// A plain file that holds a device's bytes one to one: device offset `o` is
-/// file offset `base + o`, and reading or writing the file there does exactly
-/// what `read_at` / `write_at(.., fua = false)` would. A front end may then move
-/// data between the file and a socket without copying it through user memory
-/// (sendfile, splice); see [`BlockDev::file_span`].
+/// file offset `base + o`, and for every range [`BlockDev::in_file_span`]
+/// accepts, reading or writing the file there does exactly what `read_at` /
+/// `write_at(.., fua = false)` would. A front end may then move data between
+/// the file and a socket without copying it through user memory (sendfile,
+/// splice); see [`BlockDev::file_span`].
 #[derive(Clone, Copy)]
 pub struct FileSpan<'a> {
     pub fd: BorrowedFd<'a>,
@@ -154,6 +155,15 @@ pub trait BlockDev: Send + Sync {
         None
     }
 
+    /// Whether `[offset, offset+len)` may be read (`write == false`) or
+    /// written through [`BlockDev::file_span`] now. A plain file: always. A
+    /// device that keeps only some ranges in the file (a copy-on-write overlay)
+    /// accepts those; the answer may change once the call returns only in ways
+    /// a concurrent request could have caused anyway.
+    fn in_file_span(&self, _offset: u64, _len: u64, _write: bool) -> bool {
+        self.file_span().is_some()
+    }
+
     /// Whether a read (`write == false`) or write of `[offset, offset+len)`
     /// may wait on a remote peer (a network round trip), so a front end must
     /// not run it on a thread other requests wait behind. Local devices keep
@@ -215,6 +225,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn file_span(&self) -> Option<FileSpan<'_>> {
         (**self).file_span()
+    }
+    fn in_file_span(&self, offset: u64, len: u64, write: bool) -> bool {
+        (**self).in_file_span(offset, len, write)
     }
     fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
         (**self).may_wait_remote(offset, len, write)

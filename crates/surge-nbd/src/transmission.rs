@@ -474,7 +474,9 @@ fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -
         }
         let rest = payload - reader.buffer().len().min(payload);
         let pipe = match &conn.zero_copy {
-            Some(zc) if req.cmd == CMD_WRITE && !refused && payload >= ZERO_COPY_MIN && rest > 0 => zc.take_pipe(rest).map(|p| (zc, p)),
+            Some(zc) if req.cmd == CMD_WRITE && !refused && payload >= ZERO_COPY_MIN && rest > 0 && conn.dev.in_file_span(req.offset, req.len, true) => {
+                zc.take_pipe(rest).map(|p| (zc, p))
+            }
             _ => None,
         };
         let read = match pipe {
@@ -615,7 +617,10 @@ fn run_job(export: &ExportState, conn: &Conn, job: Job, flush: bool) {
     let started = (is_small_io(&req) && !remote).then(Instant::now);
     let result = match spliced {
         // Payloads are spliced only when no shutdown was under way.
-        Some(sp) => spliced_write(export, conn, &req, &mut msg, sp),
+        Some(sp) if conn.dev.in_file_span(req.offset, req.len, true) => spliced_write(export, conn, &req, &mut msg, sp),
+        // The range left the file meanwhile (a copy-on-write block was
+        // discarded): the device writes it.
+        Some(sp) => unsplice(conn, &mut msg, sp).and_then(|_| execute(export, conn, &req, &mut msg)),
         // The spec: requests received during shutdown get ESHUTDOWN; the client then disconnects.
         None if refused => Err(Fail::new(ESHUTDOWN, "the server is shutting down")),
         None => execute(export, conn, &req, &mut msg),
@@ -664,7 +669,7 @@ fn execute(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Re
             check_bounds(export, req, EINVAL)?;
             check_read_len(conn, req)?;
             match &conn.zero_copy {
-                Some(_) if req.len >= ZERO_COPY_MIN as u64 => {
+                Some(_) if req.len >= ZERO_COPY_MIN as u64 && dev.in_file_span(req.offset, req.len, false) => {
                     zero_copy_read(conn, req, msg);
                     c.zero_copy_reads.fetch_add(1, Ordering::Relaxed);
                 }
@@ -749,6 +754,25 @@ fn spliced_write(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg,
     c.bytes_written.fetch_add(len, Ordering::Relaxed);
     done_reply(conn, req, msg);
     Ok(())
+}
+
+/// Moves a spliced payload back into the request's buffer, for the copying path.
+fn unsplice(conn: &Conn, msg: &mut OutMsg, sp: Spliced) -> Result<(), Fail> {
+    let zc = conn.zero_copy.as_ref().expect("spliced payloads exist only with zero copy");
+    let len = sp.prefix + sp.rest;
+    if msg.buf.len() < len {
+        msg.buf.resize(len, 0);
+    }
+    match sp.pipe.drain_into(&mut msg.buf[sp.prefix..len]) {
+        Ok(()) => {
+            zc.put_pipe(sp.pipe);
+            Ok(())
+        }
+        Err(e) => {
+            zc.discard_pipe(sp.pipe);
+            Err(Fail::new(EIO, format!("taking a write payload back from its pipe: {e}")))
+        }
+    }
 }
 
 /// A read answered from the export's file with sendfile when the reply is sent:

@@ -9,8 +9,11 @@
 //!   arrived is it spliced on into the file: a client that leaves mid-payload
 //!   still changes nothing.
 //!
-//! TLS connections and layered devices (cache, model, fault, share) never get
-//! here: they keep the copying path.
+//! A copy-on-write volume uses these paths for ranges already in its overlay
+//! ([`surge_block::BlockDev::in_file_span`]); a write spliced for such a range
+//! that left the overlay before it ran is read back from its pipe and written
+//! by the device. TLS connections and layered devices (cache, model, fault,
+//! share) never get here: they keep the copying path.
 
 use parking_lot::Mutex;
 use std::io;
@@ -80,6 +83,23 @@ impl Pipe {
             match cvt(r) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the file took no more data")),
                 Ok(n) => left -= n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `buf.len()` bytes out of the pipe (which holds them).
+    pub(crate) fn drain_into(&self, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &mut buf[done..];
+            // SAFETY: read into a valid slice from a valid descriptor.
+            let r = unsafe { libc::read(self.r.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len()) };
+            match cvt(r) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }

@@ -1,11 +1,14 @@
 //! Zero-copy reads (sendfile) and writes (splice through a pipe) for plain
 //! connections to file exports: byte-exact in every reply style, counted by the
 //! layer above the file, a client leaving mid-payload changes nothing, and a
-//! file that fails while being sent gives an error chunk, not bad data.
+//! file that fails while being sent gives an error chunk, not bad data; a
+//! copy-on-write volume takes these paths only for ranges in its overlay.
 
 use std::path::Path;
 use std::sync::Arc;
-use surge_block::{BlockDev, Counted, FileDev, MemoryDev};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use surge_block::cow::{CowConfig, CowDev};
+use surge_block::{BlockDev, Counted, FileDev, FileSpan, MemoryDev};
 use surge_nbd::client::{Client, ClientOptions, ReadChunk};
 use surge_nbd::proto::*;
 use surge_nbd::{Export, Listen, Server, ServerConfig, MAX_BLOCK};
@@ -134,5 +137,102 @@ fn a_file_that_fails_while_being_sent_gives_an_error_not_wrong_data() {
     let mut simple = connect(&sock, false);
     let k = simple.submit(CMD_READ, 0, 0, 2 << 20, &[]).unwrap();
     assert!(simple.wait(k).is_err(), "a simple reply with wrong data must not be delivered");
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_cow_volume_skips_the_copy_only_for_ranges_in_its_overlay() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 16u64 << 20;
+    let base_data = pattern(size as usize, 77);
+    let base = MemoryDev::new(size);
+    base.write_at(&base_data, 0, false).unwrap();
+    let cfg = CowConfig::default();
+    let overlay = FileDev::create(dir.path().join("ovl"), CowDev::overlay_size_for(size, &cfg)).unwrap();
+    let cow = CowDev::create(Arc::new(base), Arc::new(overlay), &cfg).unwrap();
+    let (server, sock) = serve(Arc::new(cow), dir.path());
+    let mut model = base_data;
+    let mut c = connect(&sock, true);
+    let mut check = |c: &mut Client, off: usize, len: usize, model: &[u8]| {
+        let mut b = vec![0u8; len];
+        c.read(off as u64, &mut b).unwrap();
+        assert!(b == model[off..off + len], "read at {off}+{len} differs");
+    };
+    // Unwritten: read from the base, copied.
+    check(&mut c, 1 << 20, 1 << 20, &model);
+    let st = server.stats().exports[0].clone();
+    assert_eq!((st.zero_copy_reads, st.zero_copy_writes), (0, 0), "base ranges are not in the overlay");
+    // First write of a range (with partial blocks at both ends): the device allocates it.
+    let (off, len) = ((2 << 20) + 1000, 1 << 20);
+    let data = pattern(len, 1);
+    c.write(off as u64, &data, false).unwrap();
+    model[off..off + len].copy_from_slice(&data);
+    assert_eq!(server.stats().exports[0].zero_copy_writes, 0, "an allocating write is the device's");
+    // Now in the overlay: reads and rewrites skip the copy.
+    check(&mut c, off, len, &model);
+    let data = pattern(len - 8192, 2);
+    c.write(off as u64 + 4096, &data, false).unwrap();
+    model[off + 4096..off + len - 4096].copy_from_slice(&data);
+    check(&mut c, off, len, &model);
+    // A read that reaches past the overlay's blocks into the base is copied.
+    check(&mut c, off, 2 << 20, &model);
+    c.flush().unwrap();
+    c.disconnect().unwrap();
+    let st = server.stats().exports[0].clone();
+    assert_eq!((st.zero_copy_reads, st.zero_copy_writes), (2, 1), "{st:?}");
+    server.shutdown().unwrap();
+}
+
+/// A file export whose ranges leave the file after `intake` answers: the
+/// write's payload was spliced, then the range was no longer in the span.
+struct LeavesTheSpan {
+    file: FileDev,
+    answers: AtomicUsize,
+    intake: AtomicUsize,
+}
+
+impl BlockDev for LeavesTheSpan {
+    fn size(&self) -> u64 {
+        self.file.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        self.file.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        self.file.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        self.file.flush()
+    }
+    fn file_span(&self) -> Option<FileSpan<'_>> {
+        self.file.file_span()
+    }
+    fn in_file_span(&self, _offset: u64, _len: u64, _write: bool) -> bool {
+        self.answers.fetch_add(1, Ordering::SeqCst) < self.intake.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_spliced_write_whose_range_left_the_file_is_written_by_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Arc::new(LeavesTheSpan { file: FileDev::create(dir.path().join("img"), 8 << 20).unwrap(), answers: AtomicUsize::new(0), intake: AtomicUsize::new(1) });
+    let (server, sock) = serve(dev.clone(), dir.path());
+    let mut c = connect(&sock, true);
+    let data = pattern(3 << 18, 4);
+    c.write(12345, &data, false).unwrap();
+    assert_eq!(dev.answers.load(Ordering::SeqCst), 2, "asked at intake and again when the write ran");
+    let st = server.stats().exports[0].clone();
+    assert_eq!((st.writes, st.zero_copy_writes, st.errors), (1, 0, 0), "{st:?}");
+    let mut back = vec![0u8; data.len()];
+    c.read(12345, &mut back).unwrap();
+    assert!(back == data, "the payload taken back from the pipe differs");
+    // The pipe went back empty: the next write is spliced through it and lands whole.
+    dev.intake.store(usize::MAX, Ordering::SeqCst);
+    let data = pattern(1 << 19, 5);
+    c.write(1 << 20, &data, false).unwrap();
+    c.read(1 << 20, &mut back[..1 << 19]).unwrap();
+    assert!(back[..1 << 19] == data[..], "a write through the reused pipe differs");
+    assert_eq!(server.stats().exports[0].zero_copy_writes, 1);
+    c.disconnect().unwrap();
     server.shutdown().unwrap();
 }

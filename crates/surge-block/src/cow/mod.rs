@@ -38,7 +38,7 @@ pub mod stream;
 #[cfg(test)]
 mod tests;
 
-use crate::dev::{check_range, BlockDev, Caps, Extent, ExtentKind, ZeroMode};
+use crate::dev::{check_range, BlockDev, Caps, Extent, ExtentKind, FileSpan, ZeroMode};
 use crate::error::{BlockError, Result};
 use locks::RangeLocks;
 use map::AllocMap;
@@ -713,6 +713,24 @@ impl BlockDev for CowDev {
             }
         }
         Ok(())
+    }
+
+    /// The overlay's data area, which holds the volume's bytes identity-mapped
+    /// wherever a block is `Data`.
+    fn file_span(&self) -> Option<FileSpan<'_>> {
+        let span = self.overlay.file_span()?;
+        Some(FileSpan { base: span.base + self.layout.data_start, ..span })
+    }
+
+    /// Ranges whose blocks are all `Data`: there a read or write of the data
+    /// area is what `read_at` / `write_at` do (blocks never go back to `Base`,
+    /// and a block turning `Zero` meanwhile is a concurrent discard).
+    fn in_file_span(&self, offset: u64, len: u64, _write: bool) -> bool {
+        if len == 0 || check_range(self.layout.size, offset, len).is_err() || self.overlay.file_span().is_none() {
+            return false;
+        }
+        let g = self.g();
+        self.map.all(offset / g..(offset + len).div_ceil(g), State::Data)
     }
 
     /// Reads of blocks still in the base, and writes that must fill a partial

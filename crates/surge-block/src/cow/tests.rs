@@ -729,3 +729,37 @@ fn overlay_errors_reach_the_caller_and_acknowledged_writes_survive_heal_and_reop
         model.check_after_crash(&reopened).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     }
 }
+
+// ---- zero-copy access to the overlay ----
+
+#[test]
+fn the_overlay_span_holds_exactly_the_data_blocks_and_reads_as_the_volume_does() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let size = 64 * G;
+    let c = cfg(G, false);
+    let overlay_path = dir.path().join("ovl");
+    let overlay = Arc::new(crate::file::FileDev::create(&overlay_path, CowDev::overlay_size_for(size, &c)).unwrap());
+    let dev = CowDev::create(base_dev(&base_bytes(size)), overlay, &c).unwrap();
+    assert!(!dev.in_file_span(0, G, false), "base blocks are not in the overlay");
+    dev.write_at(&pattern(7, 0, 3 * G), 4 * G, false).unwrap();
+    dev.discard(10 * G, G).unwrap();
+    assert!(dev.in_file_span(4 * G, 3 * G, false) && dev.in_file_span(4 * G + 100, 2 * G, true), "written blocks are");
+    assert!(!dev.in_file_span(3 * G, 2 * G, false), "a range reaching a base block is not");
+    assert!(!dev.in_file_span(10 * G, G, false), "a discarded block is not");
+    assert!(!dev.in_file_span(size - G, 2 * G, false) && !dev.in_file_span(4 * G, 0, false), "out of range or empty");
+    let span = dev.file_span().expect("a file overlay offers its data area");
+    // Reading the file where the span says gives what the volume reads.
+    let file = std::fs::File::open(&overlay_path).unwrap();
+    let mut via_span = vec![0u8; (3 * G) as usize];
+    file.read_exact_at(&mut via_span, span.base + 4 * G).unwrap();
+    assert_eq!(via_span, read(&dev, 4 * G, 3 * G));
+    // A write through the span is what the volume then reads.
+    let w = std::fs::OpenOptions::new().write(true).open(&overlay_path).unwrap();
+    w.write_all_at(&pattern(9, 0, G), span.base + 5 * G).unwrap();
+    assert_eq!(read(&dev, 5 * G, G), pattern(9, 0, G));
+    // A memory overlay has no span.
+    let m = CowDev::create(base_dev(&base_bytes(size)), overlay_for(size, &c), &c).unwrap();
+    m.write_at(&pattern(7, 0, G), 0, false).unwrap();
+    assert!(m.file_span().is_none() && !m.in_file_span(0, G, false));
+}
