@@ -120,6 +120,13 @@ impl BlockDev for Counted {
     fn in_file_span(&self, offset: u64, len: u64, write: bool) -> bool {
         self.file_span().is_some() && self.inner.in_file_span(offset, len, write)
     }
+    /// Counted by the front end through the span's observer.
+    fn write_via_span(&self, offset: u64, len: u64, fill: &mut dyn FnMut() -> std::io::Result<()>) -> Result<bool> {
+        if self.file_span().is_none() {
+            return Ok(false);
+        }
+        self.inner.write_via_span(offset, len, fill)
+    }
     fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
         self.inner.may_wait_remote(offset, len, write)
     }

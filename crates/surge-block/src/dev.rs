@@ -164,6 +164,19 @@ pub trait BlockDev: Send + Sync {
         self.file_span().is_some()
     }
 
+    /// Write `len` bytes at `offset` by calling `fill`, which puts them into
+    /// the file of [`BlockDev::file_span`] at `base + offset`; the device does
+    /// around it what its `write_at(.., fua = false)` would (locks, allocation).
+    /// `Ok(false)`: the range cannot be written this way now and nothing was
+    /// written (use `write_at`).
+    fn write_via_span(&self, offset: u64, len: u64, fill: &mut dyn FnMut() -> std::io::Result<()>) -> Result<bool> {
+        if self.file_span().is_none() || !self.in_file_span(offset, len, true) {
+            return Ok(false);
+        }
+        fill().map_err(|e| BlockError::io("write", offset, len, e))?;
+        Ok(true)
+    }
+
     /// Whether a read (`write == false`) or write of `[offset, offset+len)`
     /// may wait on a remote peer (a network round trip), so a front end must
     /// not run it on a thread other requests wait behind. Local devices keep
@@ -228,6 +241,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn in_file_span(&self, offset: u64, len: u64, write: bool) -> bool {
         (**self).in_file_span(offset, len, write)
+    }
+    fn write_via_span(&self, offset: u64, len: u64, fill: &mut dyn FnMut() -> std::io::Result<()>) -> Result<bool> {
+        (**self).write_via_span(offset, len, fill)
     }
     fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
         (**self).may_wait_remote(offset, len, write)

@@ -617,10 +617,7 @@ fn run_job(export: &ExportState, conn: &Conn, job: Job, flush: bool) {
     let started = (is_small_io(&req) && !remote).then(Instant::now);
     let result = match spliced {
         // Payloads are spliced only when no shutdown was under way.
-        Some(sp) if conn.dev.in_file_span(req.offset, req.len, true) => spliced_write(export, conn, &req, &mut msg, sp),
-        // The range left the file meanwhile (a copy-on-write block was
-        // discarded): the device writes it.
-        Some(sp) => unsplice(conn, &mut msg, sp).and_then(|_| execute(export, conn, &req, &mut msg)),
+        Some(sp) => spliced_write(export, conn, &req, &mut msg, sp),
         // The spec: requests received during shutdown get ESHUTDOWN; the client then disconnects.
         None if refused => Err(Fail::new(ESHUTDOWN, "the server is shutting down")),
         None => execute(export, conn, &req, &mut msg),
@@ -726,8 +723,9 @@ fn execute(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg) -> Re
 }
 
 /// A write whose payload waits in a pipe: checks as for any write, then the
-/// buffered prefix is written and the rest spliced from the pipe into the file.
-/// The pipe goes back for reuse only if it was emptied.
+/// device has the buffered prefix written and the rest spliced from the pipe
+/// into its file ([`BlockDev::write_via_span`]). The pipe goes back for reuse
+/// only if it was emptied.
 fn spliced_write(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg, sp: Spliced) -> Result<(), Fail> {
     let zc = conn.zero_copy.as_ref().expect("spliced payloads exist only with zero copy");
     let checked = check_flags(conn, req).and_then(|_| check_writable(export, req, ENOSPC));
@@ -737,13 +735,29 @@ fn spliced_write(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg,
     }
     let (span, len) = (zc.span, req.len);
     let at = span.base + req.offset;
-    let written = zerocopy::pwrite_all(span.fd, &msg.buf[..sp.prefix], at).and_then(|_| sp.pipe.drain_to(span.fd, at + sp.prefix as u64, sp.rest));
-    span.notify(true, len, written.is_ok());
+    let mut moved = None;
+    let written = {
+        let mut fill = || {
+            let r = zerocopy::pwrite_all(span.fd, &msg.buf[..sp.prefix], at).and_then(|_| sp.pipe.drain_to(span.fd, at + sp.prefix as u64, sp.rest));
+            moved = Some(r.is_ok());
+            r
+        };
+        conn.dev.write_via_span(req.offset, len, &mut fill)
+    };
+    if let Some(ok) = moved {
+        span.notify(true, len, ok);
+    }
     match written {
-        Ok(()) => zc.put_pipe(sp.pipe),
+        Ok(true) => zc.put_pipe(sp.pipe),
+        // The range cannot take it now (a copy-on-write block left the
+        // overlay since the payload was spliced): the device writes it.
+        Ok(false) => {
+            unsplice(conn, msg, sp)?;
+            return execute(export, conn, req, msg);
+        }
         Err(e) => {
             zc.discard_pipe(sp.pipe);
-            return Err(BlockError::io("write", req.offset, len, e).into());
+            return Err(e.into());
         }
     }
     // FUA: the file device's flush is what its own FUA write would do (fdatasync).

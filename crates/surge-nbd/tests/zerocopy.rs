@@ -141,7 +141,7 @@ fn a_file_that_fails_while_being_sent_gives_an_error_not_wrong_data() {
 }
 
 #[test]
-fn a_cow_volume_skips_the_copy_only_for_ranges_in_its_overlay() {
+fn a_cow_volume_skips_the_copy_for_ranges_that_need_nothing_from_its_base() {
     let dir = tempfile::tempdir().unwrap();
     let size = 16u64 << 20;
     let base_data = pattern(size as usize, 77);
@@ -162,12 +162,19 @@ fn a_cow_volume_skips_the_copy_only_for_ranges_in_its_overlay() {
     check(&mut c, 1 << 20, 1 << 20, &model);
     let st = server.stats().exports[0].clone();
     assert_eq!((st.zero_copy_reads, st.zero_copy_writes), (0, 0), "base ranges are not in the overlay");
-    // First write of a range (with partial blocks at both ends): the device allocates it.
+    // First write of a range with partial blocks at both ends: they are
+    // filled from the base, so the device writes it.
     let (off, len) = ((2 << 20) + 1000, 1 << 20);
     let data = pattern(len, 1);
     c.write(off as u64, &data, false).unwrap();
     model[off..off + len].copy_from_slice(&data);
-    assert_eq!(server.stats().exports[0].zero_copy_writes, 0, "an allocating write is the device's");
+    assert_eq!(server.stats().exports[0].zero_copy_writes, 0, "a write filling partial blocks is the device's");
+    // A first write of whole blocks is spliced, and the blocks leave the base.
+    let data = pattern(1 << 20, 3);
+    c.write(8 << 20, &data, false).unwrap();
+    model[8 << 20..9 << 20].copy_from_slice(&data);
+    assert_eq!(server.stats().exports[0].zero_copy_writes, 1, "an allocating write of whole blocks");
+    check(&mut c, 8 << 20, 1 << 20, &model);
     // Now in the overlay: reads and rewrites skip the copy.
     check(&mut c, off, len, &model);
     let data = pattern(len - 8192, 2);
@@ -179,7 +186,7 @@ fn a_cow_volume_skips_the_copy_only_for_ranges_in_its_overlay() {
     c.flush().unwrap();
     c.disconnect().unwrap();
     let st = server.stats().exports[0].clone();
-    assert_eq!((st.zero_copy_reads, st.zero_copy_writes), (2, 1), "{st:?}");
+    assert_eq!((st.zero_copy_reads, st.zero_copy_writes), (3, 2), "{st:?}");
     server.shutdown().unwrap();
 }
 

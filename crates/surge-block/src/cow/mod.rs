@@ -436,6 +436,16 @@ impl CowDev {
         Ok(())
     }
 
+    /// Whether a write of `[offset, end)` must first fill a partly covered
+    /// block that is not in the overlay yet.
+    fn needs_fill(&self, offset: u64, end: u64) -> bool {
+        let g = self.g();
+        let (b0, b1) = (offset / g, end.div_ceil(g));
+        let (first_lo, _) = self.byte_range(b0, b0 + 1);
+        let (_, last_hi) = self.byte_range(b1 - 1, b1);
+        (offset > first_lo && self.map.get(b0) != State::Data) || (end < last_hi && self.map.get(b1 - 1) != State::Data)
+    }
+
     /// Mark whole blocks `[b0, b1)` zero and release their data.
     fn zero_blocks(&self, b0: u64, b1: u64) -> Result<()> {
         if b0 >= b1 {
@@ -722,15 +732,42 @@ impl BlockDev for CowDev {
         Some(FileSpan { base: span.base + self.layout.data_start, ..span })
     }
 
-    /// Ranges whose blocks are all `Data`: there a read or write of the data
-    /// area is what `read_at` / `write_at` do (blocks never go back to `Base`,
-    /// and a block turning `Zero` meanwhile is a concurrent discard).
-    fn in_file_span(&self, offset: u64, len: u64, _write: bool) -> bool {
+    /// Reads: ranges whose blocks are all `Data` (blocks never go back to
+    /// `Base`, and a block turning `Zero` meanwhile is a concurrent discard).
+    /// Writes: ranges that fill no partial block from the base, which
+    /// [`BlockDev::write_via_span`] then marks `Data`.
+    fn in_file_span(&self, offset: u64, len: u64, write: bool) -> bool {
         if len == 0 || check_range(self.layout.size, offset, len).is_err() || self.overlay.file_span().is_none() {
             return false;
         }
         let g = self.g();
-        self.map.all(offset / g..(offset + len).div_ceil(g), State::Data)
+        if write {
+            !self.needs_fill(offset, offset + len)
+        } else {
+            self.map.all(offset / g..(offset + len).div_ceil(g), State::Data)
+        }
+    }
+
+    /// As `write_at`, with `fill` writing the data area: no lock where every
+    /// block is `Data` already, else under the range lock, then marked `Data`.
+    fn write_via_span(&self, offset: u64, len: u64, fill: &mut dyn FnMut() -> std::io::Result<()>) -> Result<bool> {
+        if !self.in_file_span(offset, len, true) {
+            return Ok(false);
+        }
+        let g = self.g();
+        let (b0, b1) = (offset / g, (offset + len).div_ceil(g));
+        let mut fill = || fill().map_err(|e| BlockError::io("write", offset, len, e));
+        if self.map.all(b0..b1, State::Data) {
+            fill()?;
+            return Ok(true);
+        }
+        let _held = self.locks.lock(b0..b1);
+        if self.needs_fill(offset, offset + len) {
+            return Ok(false);
+        }
+        fill()?;
+        self.map.set_range(b0..b1, State::Data);
+        Ok(true)
     }
 
     /// Reads of blocks still in the base, and writes that must fill a partial

@@ -733,7 +733,7 @@ fn overlay_errors_reach_the_caller_and_acknowledged_writes_survive_heal_and_reop
 // ---- zero-copy access to the overlay ----
 
 #[test]
-fn the_overlay_span_holds_exactly_the_data_blocks_and_reads_as_the_volume_does() {
+fn the_overlay_span_holds_the_data_blocks_and_takes_writes_that_fill_nothing_from_the_base() {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
     let size = 64 * G;
@@ -745,6 +745,7 @@ fn the_overlay_span_holds_exactly_the_data_blocks_and_reads_as_the_volume_does()
     dev.write_at(&pattern(7, 0, 3 * G), 4 * G, false).unwrap();
     dev.discard(10 * G, G).unwrap();
     assert!(dev.in_file_span(4 * G, 3 * G, false) && dev.in_file_span(4 * G + 100, 2 * G, true), "written blocks are");
+    assert!(dev.in_file_span(8 * G, G, true) && !dev.in_file_span(8 * G + 1, G, true), "writes of whole base blocks are, of partial ones not");
     assert!(!dev.in_file_span(3 * G, 2 * G, false), "a range reaching a base block is not");
     assert!(!dev.in_file_span(10 * G, G, false), "a discarded block is not");
     assert!(!dev.in_file_span(size - G, 2 * G, false) && !dev.in_file_span(4 * G, 0, false), "out of range or empty");
@@ -758,6 +759,24 @@ fn the_overlay_span_holds_exactly_the_data_blocks_and_reads_as_the_volume_does()
     let w = std::fs::OpenOptions::new().write(true).open(&overlay_path).unwrap();
     w.write_all_at(&pattern(9, 0, G), span.base + 5 * G).unwrap();
     assert_eq!(read(&dev, 5 * G, G), pattern(9, 0, G));
+    // Writes through the span: whole blocks of the base are taken and leave
+    // it; a partial block of the base is not (it needs the rest filled first).
+    let mut called = 0;
+    let mut fill = || {
+        called += 1;
+        w.write_all_at(&pattern(11, 0, 2 * G), span.base + 20 * G)
+    };
+    assert!(dev.write_via_span(20 * G, 2 * G, &mut fill).unwrap());
+    assert_eq!((called, dev.state_at(20 * G), dev.state_at(21 * G)), (1, State::Data, State::Data));
+    assert_eq!(read(&dev, 20 * G, 2 * G), pattern(11, 0, 2 * G));
+    let mut never = || -> std::io::Result<()> { panic!("a partial base block must not be written through the span") };
+    assert!(!dev.write_via_span(30 * G + 1, G, &mut never).unwrap());
+    assert_eq!(dev.state_at(30 * G), State::Base);
+    // A failed fill leaves the blocks where they were.
+    let mut failing = || Err(std::io::Error::other("disk gone"));
+    assert!(dev.write_via_span(40 * G, G, &mut failing).is_err());
+    assert_eq!(dev.state_at(40 * G), State::Base);
+    assert_eq!(read(&dev, 40 * G, G), base_bytes(size)[(40 * G) as usize..(41 * G) as usize]);
     // A memory overlay has no span.
     let m = CowDev::create(base_dev(&base_bytes(size)), overlay_for(size, &c), &c).unwrap();
     m.write_at(&pattern(7, 0, G), 0, false).unwrap();
