@@ -153,7 +153,7 @@ fn a_cow_volume_skips_the_copy_for_ranges_that_need_nothing_from_its_base() {
     let (server, sock) = serve(Arc::new(cow), dir.path());
     let mut model = base_data;
     let mut c = connect(&sock, true);
-    let mut check = |c: &mut Client, off: usize, len: usize, model: &[u8]| {
+    let check = |c: &mut Client, off: usize, len: usize, model: &[u8]| {
         let mut b = vec![0u8; len];
         c.read(off as u64, &mut b).unwrap();
         assert!(b == model[off..off + len], "read at {off}+{len} differs");

@@ -17,18 +17,29 @@ pub struct Moto {
 }
 
 impl Moto {
-    /// `python3 -m moto.server` on a free loopback port (pip install 'moto[server]').
+    /// `python3 -m moto.server` on a loopback port it picks itself (pip
+    /// install 'moto[server]'). Picking a free port here and passing it on
+    /// raced with the other tests' servers: two could be given the same port,
+    /// the second failed to bind, and its test talked to the first one's
+    /// server until that test ended ("connection refused").
     pub fn start() -> Moto {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new("python3")
-            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+        let mut child = Command::new("python3")
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", "0"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("python3 -m moto.server (pip install 'moto[server]')");
+        let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+        let port = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|l| l.split_once("Running on http://127.0.0.1:").and_then(|(_, p)| p.trim().parse::<u16>().ok()))
+            .expect("moto server did not say which port it listens on (pip install 'moto[server]')");
+        // It logs every request to stderr: keep reading so it never blocks.
+        std::thread::spawn(move || lines.for_each(drop));
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(60), "moto server did not start on port {port} (pip install 'moto[server]')");
+            assert!(start.elapsed() < Duration::from_secs(60), "moto server did not start on port {port}");
             std::thread::sleep(Duration::from_millis(100));
         }
         Moto { child, port }
