@@ -41,6 +41,10 @@ check("provisioning", sp >= 10, f"surge-cow {cow['provision_s']:.2f} s vs local-
 for k in keys[1:]:
     rel = raw[k] / cow[k] if k == "sort_s" else cow[k] / raw[k]
     check(f"surge-cow {k}", rel >= 0.9, f"{(rel - 1) * 100:+.1f} % vs local-raw (need >= -10 %, aim -5 %)")
+for n in names:
+    k = c[n]["cost"]
+    check(f"{n} priced", k["job_usd"] > 0 and k["usd_per_million_tx"] > 0, f"job ${k['job_usd']:.5f}, ${k['usd_per_million_tx']:.4f} per million transactions (computed, list prices)", target=False)
+print(f"  job cost (provision + boot + sort on an {r['prices']['instance']}): surge-cow {cow['cost']['job_usd'] / raw['cost']['job_usd']:.2f}x local-raw's")
 q = cow["randwrite_iops"] / qcow["randwrite_iops"]
 check("vs qemu-qcow2", q >= 2, f"4 KiB random writes {cow['randwrite_iops']:.0f} vs {qcow['randwrite_iops']:.0f} IOPS: {q:.2f}x (need >= 2x)")
 for f in ("report.md", "provision.svg", "runtime.svg"):
@@ -54,3 +58,7 @@ if bad or (missed and strict):
     sys.exit(1)
 print("streaming: every configuration measured" + ("" if missed else "; all targets met"))
 PY
+# The report is rewritten from results.json alone (how a report change reaches a recorded run).
+mv "$OUT/report.md" "$OUT/report.first.md"
+"$BIN" --log warn experiment streaming --report-only --out "$OUT" > /dev/null
+cmp "$OUT/report.md" "$OUT/report.first.md" || { echo "streaming: report.md rewritten from results.json differs from the run's" >&2; exit 1; }

@@ -32,6 +32,12 @@
 //! out to the internet $0.09/GB (first 10 TB/month). Storage itself (GB-month)
 //! is left out: every approach compared stores the same bytes.
 //!
+//! Traffic between instances (a compute node reading a base image from a
+//! storage node): EC2 data transfer list prices, us-east-1,
+//! <https://aws.amazon.com/ec2/pricing/on-demand/> (2025): free within an
+//! Availability Zone over private addresses; $0.01/GB in each direction
+//! (sender and receiver each billed) across Availability Zones.
+//!
 //! Reduced-scale experiments run time `time_scale` times as fast as the
 //! cloud's (durations x f): billing stretches each emulated second back to
 //! 1/f seconds, so the 60 s minimum and per-second rounding apply at full scale.
@@ -90,6 +96,34 @@ pub struct PriceTable {
     /// S3 requests and transfer.
     #[serde(default)]
     pub s3: S3Price,
+    /// Traffic between instances in the region.
+    #[serde(default)]
+    pub ec2_transfer: Ec2Transfer,
+}
+
+/// EC2 data transfer between instances of one region, $ per GB.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Ec2Transfer {
+    /// Within one Availability Zone, over private addresses.
+    pub same_az_gb: f64,
+    /// Across Availability Zones, billed to each side.
+    pub cross_az_gb_each_way: f64,
+}
+
+impl Default for Ec2Transfer {
+    fn default() -> Self {
+        Ec2Transfer { same_az_gb: 0.0, cross_az_gb_each_way: 0.01 }
+    }
+}
+
+impl Ec2Transfer {
+    /// What moving `bytes` from one instance to another costs (both sides'
+    /// charges), within one zone or across two.
+    pub fn usd(&self, bytes: u64, cross_az: bool) -> f64 {
+        let per_gb = if cross_az { 2.0 * self.cross_az_gb_each_way } else { self.same_az_gb };
+        bytes as f64 / GIB as f64 * per_gb
+    }
 }
 
 /// S3 Standard requests and transfer, $ (see the module comment for the source).
@@ -184,6 +218,7 @@ impl Default for PriceTable {
             time_scale: 1.0,
             instances: ec2_on_demand(),
             s3: S3Price::default(),
+            ec2_transfer: Ec2Transfer::default(),
         }
     }
 }
@@ -695,6 +730,16 @@ mod tests {
         // Priced out of the region, the transfer is not free.
         let t = PriceTable { s3: S3Price { transfer_in_region_gb: 0.09, ..S3Price::default() }, ..PriceTable::default() };
         assert!(close(t.s3_usd(&S3Usage { puts: 0, gets: 0, bytes: 10 << 30 }), 0.9));
+    }
+
+    #[test]
+    fn traffic_between_instances_is_free_in_a_zone_and_billed_to_both_sides_across_zones() {
+        let t = PriceTable::default().ec2_transfer;
+        assert_eq!(t.usd(24 << 30, false), 0.0);
+        assert!(close(t.usd(24 << 30, true), 24.0 * 0.02));
+        let t = PriceTable::from_toml("[ec2_transfer]\ncross_az_gb_each_way = 0.02\n").unwrap().ec2_transfer;
+        assert!(close(t.usd(1 << 30, true), 0.04));
+        assert_eq!(t.same_az_gb, 0.0, "unspecified keys keep their defaults");
     }
 
     #[test]

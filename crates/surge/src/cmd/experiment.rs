@@ -17,9 +17,17 @@ pub struct Args {
     /// Data servers of the parallel store (fairshare; the paper had 8).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..=32))]
     pub servers: u64,
+    /// Write report.md and the plots again from the results.json already in
+    /// --out, measuring nothing (streaming).
+    #[arg(long)]
+    pub report_only: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.report_only {
+        anyhow::ensure!(args.name == "streaming", "--report-only is supported by the streaming experiment only, not {:?}", args.name);
+        return crate::experiment::streaming::rewrite_report(&args.out);
+    }
     std::fs::create_dir_all(&args.out)?;
     crate::experiment::progress::start(&args.name);
     let r = match args.name.as_str() {

@@ -22,6 +22,7 @@
 //! 1 MiB sequential read/write), pgbench on PostgreSQL, and an external sort.
 //! Full run: 3 repetitions, configurations interleaved (rotated per round).
 
+mod cost;
 mod guest;
 mod image;
 pub(crate) mod link;
@@ -31,7 +32,7 @@ mod work;
 
 use anyhow::Context as _;
 use proc::{sh, Proc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -44,7 +45,7 @@ const STORAGE_PORT: u16 = 10809;
 
 /// Scale of a run. The full run uses the sizes below; `--quick` shrinks them
 /// (listed in the report) and runs once.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Plan {
     pub quick: bool,
     pub reps: usize,
@@ -133,10 +134,15 @@ impl Config {
             Config::NbdkitCow => "nbdkit-cow",
         }
     }
+
+    pub fn named(name: &str) -> Option<Config> {
+        Config::ALL.into_iter().find(|c| c.name() == name)
+    }
 }
 
 /// One run of one configuration.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Sample {
     pub provision_s: f64,
     /// Part of provisioning spent copying the image (local-raw, persistent).
@@ -383,6 +389,13 @@ fn measure_rtt(rig: &Rig) -> anyhow::Result<f64> {
     Ok(report::median(&mut t))
 }
 
+/// Write report.md and the plots again from the results.json in `out` (a
+/// report change applied to a recorded run; nothing is measured).
+pub fn rewrite_report(out: &Path) -> anyhow::Result<()> {
+    let (plan, setup, samples) = report::read(out)?;
+    report::write(out, &plan, &setup, &samples)
+}
+
 pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     anyhow::ensure!(unsafe { libc::geteuid() } == 0, "the streaming experiment needs root (network namespaces, loop devices, mounts)");
     let mut plan = Plan::new(quick);
@@ -446,10 +459,8 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         }
     }
     bar.finish_and_clear();
-    let copy_rates: Vec<f64> = samples.get(&Config::LocalRaw).into_iter().flatten().filter(|s| s.copy_s > 0.0).map(|s| s.link_bytes as f64 / s.copy_s / 1e6).collect();
     let setup = report::Setup {
         rtt_us,
-        link_rate: (!copy_rates.is_empty()).then(|| copy_rates.iter().sum::<f64>() / copy_rates.len() as f64),
         image_s,
         image_files: rig.image.files,
         image_file_bytes: rig.image.file_bytes,

@@ -1,21 +1,46 @@
 //! results.json, report.md and the plots of the streaming experiment.
 
+use super::cost::{self, Cost, Pricing};
 use super::{Config, Plan, Sample, METRICS};
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Setup {
     pub rtt_us: f64,
-    /// MB/s of local-raw's image copy over the link.
-    pub link_rate: Option<f64>,
+    #[serde(rename = "image_build_s")]
     pub image_s: f64,
     pub image_files: u64,
     pub image_file_bytes: u64,
     pub boot_files: usize,
     pub boot_bytes: u64,
     pub total_s: f64,
+}
+
+/// MB/s of local-raw's image copies over the link (their mean).
+fn link_rate(samples: &BTreeMap<Config, Vec<Sample>>) -> Option<f64> {
+    let rates: Vec<f64> = samples.get(&Config::LocalRaw).into_iter().flatten().filter(|s| s.copy_s > 0.0).map(|s| s.link_bytes as f64 / s.copy_s / 1e6).collect();
+    (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
+}
+
+/// The plan, setup and samples of the results.json in `out`.
+pub fn read(out: &Path) -> anyhow::Result<(Plan, Setup, BTreeMap<Config, Vec<Sample>>)> {
+    let path = out.join("results.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    anyhow::ensure!(v["experiment"] == "streaming", "{} is not from the streaming experiment", path.display());
+    let plan = Plan::deserialize(&v["plan"]).context("results.json: plan")?;
+    let setup = Setup::deserialize(&v["setup"]).context("results.json: setup")?;
+    let mut samples = BTreeMap::new();
+    for (name, c) in v["configs"].as_object().context("results.json: no configs")? {
+        let cfg = Config::named(name).with_context(|| format!("results.json: unknown configuration {name:?}"))?;
+        samples.insert(cfg, Vec::<Sample>::deserialize(&c["samples"]).with_context(|| format!("results.json: samples of {name}"))?);
+    }
+    Ok((plan, setup, samples))
 }
 
 pub fn median(v: &mut [f64]) -> f64 {
@@ -107,6 +132,7 @@ fn checks(med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> Vec<Check> {
 }
 
 pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>) -> anyhow::Result<()> {
+    let pricing = Pricing::list();
     let mut configs = serde_json::Map::new();
     let mut med: BTreeMap<&str, BTreeMap<&str, f64>> = BTreeMap::new();
     for (cfg, s) in samples {
@@ -123,6 +149,16 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
         o.insert("copy_s".into(), json!(copy));
         o.insert("link_bytes".into(), json!(link));
         o.insert("spread".into(), serde_json::Value::Object(spread));
+        let costs: Vec<Cost> = s.iter().map(|x| cost::of(&pricing, x)).collect();
+        let mut c = serde_json::Map::new();
+        let mut c_spread = serde_json::Map::new();
+        for (k, f) in cost::FIELDS {
+            let (m, lo, hi) = median_min_max(costs.iter().map(f).collect());
+            c.insert(k.into(), json!(m));
+            c_spread.insert(k.into(), json!([lo, hi]));
+        }
+        c.insert("spread".into(), serde_json::Value::Object(c_spread));
+        o.insert("cost".into(), serde_json::Value::Object(c));
         o.insert("samples".into(), serde_json::to_value(s)?);
         configs.insert(cfg.name().into(), serde_json::Value::Object(o));
     }
@@ -130,22 +166,15 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
     let results = json!({
         "experiment": "streaming",
         "plan": plan,
-        "setup": {
-            "rtt_us": setup.rtt_us,
-            "image_build_s": setup.image_s,
-            "image_files": setup.image_files,
-            "image_file_bytes": setup.image_file_bytes,
-            "boot_files": setup.boot_files,
-            "boot_bytes": setup.boot_bytes,
-            "total_s": setup.total_s,
-        },
+        "setup": setup,
+        "prices": pricing,
         "configs": configs,
         "checks": checks.iter().map(|c| json!({ "what": c.what, "value": c.value, "target": c.target, "ok": c.ok })).collect::<Vec<_>>(),
     });
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     plot_provision(&out.join("provision.svg"), &med)?;
     plot_runtime(&out.join("runtime.svg"), &med)?;
-    let text = report(plan, setup, samples, &checks);
+    let text = report(plan, setup, samples, &checks, &pricing);
     std::fs::write(out.join("report.md"), &text)?;
     println!("{text}");
     println!("results: {}; plots: provision.svg, runtime.svg", out.join("results.json").display());
@@ -153,7 +182,10 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
 }
 
 fn stats_of(s: &[Sample], f: impl Fn(&Sample) -> f64) -> (f64, f64, f64) {
-    let mut v: Vec<f64> = s.iter().map(f).collect();
+    median_min_max(s.iter().map(f).collect())
+}
+
+fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
     let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
     (median(&mut v), lo, hi)
 }
@@ -170,7 +202,7 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, checks: &[Check]) -> String {
+fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, checks: &[Check], pricing: &Pricing) -> String {
     let mut s = String::new();
     let runs = if plan.reps == 1 {
         format!("{}: one run per configuration", if plan.quick { "--quick" } else { "full scale" })
@@ -212,6 +244,7 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     for c in checks {
         let _ = writeln!(s, "| {} | {} | {} | {} |", c.what, c.value, c.target, if c.ok { "met" } else { "**NOT MET**" });
     }
+    cost_section(&mut s, samples, pricing);
     let _ = writeln!(s, "\n## Setup and scale\n");
     let _ = writeln!(s, "- Storage node: `surge serve` (default settings) in its own network namespace, base image exported read-only over TCP.");
     let delay = if plan.delay_us > 0 {
@@ -223,7 +256,7 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
         s,
         "- Link: veth pair into the storage node's namespace, `tc tbf rate {}mbit burst 256kb` on both ends (measured: {}), {delay}; measured 4 KiB NBD read round trip: {:.0} µs (a physical Gigabit LAN adds some 50-150 µs more).",
         plan.link_mbit,
-        setup.link_rate.map_or("n/a".to_string(), |r| format!("{r:.0} MB/s for the image copy")),
+        link_rate(samples).map_or("n/a".to_string(), |r| format!("{r:.0} MB/s for the image copy")),
         setup.rtt_us
     );
     let _ = writeln!(
@@ -286,6 +319,42 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     let _ = writeln!(s, "- `sync` (not timed) before each phase and each fio pattern, so no phase pays for the previous one's dirty data.");
     let _ = writeln!(s, "- The machine is shared (2 cores); timings include that noise.");
     s
+}
+
+fn usd(v: f64) -> String {
+    if !v.is_finite() {
+        "n/a".into()
+    } else if v >= 0.1 {
+        format!("${v:.2}")
+    } else {
+        format!("${v:.5}")
+    }
+}
+
+fn cost_section(s: &mut String, samples: &BTreeMap<Config, Vec<Sample>>, p: &Pricing) {
+    let _ = writeln!(s, "\n## Cost (computed from the measured seconds and bytes at list prices; median [min, max])\n");
+    let _ = writeln!(s, "| config | provisioning | sort | per million pgbench transactions | job: provision + boot + sort | job vs local-raw | image bytes, storage node in another zone |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let costs: BTreeMap<Config, Vec<Cost>> = samples.iter().map(|(c, v)| (*c, v.iter().map(|x| cost::of(p, x)).collect())).collect();
+    let job = |c: &Config| costs.get(c).map(|v| median_min_max(v.iter().map(|x| x.job_usd).collect()).0);
+    for (cfg, v) in &costs {
+        let _ = write!(s, "| {} |", cfg.name());
+        for (k, f) in cost::FIELDS {
+            let (m, lo, hi) = median_min_max(v.iter().map(f).collect());
+            let cell = if v.len() > 1 { format!("{} [{}, {}]", usd(m), usd(lo), usd(hi)) } else { usd(m) };
+            let _ = write!(s, " {cell} |");
+            if k == "job_usd" {
+                let rel = job(&Config::LocalRaw).map_or(f64::NAN, |b| m / b);
+                let _ = write!(s, " {rel:.2}x |");
+            }
+        }
+        let _ = writeln!(s);
+    }
+    let _ = writeln!(
+        s,
+        "\nThe compute node is an EC2 `{}` (2 vCPUs, 8 GiB, like this machine) at ${}/hour on demand (Linux, us-east-1, <https://aws.amazon.com/ec2/pricing/on-demand/>), billed per second while it waits for its volume and while it sorts; pgbench ran for a fixed time on every configuration, so it is priced per transaction. Image bytes between instances: ${}/GB within a zone, ${}/GB each way across zones (both sides billed); the job column assumes one zone. Storage is not priced: the base image is kept once on the storage node for every configuration; local-raw's copy and the overlays sit on the compute node's local disk, surge-persistent's copy on the storage node.",
+        p.instance, p.instance_usd_hour, p.transfer.same_az_gb, p.transfer.cross_az_gb_each_way
+    );
 }
 
 fn plot_provision(path: &Path, med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> anyhow::Result<()> {
@@ -361,6 +430,33 @@ mod tests {
 
     fn sample(p: f64, rw: f64, sort: f64) -> Sample {
         Sample { provision_s: p, randread_iops: 100.0, randwrite_iops: rw, seqread_mbps: 100.0, seqwrite_mbps: 100.0, oltp_tps: 100.0, sort_s: sort, ..Default::default() }
+    }
+
+    #[test]
+    fn a_report_rewritten_from_results_json_is_the_report_of_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = Plan::new(true);
+        let setup = Setup { rtt_us: 60.0, image_s: 20.0, image_files: 10, image_file_bytes: 1 << 30, boot_files: 5, boot_bytes: 64 << 20, total_s: 500.0 };
+        let mut samples = BTreeMap::new();
+        samples.insert(Config::LocalRaw, vec![Sample { copy_s: 19.0, link_bytes: 6 << 30, ..sample(20.0, 1000.0, 10.0) }, sample(22.0, 900.0, 11.0)]);
+        samples.insert(Config::SurgeCow, vec![sample(1.5, 950.0, 10.9)]);
+        write(dir.path(), &plan, &setup, &samples).unwrap();
+        let first = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+        assert!(first.contains("## Cost") && first.contains("m5.large"), "{first}");
+        let (plan2, setup2, samples2) = read(dir.path()).unwrap();
+        assert_eq!(plan2.image_bytes, plan.image_bytes);
+        assert_eq!(setup2.image_s, 20.0);
+        assert_eq!(samples2[&Config::LocalRaw].len(), 2);
+        assert_eq!(samples2[&Config::LocalRaw][0].link_bytes, 6 << 30);
+        std::fs::remove_file(dir.path().join("report.md")).unwrap();
+        write(dir.path(), &plan2, &setup2, &samples2).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("report.md")).unwrap(), first);
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("results.json")).unwrap()).unwrap();
+        let job = |c: &str| v["configs"][c]["cost"]["job_usd"].as_f64().unwrap();
+        assert!((job("surge-cow") - (1.5 + 10.9) * 0.096 / 3600.0).abs() < 1e-12, "boot and sort on an m5.large");
+        assert!(job("surge-cow") < job("local-raw") / 2.0, "a 1.5 s boot against 20-22 s");
+        std::fs::write(dir.path().join("results.json"), r#"{"experiment": "elastic"}"#).unwrap();
+        assert!(read(dir.path()).unwrap_err().to_string().contains("not from the streaming experiment"));
     }
 
     #[test]
