@@ -58,6 +58,12 @@ j = r["asymmetric_jain"]
 print(f"  asymmetric 48:3 Jain {j:.4f} (need >= 0.99) {'ok' if j >= 0.99 else 'FAIL'}")
 if not j >= 0.99:
     bad.append(f"asymmetric Jain {j:.4f}")
+# Dollars (computed): each tenant pays half the volume; SFQ(D) makes it one price per TB.
+a = next(x for x in r["asymmetric"] if x["streams"] == [48, 3])
+spread = max(a["sfq_usd_per_tb"]) / min(a["sfq_usd_per_tb"])
+print(f'  48:3 $/TB with SFQ(D) {a["sfq_usd_per_tb"][0]:.3f} / {a["sfq_usd_per_tb"][1]:.3f}, without {a["native_usd_per_tb"][0]:.3f} / {a["native_usd_per_tb"][1]:.3f} (volume ${r["volume_usd_hour"]:.4f}/h)')
+if not (r["volume_usd_hour"] > 0 and spread < 1.25):  # Jain >= 0.99 allows up to 1.22x
+    bad.append(f"48:3 tenants pay {spread:.2f}x apart per TB with SFQ(D)")
 o = r["overhead_pct"]
 print(f"  overhead {o:.2f} % (need < 3 %) {'ok' if o < 3 else 'FAIL'}")
 if not o < 3:

@@ -152,6 +152,21 @@ fn bins(c: &[(Duration, u64)], bin: f64, duration: f64) -> Vec<f64> {
     v
 }
 
+/// $ per second of the shared volume at list prices (the reserved model is
+/// priced like gp3 storage plus provisioned throughput, see surge_cloud::cost).
+fn volume_usd_s(d: &DeviceSpec) -> f64 {
+    let prices = surge_cloud::cost::PriceTable::default();
+    let spec = surge_cloud::spec::VolumeSpec { model: surge_block::model::VolumeModel::Reserved { bw: Some(d.bw), iops: None }, size: d.size, latency: Duration::ZERO };
+    prices.usd_month(&spec) / prices.seconds_per_month as f64
+}
+
+/// What each tenant pays per TB it got when the volume's bill is split by
+/// weight: equal across tenants when the sharing is proportional (computed).
+fn usd_per_tb(volume_usd_s: f64, weights: [u32; 2], mbps: [f64; 2]) -> [f64; 2] {
+    let total: f64 = weights.iter().map(|&w| w as f64).sum();
+    [0, 1].map(|t| volume_usd_s * weights[t] as f64 / total / (mbps[t] * MB) * 1e12)
+}
+
 #[derive(Debug, Serialize)]
 struct RatioRow {
     target: u32,
@@ -159,6 +174,8 @@ struct RatioRow {
     achieved: f64,
     mbps: [f64; 2],
     both_backlogged: Option<f64>,
+    /// Each tenant's share of the volume's bill (by weight) per TB it got.
+    usd_per_tb: [f64; 2],
 }
 
 #[derive(Debug, Serialize)]
@@ -189,6 +206,9 @@ struct AsymRow {
     sfq_jain: f64,
     native_mbps: [f64; 2],
     native_jain: f64,
+    /// Each tenant pays half of the volume: $ per TB it got.
+    sfq_usd_per_tb: [f64; 2],
+    native_usd_per_tb: [f64; 2],
 }
 
 #[derive(Debug, Serialize)]
@@ -210,6 +230,8 @@ struct Results {
     asymmetric: Vec<AsymRow>,
     asymmetric_jain: f64,
     timeline: Timeline,
+    /// The shared volume's list price, $/hour (computed from the price table).
+    volume_usd_hour: f64,
     /// Across several servers: per-server SFQ(D) vs cooperating proxies (issue 17).
     global: global::GlobalResults,
     elapsed_s: f64,
@@ -252,12 +274,14 @@ impl Runner<'_> {
             for &target in targets {
                 let o = self.run([target, 1], [p.streams; 2], bytes, Some(p.depth), p.ratio_s)?;
                 let w = p.window(p.ratio_s);
+                let mbps = throughput(&o.completions, w);
                 let row = RatioRow {
                     target,
                     request_bytes: bytes,
                     achieved: achieved_ratio(&o.completions, w),
-                    mbps: throughput(&o.completions, w),
+                    mbps,
                     both_backlogged: o.both_backlogged,
+                    usd_per_tb: usd_per_tb(volume_usd_s(&p.device), [target, 1], mbps),
                 };
                 crate::experiment::progress::step(format!("fairshare: ratio {target}:1 @ {} KiB -> {:.2}", bytes / KIB, row.achieved), true);
                 rows.push(row);
@@ -332,7 +356,16 @@ impl Runner<'_> {
         for &streams in &p.asymmetric {
             let sfq = throughput(&self.run([1, 1], streams, MIB, Some(p.depth), p.asymmetric_s)?.completions, w);
             let native = throughput(&self.run([1, 1], streams, MIB, None, p.asymmetric_s)?.completions, w);
-            let row = AsymRow { streams, sfq_mbps: sfq, sfq_jain: jain(sfq, [1, 1]), native_mbps: native, native_jain: jain(native, [1, 1]) };
+            let usd_s = volume_usd_s(&p.device);
+            let row = AsymRow {
+                streams,
+                sfq_mbps: sfq,
+                sfq_jain: jain(sfq, [1, 1]),
+                native_mbps: native,
+                native_jain: jain(native, [1, 1]),
+                sfq_usd_per_tb: usd_per_tb(usd_s, [1, 1], sfq),
+                native_usd_per_tb: usd_per_tb(usd_s, [1, 1], native),
+            };
             crate::experiment::progress::step(format!("fairshare: asymmetric {streams:?}: Jain {:.4} (no scheduler {:.4})", row.sfq_jain, row.native_jain), true);
             rows.push(row);
         }
@@ -371,6 +404,7 @@ pub fn run(out: &Path, quick: bool, servers: usize) -> anyhow::Result<()> {
         overhead,
         asymmetric,
         timeline,
+        volume_usd_hour: volume_usd_s(&plan.device) * 3600.0,
         global,
         elapsed_s: started.elapsed().as_secs_f64(),
         load_avg: [load0, load_avg()],
@@ -447,7 +481,7 @@ fn report(r: &Results) -> String {
     }
 
     w(&mut s, "## Proportional sharing (paper Figs. 4 and 5)\n".into());
-    w(&mut s, "| target | request | paper achieved | surge achieved | a MB/s | b MB/s | backlogged |\n|---|---|---|---|---|---|---|".into());
+    w(&mut s, "| target | request | paper achieved | surge achieved | a MB/s | b MB/s | backlogged | $/TB a / b (computed) |\n|---|---|---|---|---|---|---|---|".into());
     for x in &r.ratios {
         let paper = match (x.request_bytes, x.target) {
             (MIB, 2) => "1.9",
@@ -457,14 +491,16 @@ fn report(r: &Results) -> String {
             _ => "better than 1 MiB (Fig. 5)",
         };
         w(&mut s, format!(
-            "| {}:1 | {} KiB | {} | {:.2} | {:.1} | {:.1} | {} |",
+            "| {}:1 | {} KiB | {} | {:.2} | {:.1} | {:.1} | {} | {:.3} / {:.3} |",
             x.target,
             x.request_bytes / KIB,
             paper,
             x.achieved,
             x.mbps[0],
             x.mbps[1],
-            x.both_backlogged.map_or("-".into(), |b| format!("{:.0} %", b * 100.0))
+            x.both_backlogged.map_or("-".into(), |b| format!("{:.0} %", b * 100.0)),
+            x.usd_per_tb[0],
+            x.usd_per_tb[1]
         ));
     }
     w(&mut s, "\nThe paper lost its high ratios because the favoured application could not keep its queue at the proxy full (few outstanding requests, striped over many servers). Here each tenant has 32 outstanding requests at one scheduler, so the favoured tenant always has a request waiting and SFQ's tags decide every dispatch.\n".into());
@@ -496,14 +532,31 @@ fn report(r: &Results) -> String {
     w(&mut s, format!("\nOverall: **{:.2} %** (paper: < 3 %; its proxy used < 3 % CPU). Same device, clients and load; \"no scheduler\" exports the volume directly. CPU is the whole process (client threads, NBD server, scheduler) per GB written, so the difference between the columns is the scheduler's cost.\n", r.overhead_pct));
 
     w(&mut s, "## Asymmetric clients at equal weight (paper Fig. 6)\n".into());
-    w(&mut s, "| clients a:b | SFQ(D) MB/s a / b | Jain | no scheduler MB/s a / b | Jain |\n|---|---|---|---|---|".into());
+    w(&mut s, "| clients a:b | SFQ(D) MB/s a / b | Jain | $/TB a / b | no scheduler MB/s a / b | Jain | $/TB a / b |\n|---|---|---|---|---|---|---|".into());
     for a in &r.asymmetric {
         w(&mut s, format!(
-            "| {}:{} | {:.1} / {:.1} | {:.4} | {:.1} / {:.1} | {:.4} |",
-            a.streams[0], a.streams[1], a.sfq_mbps[0], a.sfq_mbps[1], a.sfq_jain, a.native_mbps[0], a.native_mbps[1], a.native_jain
+            "| {}:{} | {:.1} / {:.1} | {:.4} | {:.3} / {:.3} | {:.1} / {:.1} | {:.4} | {:.3} / {:.3} |",
+            a.streams[0],
+            a.streams[1],
+            a.sfq_mbps[0],
+            a.sfq_mbps[1],
+            a.sfq_jain,
+            a.sfq_usd_per_tb[0],
+            a.sfq_usd_per_tb[1],
+            a.native_mbps[0],
+            a.native_mbps[1],
+            a.native_jain,
+            a.native_usd_per_tb[0],
+            a.native_usd_per_tb[1]
         ));
     }
     w(&mut s, format!("\n48:3 Jain index on throughput/weight: **{:.4}** (paper: \"almost perfect\", weaker at 48:3 because 3 clients could not keep requests queued).\n", r.asymmetric_jain));
+    w(&mut s, format!(
+        "Dollars (computed, not billed): the shared volume's list price, ${:.4}/hour ({} MiB reserved at {:.0} MB/s, priced like gp3 storage plus provisioned throughput, AWS us-east-1), split between the tenants by weight; $/TB is what each tenant pays per TB it got. Proportional sharing gives both tenants the same price per TB; without a scheduler the tenant with fewer clients pays the same share for less.\n",
+        r.volume_usd_hour,
+        p.device.size / MIB,
+        p.device.bw as f64 / MB
+    ));
 
     w(&mut s, "## Throughput over time (paper Fig. 7), 2:1, 1 MiB\n".into());
     w(&mut s, "| bin | a MB/s | b MB/s | ratio |\n|---|---|---|---|".into());
@@ -556,6 +609,18 @@ mod tests {
         let b = bins(&c, 5.0, 10.0);
         assert_eq!(b.len(), 2);
         assert!(b.iter().all(|v| (v - 10.0).abs() < 1e-9), "{b:?}");
+    }
+
+    #[test]
+    fn a_tenant_pays_its_weight_of_the_volume_so_proportional_service_is_one_price_per_tb() {
+        let d = Plan::new(true).device;
+        // 256 MiB at 0.08 $/GB-month + 122 MiB/s at 0.04 $/MiB/s-month, per 30-day month.
+        let month = 0.25 * 0.08 + 128e6 / MIB as f64 * 0.04;
+        assert!((volume_usd_s(&d) - month / 2_592_000.0).abs() < 1e-15, "{}", volume_usd_s(&d));
+        let fair = usd_per_tb(1.0, [2, 1], [80.0, 40.0]);
+        assert!((fair[0] - fair[1]).abs() < 1e-9 && (fair[0] - 2.0 / 3.0 / 80e6 * 1e12).abs() < 1e-6, "{fair:?}");
+        let unfair = usd_per_tb(1.0, [1, 1], [120.0, 8.0]);
+        assert!((unfair[1] / unfair[0] - 15.0).abs() < 1e-9, "equal bills, 15x less service: {unfair:?}");
     }
 
     #[test]
