@@ -113,18 +113,25 @@ impl Stripe {
 
     /// Where `[offset, offset+len)` of the striped device lives, chunk by chunk.
     pub fn map(&self, offset: u64, len: u64) -> Vec<Piece> {
+        self.pieces(offset, len).collect()
+    }
+
+    /// The pieces of [`Stripe::map`] one at a time (nothing allocated: the
+    /// request path asks `may_wait_remote` of every request).
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = Piece> + '_ {
         let n = self.slots.len() as u64;
         let chunk = self.cfg.chunk;
-        let mut out = Vec::new();
         let mut done = 0u64;
-        while done < len {
-            let pos = offset + done;
-            let (k, within) = (pos / chunk, pos % chunk);
-            let take = (chunk - within).min(len - done);
-            out.push(Piece { member: (k % n) as usize, member_offset: (k / n) * chunk + within, buf: done as usize..(done + take) as usize });
-            done += take;
-        }
-        out
+        std::iter::from_fn(move || {
+            (done < len).then(|| {
+                let pos = offset + done;
+                let (k, within) = (pos / chunk, pos % chunk);
+                let take = (chunk - within).min(len - done);
+                let p = Piece { member: (k % n) as usize, member_offset: (k / n) * chunk + within, buf: done as usize..(done + take) as usize };
+                done += take;
+                p
+            })
+        })
     }
 
     /// Run `f` on every piece, with the member's slot held shared; pieces of
@@ -274,7 +281,7 @@ impl BlockDev for Stripe {
         if check_range(self.size(), offset, len).is_err() {
             return false; // refused at once
         }
-        self.map(offset, len).iter().any(|p| self.slots[p.member].read().may_wait_remote(p.member_offset, p.buf.len() as u64, write))
+        self.pieces(offset, len).any(|p| self.slots[p.member].read().may_wait_remote(p.member_offset, p.buf.len() as u64, write))
     }
 }
 
