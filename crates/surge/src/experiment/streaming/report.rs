@@ -133,6 +133,7 @@ fn checks(med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> Vec<Check> {
 
 pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>) -> anyhow::Result<()> {
     let pricing = Pricing::list();
+    let costs: BTreeMap<Config, Vec<Cost>> = samples.iter().map(|(c, v)| (*c, v.iter().map(|x| cost::of(&pricing, x)).collect())).collect();
     let mut configs = serde_json::Map::new();
     let mut med: BTreeMap<&str, BTreeMap<&str, f64>> = BTreeMap::new();
     for (cfg, s) in samples {
@@ -149,11 +150,10 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
         o.insert("copy_s".into(), json!(copy));
         o.insert("link_bytes".into(), json!(link));
         o.insert("spread".into(), serde_json::Value::Object(spread));
-        let costs: Vec<Cost> = s.iter().map(|x| cost::of(&pricing, x)).collect();
         let mut c = serde_json::Map::new();
         let mut c_spread = serde_json::Map::new();
         for (k, f) in cost::FIELDS {
-            let (m, lo, hi) = median_min_max(costs.iter().map(f).collect());
+            let (m, lo, hi) = median_min_max(costs[cfg].iter().map(f).collect());
             c.insert(k.into(), json!(m));
             c_spread.insert(k.into(), json!([lo, hi]));
         }
@@ -174,7 +174,7 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     plot_provision(&out.join("provision.svg"), &med)?;
     plot_runtime(&out.join("runtime.svg"), &med)?;
-    let text = report(plan, setup, samples, &checks, &pricing);
+    let text = report(plan, setup, samples, &costs, &checks, &pricing);
     std::fs::write(out.join("report.md"), &text)?;
     println!("{text}");
     println!("results: {}; plots: provision.svg, runtime.svg", out.join("results.json").display());
@@ -202,7 +202,7 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, checks: &[Check], pricing: &Pricing) -> String {
+fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, costs: &BTreeMap<Config, Vec<Cost>>, checks: &[Check], pricing: &Pricing) -> String {
     let mut s = String::new();
     let runs = if plan.reps == 1 {
         format!("{}: one run per configuration", if plan.quick { "--quick" } else { "full scale" })
@@ -244,7 +244,7 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     for c in checks {
         let _ = writeln!(s, "| {} | {} | {} | {} |", c.what, c.value, c.target, if c.ok { "met" } else { "**NOT MET**" });
     }
-    cost_section(&mut s, samples, pricing);
+    cost_section(&mut s, costs, pricing);
     let _ = writeln!(s, "\n## Setup and scale\n");
     let _ = writeln!(s, "- Storage node: `surge serve` (default settings) in its own network namespace, base image exported read-only over TCP.");
     let delay = if plan.delay_us > 0 {
@@ -331,13 +331,12 @@ fn usd(v: f64) -> String {
     }
 }
 
-fn cost_section(s: &mut String, samples: &BTreeMap<Config, Vec<Sample>>, p: &Pricing) {
+fn cost_section(s: &mut String, costs: &BTreeMap<Config, Vec<Cost>>, p: &Pricing) {
     let _ = writeln!(s, "\n## Cost (computed from the measured seconds and bytes at list prices; median [min, max])\n");
     let _ = writeln!(s, "| config | provisioning | sort | per million pgbench transactions | job: provision + boot + sort | job vs local-raw | image bytes, storage node in another zone |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
-    let costs: BTreeMap<Config, Vec<Cost>> = samples.iter().map(|(c, v)| (*c, v.iter().map(|x| cost::of(p, x)).collect())).collect();
     let job = |c: &Config| costs.get(c).map(|v| median_min_max(v.iter().map(|x| x.job_usd).collect()).0);
-    for (cfg, v) in &costs {
+    for (cfg, v) in costs {
         let _ = write!(s, "| {} |", cfg.name());
         for (k, f) in cost::FIELDS {
             let (m, lo, hi) = median_min_max(v.iter().map(f).collect());
