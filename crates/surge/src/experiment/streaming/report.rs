@@ -211,6 +211,10 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     };
     let _ = writeln!(s, "# Streaming volumes: provisioning and run-time cost\n");
     let _ = writeln!(s, "{runs}; {:.0} s in all.\n", setup.total_s);
+    let skipped: Vec<&str> = Config::ALL.iter().filter(|c| !samples.contains_key(c)).map(|c| c.name()).collect();
+    if !skipped.is_empty() {
+        let _ = writeln!(s, "Configurations not run (a subset, `SURGE_STREAMING_CONFIGS`): {}.\n", skipped.join(", "));
+    }
     let _ = writeln!(s, "## Results (median [min, max])\n");
     let _ = writeln!(s, "| config | provision s | copy s | 4K randread IOPS | 4K randwrite IOPS | 1M seqread MB/s | 1M seqwrite MB/s | pgbench tps | sort s | over the link |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
@@ -442,6 +446,7 @@ mod tests {
         write(dir.path(), &plan, &setup, &samples).unwrap();
         let first = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(first.contains("## Cost") && first.contains("m5.large"), "{first}");
+        assert!(first.contains("not run (a subset, `SURGE_STREAMING_CONFIGS`): surge-cow-cor, surge-persistent, qemu-qcow2, nbdkit-cow."), "{first}");
         let (plan2, setup2, samples2) = read(dir.path()).unwrap();
         assert_eq!(plan2.image_bytes, plan.image_bytes);
         assert_eq!(setup2.image_s, 20.0);
