@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# 4 KiB random writes through nbdfuse + loop + ext4 (the streaming experiment's
+# guest path and fio job) on a copy-on-write export against a file export of a
+# copy of the same image: where the cow layer's cost shows, without the link
+# or the other configurations. Root (loop devices, mounts).
+#
+#   scripts/bench/cow-randwrite.sh [IMAGE] [PAIRS] [perf|stat]
+#
+# IMAGE: an ext4 image (default: a 24 GiB sparse one made from
+# /usr/share/doc). Prints the IOPS of each run, file and cow alternating;
+# with `stat`, the serving process's CPU per write; with `perf`, a
+# `perf record -g` of it in $WORK/perf.{file,cow}.data.
+set -euo pipefail
+SURGE="$(cd "$(dirname "$0")/../.." && pwd)/${CARGO_TARGET_DIR:-target}/release/surge"
+WORK="${WORK:-/var/tmp/surge-cow-randwrite}"
+PAIRS="${2:-2}"
+MODE="${3:-}"
+mkdir -p "$WORK"
+cd "$WORK"
+IMAGE="${1:-}"
+if [ -z "$IMAGE" ]; then
+  IMAGE="$WORK/base.img"
+  if [ ! -e "$IMAGE" ]; then
+    truncate -s 24G "$IMAGE"
+    mkfs.ext4 -q -F -d /usr/share/doc "$IMAGE"
+  fi
+fi
+IMAGE="$(realpath "$IMAGE")"
+pids=()
+LOOP=""
+teardown() {
+  umount "$WORK/mnt" 2>/dev/null || true
+  [ -n "$LOOP" ] && losetup -d "$LOOP" 2>/dev/null || true
+  LOOP=""
+  for _ in $(seq 50); do fusermount3 -u "$WORK/fuse" 2>/dev/null && break; sleep 0.1; done
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  pids=()
+}
+trap teardown EXIT
+one() { # one run of $1 (file|cow)
+  local kind=$1 spec
+  rm -rf st vm mnt fuse vm.ovl local.img
+  mkdir -p st vm mnt fuse
+  "$SURGE" --log warn serve --data-dir st --control st/c.sock --listen unix:"$WORK/st/base.sock" \
+    --export "base=file:$IMAGE" --read-only base > st/log 2>&1 & pids+=($!)
+  if [ "$kind" = cow ]; then
+    spec="vm=cow:base=nbd+unix:///base?socket=$WORK/st/base.sock,overlay=$WORK/vm.ovl"
+    for _ in $(seq 100); do nbdinfo --size "nbd+unix:///base?socket=$WORK/st/base.sock" >/dev/null 2>&1 && break; sleep 0.2; done
+  else
+    cp --sparse=always "$IMAGE" local.img
+    spec="vm=file:$WORK/local.img"
+  fi
+  "$SURGE" --log warn serve --data-dir vm --control vm/c.sock --listen unix:"$WORK/vm/vm.sock" --export "$spec" > vm/log 2>&1 & local server=$!
+  pids+=($server)
+  local uri="nbd+unix:///vm?socket=$WORK/vm/vm.sock"
+  for _ in $(seq 100); do nbdinfo --size "$uri" >/dev/null 2>&1 && break; sleep 0.2; done
+  nbdfuse fuse "$uri" > fuse.log 2>&1 & pids+=($!)
+  for _ in $(seq 50); do [ -e fuse/nbd ] && break; sleep 0.1; done
+  LOOP=$(losetup --find --show --direct-io=on fuse/nbd)
+  mount -t ext4 "$LOOP" mnt
+  local job=(--output-format=json --ioengine=libaio --direct=1 --numjobs=1 --group_reporting --name=randwrite
+    --filename=mnt/randwrite.dat --size=4G --rw=randwrite --bs=4k --iodepth=16 --time_based)
+  fio "${job[@]}" --runtime=3 > /dev/null # lay the file out, warm up
+  local probe=""
+  case "$MODE" in
+    perf) perf record -g -p "$server" -o "$WORK/perf.$kind.data" -- sleep 12 > /dev/null 2>&1 & probe=$! ;;
+    stat) perf stat -x, -e task-clock -p "$server" -o "$WORK/stat.$kind" -- sleep 12 > /dev/null 2>&1 & probe=$! ;;
+  esac
+  local iops
+  iops=$(fio "${job[@]}" --runtime=15 | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["write"]["iops"]))')
+  [ -n "$probe" ] && wait "$probe"
+  if [ "$MODE" = stat ]; then
+    local ms
+    ms=$(grep task-clock "$WORK/stat.$kind" | cut -d, -f1)
+    echo "$kind: $iops IOPS; serving process $(python3 -c "print(round($ms * 1000 / ($iops * 12), 1))") µs CPU per write"
+  else
+    echo "$kind: $iops IOPS"
+  fi
+  teardown
+}
+for _ in $(seq "$PAIRS"); do
+  one file
+  one cow
+done
