@@ -12,7 +12,7 @@
 use crate::meta::{Attr, ChunkEntry, ChunkUpdate, DirEntry, FileView, Ino, Kind, MetaError, SetAttr};
 use crate::proto::ChunkId;
 use crate::tier::{DataError, Tier};
-use crossbeam_channel::{unbounded, Sender};
+use crate::workers::Workers;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -183,7 +183,6 @@ impl ChunkCache {
     }
 }
 
-type Job = Box<dyn FnOnce() + Send>;
 
 pub struct Client {
     pub tier: Arc<Tier>,
@@ -194,7 +193,7 @@ pub struct Client {
     open: Mutex<HashMap<Ino, Arc<OpenFile>>>,
     cache: Mutex<ChunkCache>,
     prefetching: Mutex<HashSet<ChunkId>>,
-    jobs: Sender<Job>,
+    jobs: Workers,
     /// Unflushed bytes across all files, and a condvar writers wait on.
     buffered: Mutex<u64>,
     drained: Condvar,
@@ -225,18 +224,7 @@ const IMPORTED: u64 = 0;
 impl Client {
     pub fn new(tier: Arc<Tier>, cfg: ClientConfig) -> Result<Arc<Client>> {
         let client_id = tier.meta.new_client_id()?;
-        let (tx, rx) = unbounded::<Job>();
-        for i in 0..cfg.threads.max(1) {
-            let rx = rx.clone();
-            std::thread::Builder::new()
-                .name(format!("bb-client-{i}"))
-                .spawn(move || {
-                    for job in rx {
-                        job();
-                    }
-                })
-                .map_err(|e| MetaError::Unavailable(format!("starting client threads: {e}")))?;
-        }
+        let jobs = Workers::start("bb-client", cfg.threads).map_err(|e| MetaError::Unavailable(format!("starting client threads: {e}")))?;
         Ok(Arc::new(Client {
             cache: Mutex::new(ChunkCache { budget: cfg.cache, used: 0, map: HashMap::new(), order: VecDeque::new() }),
             tier,
@@ -246,7 +234,7 @@ impl Client {
             next_fh: AtomicU64::new(1),
             open: Mutex::default(),
             prefetching: Mutex::default(),
-            jobs: tx,
+            jobs,
             buffered: Mutex::new(0),
             drained: Condvar::new(),
         }))
@@ -273,15 +261,21 @@ impl Client {
 
     /// Attributes, with this client's unflushed writes reflected in the size.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        if let Some(of) = self.open_file(ino).filter(|_| self.cfg.cache_open_attrs) {
-            let st = of.st.lock();
-            if let Some(a) = &st.attr {
-                let mut a = a.clone();
-                a.size = a.size.max(st.buffered_end);
-                return Ok(a);
-            }
+        match self.open_attr(ino) {
+            Some(a) => Ok(a),
+            None => Ok(self.overlay(self.tier.meta.getattr(ino)?)),
         }
-        Ok(self.overlay(self.tier.meta.getattr(ino)?))
+    }
+
+    /// The attributes of a file this client has open, as read at open or
+    /// at its last commit (close-to-open), with unflushed writes in the size;
+    /// `None` when they must come from metadata. Never blocks on I/O.
+    pub fn open_attr(&self, ino: Ino) -> Option<Attr> {
+        let of = self.open_file(ino).filter(|_| self.cfg.cache_open_attrs)?;
+        let st = of.st.lock();
+        let mut a = st.attr.clone()?;
+        a.size = a.size.max(st.buffered_end);
+        Some(a)
     }
 
     fn overlay(&self, mut a: Attr) -> Attr {
@@ -341,7 +335,13 @@ impl Client {
     /// Opens a descriptor of a file: fresh attributes (close-to-open),
     /// write-behind state shared by the file's descriptors.
     pub fn open(&self, ino: Ino) -> Result<Fh> {
-        let a = self.tier.meta.getattr(ino)?;
+        self.open_fresh(self.tier.meta.getattr(ino)?)
+    }
+
+    /// Opens a descriptor of the file whose attributes `a` were just read
+    /// from metadata (by `create`, say): no second read.
+    pub fn open_fresh(&self, a: Attr) -> Result<Fh> {
+        let ino = a.ino;
         if a.kind == Kind::Dir {
             return Err(MetaError::IsDir.into());
         }
@@ -372,6 +372,17 @@ impl Client {
     }
 
     pub fn write(self: &Arc<Self>, ino: Ino, fh: Fh, off: u64, data: &[u8]) -> Result<usize> {
+        if self.write_buffered(ino, fh, off, data)? {
+            self.wait_under_budget(ino, fh)?;
+        }
+        Ok(data.len())
+    }
+
+    /// The part of a write that never waits: copies `data` into the file's
+    /// chunk buffers and hands full chunks to background flushes. `true`
+    /// when the client is now over its write-behind budget: the writer must
+    /// then [`Client::wait_under_budget`] before its write is acknowledged.
+    pub fn write_buffered(self: &Arc<Self>, ino: Ino, fh: Fh, off: u64, data: &[u8]) -> Result<bool> {
         let of = self.open_file(ino).ok_or(MetaError::Invalid)?;
         let cs = self.chunk_size();
         {
@@ -402,28 +413,29 @@ impl Client {
                 if let Some(buf) = st.bufs.remove(&idx) {
                     st.inflight += 1;
                     let (me, of2) = (self.clone(), of.clone());
-                    let _ = self.jobs.send(Box::new(move || me.flush_in_background(&of2, idx, buf)));
+                    self.jobs.run(move || me.flush_in_background(&of2, idx, buf));
                 }
             }
         }
-        let over = {
-            let mut b = self.buffered.lock();
-            *b += data.len() as u64;
-            *b > self.cfg.write_behind
-        };
-        if over {
-            // Backpressure: this writer flushes its own file, then waits for
-            // background flushes to bring the total under the budget. A failed
-            // flush stays stored for fsync or close: the kernel may turn this
-            // failed WRITE into a short count and drop the error.
+        let mut b = self.buffered.lock();
+        *b += data.len() as u64;
+        Ok(*b > self.cfg.write_behind)
+    }
+
+    /// Backpressure: the writer flushes its own file, then waits for
+    /// background flushes to bring the client's total under the budget. A
+    /// failed flush stays stored for fsync or close: the kernel may turn
+    /// this failed WRITE into a short count and drop the error.
+    pub fn wait_under_budget(&self, ino: Ino, fh: Fh) -> Result<()> {
+        if let Some(of) = self.open_file(ino) {
             self.flush_buffers(&of, Report::Untold(fh))?;
-            let mut b = self.buffered.lock();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while *b > self.cfg.write_behind && Instant::now() < deadline {
-                self.drained.wait_for(&mut b, Duration::from_millis(100));
-            }
         }
-        Ok(data.len())
+        let mut b = self.buffered.lock();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while *b > self.cfg.write_behind && Instant::now() < deadline {
+            self.drained.wait_for(&mut b, Duration::from_millis(100));
+        }
+        Ok(())
     }
 
     fn release_budget(&self, bytes: u64) {
@@ -465,6 +477,7 @@ impl Client {
             st.inflight += bufs.len();
             (bufs, st.errors)
         };
+        let flushed = bufs.len();
         for (idx, buf) in bufs {
             let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
             let r = self.flush_chunk(of.ino, idx, buf);
@@ -491,6 +504,11 @@ impl Client {
             };
             if let Some(e) = failed {
                 return Err(e);
+            }
+            if flushed == 0 && st.buffered_end == 0 {
+                // Nothing written since the attributes were last read (a
+                // create then close, say): they need no refresh.
+                return Ok(());
             }
         }
         // Committed: the size now comes from metadata again.
@@ -793,12 +811,12 @@ impl Client {
             return;
         }
         let me = self.clone();
-        let _ = self.jobs.send(Box::new(move || {
+        self.jobs.run(move || {
             if let Err(err) = me.chunk_data(ino, idx, &e) {
                 tracing::debug!("prefetch of chunk {} failed: {err}", id.member());
             }
             me.prefetching.lock().remove(&id);
-        }));
+        });
     }
 
     // ---- conveniences for tools and tests ------------------------------------

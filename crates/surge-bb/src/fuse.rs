@@ -1,6 +1,9 @@
-//! The POSIX mount: a `fuser` file system over [`Client`]. Requests are
-//! handed to a worker pool as they arrive (fuser's loop is single-threaded;
-//! replies are `Send`), so slow requests do not hold up others.
+//! The POSIX mount: a `fuser` file system over [`Client`]. Requests that may
+//! wait on the network are handed to a worker pool as they arrive (fuser's
+//! loop is single-threaded; replies are `Send`), so slow requests do not hold
+//! up others. Requests answered from memory (a write going into the write-
+//! behind buffers, the attributes of an open file) are answered on the loop:
+//! a hand-over costs a thread wake-up, more than such a request itself.
 //!
 //! Kernel caching: attributes and entries are cached for `attr_ttl` (0 by
 //! default: every stat asks metadata). Without `strict`, file pages stay in
@@ -12,7 +15,7 @@
 use crate::client::Client;
 use crate::meta::{Attr, Kind, SetAttr};
 use crate::tier::DataError;
-use crossbeam_channel::{unbounded, Sender};
+use crate::workers::Workers;
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
@@ -40,14 +43,13 @@ impl Default for MountConfig {
     }
 }
 
-type Job = Box<dyn FnOnce() + Send>;
 /// Directory listings taken at opendir, by file handle: (inode, kind, name).
 type DirListings = Arc<Mutex<HashMap<u64, Vec<(u64, FileType, String)>>>>;
 
 pub struct BbFs {
     client: Arc<Client>,
     cfg: MountConfig,
-    jobs: Sender<Job>,
+    workers: Workers,
     next_fh: AtomicU64,
     dirs: DirListings,
 }
@@ -103,22 +105,14 @@ fn name_str(name: &OsStr) -> Result<String, i32> {
 }
 
 impl BbFs {
-    pub fn new(client: Arc<Client>, cfg: MountConfig) -> BbFs {
-        let (tx, rx) = unbounded::<Job>();
-        for i in 0..cfg.threads.max(1) {
-            let rx = rx.clone();
-            let _ = std::thread::Builder::new().name(format!("bb-fuse-{i}")).spawn(move || {
-                for job in rx {
-                    job();
-                }
-            });
-        }
-        BbFs { client, cfg, jobs: tx, next_fh: AtomicU64::new(1), dirs: Arc::default() }
+    pub fn new(client: Arc<Client>, cfg: MountConfig) -> std::io::Result<BbFs> {
+        let workers = Workers::start("bb-fuse", cfg.threads)?;
+        Ok(BbFs { client, cfg, workers, next_fh: AtomicU64::new(1), dirs: Arc::default() })
     }
 
     fn spawn(&self, f: impl FnOnce(&Arc<Client>) + Send + 'static) {
         let c = self.client.clone();
-        let _ = self.jobs.send(Box::new(move || f(&c)));
+        self.workers.run(move || f(&c));
     }
 
     fn open_flags(&self) -> u32 {
@@ -154,6 +148,11 @@ impl Filesystem for BbFs {
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         let ttl = self.cfg.attr_ttl;
+        // An open file's attributes are in memory: answered here, with no
+        // hand-over to a worker (fstat and lseek of open files ask often).
+        if let Some(a) = self.client.open_attr(ino) {
+            return reply.attr(&ttl, &file_attr(&a));
+        }
         self.spawn(move |c| match c.getattr(ino) {
             Ok(a) => reply.attr(&ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -264,7 +263,7 @@ impl Filesystem for BbFs {
             Err(e) => return reply.error(e),
         };
         self.spawn(move |c| {
-            let r = c.create(parent, &name, Kind::File, mode & !umask & 0o7777, uid, gid).and_then(|a| Ok((c.open(a.ino)?, a)));
+            let r = c.create(parent, &name, Kind::File, mode & !umask & 0o7777, uid, gid).and_then(|a| Ok((c.open_fresh(a.clone())?, a)));
             match r {
                 Ok((fh, a)) => reply.created(&ttl, &file_attr(&a), 0, fh, oflags),
                 Err(e) => reply.error(errno(&e)),
@@ -280,11 +279,18 @@ impl Filesystem for BbFs {
     }
 
     fn write(&mut self, _req: &Request<'_>, ino: u64, fh: u64, offset: i64, data: &[u8], _wf: u32, _flags: i32, _lock: Option<u64>, reply: ReplyWrite) {
-        let data = data.to_vec();
-        self.spawn(move |c| match c.write(ino, fh, offset.max(0) as u64, &data) {
-            Ok(n) => reply.written(n as u32),
+        // Buffering a write is a memory copy: done here, without a hand-over
+        // to a worker (applications often write a few KiB at a time). Only a
+        // writer over the write-behind budget waits, on a worker.
+        let n = data.len() as u32;
+        match self.client.write_buffered(ino, fh, offset.max(0) as u64, data) {
+            Ok(false) => reply.written(n),
+            Ok(true) => self.spawn(move |c| match c.wait_under_budget(ino, fh) {
+                Ok(()) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }),
             Err(e) => reply.error(errno(&e)),
-        });
+        }
     }
 
     fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock: u64, reply: ReplyEmpty) {
@@ -371,7 +377,7 @@ impl Filesystem for BbFs {
 pub fn mount(client: Arc<Client>, dir: &std::path::Path, cfg: MountConfig, stop: Arc<std::sync::atomic::AtomicBool>) -> std::io::Result<()> {
     use fuser::MountOption as O;
     let opts = [O::FSName("surge-bb".into()), O::Subtype("surge-bb".into()), O::DefaultPermissions, O::AllowOther, O::RW];
-    let fs = BbFs::new(client, cfg);
+    let fs = BbFs::new(client, cfg)?;
     let session = fuser::spawn_mount2(fs, dir, &opts)?;
     tracing::info!("burst buffer mounted at {}", dir.display());
     while !session.guard.is_finished() {

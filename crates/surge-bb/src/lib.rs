@@ -26,6 +26,7 @@ pub mod s3;
 pub mod status;
 pub mod store;
 pub mod tier;
+pub mod workers;
 pub mod writeback;
 
 /// Wall-clock nanoseconds since the epoch (file times).
