@@ -36,13 +36,17 @@ fi
 
 # One feature set for build and test, so nothing compiles twice: etcd membership
 # for the burst buffer (needs protoc, installed above) and the AWS provider (the
-# AWS SDK, built unoptimised: see docs/aws.md).
-echo "== cargo build"
-cargo build --release --workspace --features surge/etcd,surge/aws --locked 2>&1 | tail -3
+# AWS SDK, built unoptimised: see docs/aws.md). The build is `cargo test
+# --no-run`: it builds the surge binary the later steps run
+# (target/release/surge) with the tests. A plain `cargo build` first would
+# have every workspace crate compiled twice, as the tests' dev-dependencies
+# (surge-block's conformance suite, proptest) change the features of crates
+# that everything depends on.
+echo "== cargo build (binaries and tests)"
+cargo test --release --workspace --features surge/etcd,surge/aws --locked --no-run 2>&1 | tail -3
 
 echo "== cargo test"
-# Release profile (with overflow checks, see Cargo.toml): reuses the build above
-# instead of compiling everything a second time.
+# Release profile (with overflow checks, see Cargo.toml).
 cargo test --release --workspace --features surge/etcd,surge/aws --locked
 
 # Further steps (real-client checks, bounded fuzzing, quick experiments) live in
