@@ -31,20 +31,9 @@ done
 FSBENCH="$REPO/crates/surge/src/experiment/burstbuffer/fsbench.py"
 W=$(mktemp -d /tmp/surge-bb-meta.XXXXXX)
 PIDS=()
-cleanup() {
-  fusermount3 -u "$W/mnt" 2>/dev/null || true
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-S3P=$(port)
-moto_server -H 127.0.0.1 -p "$S3P" >"$W/moto.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1',$S3P))" 2>/dev/null && break; sleep 0.2; done
-export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
-export SURGE_BB_S3_ENDPOINT="http://127.0.0.1:$S3P"
+. "$REPO/scripts/lib/bb-local.sh"
+trap bb_cleanup EXIT
+bb_start_moto
 [ -z "$MONTAGE" ] || python3 "$FSBENCH" fits "$W/fits" 16 512 >/dev/null
 
 # The experiment's Montage steps (crates/surge/src/experiment/burstbuffer/work.rs)
@@ -67,17 +56,13 @@ cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
 
 # One run: a fresh Redis, bucket, nodes and mount from binary $1; prints the JSON of mdtest.
 run() {
-  local bin=$1 tag=$2 rp pids=()
+  local bin=$1 tag=$2 first=${#PIDS[@]}
   export SURGE_BB_BUCKET="meta-$tag"
   python3 -c "import boto3; boto3.client('s3', endpoint_url='$SURGE_BB_S3_ENDPOINT').create_bucket(Bucket='$SURGE_BB_BUCKET')"
-  rp=$(port)
-  "$bin" --log warn bb redis --dir "$W/redis-$tag" --port "$rp" >/dev/null &
-  pids+=($!)
-  export SURGE_BB_REDIS="redis://127.0.0.1:$rp/"
-  for _ in $(seq 100); do "$bin" --log error bb status >/dev/null 2>&1 && break; sleep 0.1; done
+  bb_start_redis "$bin" "$W/redis-$tag"
   for i in 1 2 3; do
     "$bin" --log warn bb node --listen 127.0.0.1:0 --memory 256MiB >/dev/null 2>>"$W/nodes.log" &
-    pids+=($!)
+    PIDS+=($!)
   done
   mkdir -p "$W/mnt"
   "$bin" --log warn bb mount "$W/mnt" 2>>"$W/mount.log" &
@@ -98,8 +83,10 @@ PY
   fi
   fusermount3 -u "$W/mnt"
   wait "$mount" || true
-  kill "${pids[@]}" 2>/dev/null || true
-  wait "${pids[@]}" 2>/dev/null || true
+  local mine=("${PIDS[@]:first}")
+  kill "${mine[@]}" 2>/dev/null || true
+  wait "${mine[@]}" 2>/dev/null || true
+  PIDS=("${PIDS[@]:0:first}")
   python3 - "$W/$tag.json" "$tag" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))

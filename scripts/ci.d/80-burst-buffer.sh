@@ -13,30 +13,16 @@ BIN=$(realpath "$BIN")
 start=$(date +%s)
 W=$(mktemp -d /tmp/surge-bb.XXXXXX)
 PIDS=()
-cleanup() {
-  fusermount3 -u "$W/mnt" 2>/dev/null || true
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-S3P=$(port)
-moto_server -H 127.0.0.1 -p "$S3P" >"$W/moto.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1',$S3P))" 2>/dev/null && break; sleep 0.2; done
-export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
-export SURGE_BB_S3_ENDPOINT="http://127.0.0.1:$S3P" SURGE_BB_BUCKET=surge-bb-ci
+. "$REPO/scripts/lib/bb-local.sh"
+trap bb_cleanup EXIT
+bb_start_moto
+export SURGE_BB_BUCKET=surge-bb-ci
 python3 - <<PY
 import boto3
 boto3.client("s3", endpoint_url="$SURGE_BB_S3_ENDPOINT").create_bucket(Bucket="$SURGE_BB_BUCKET")
 PY
 
-RP=$(port)
-"$BIN" --log warn bb redis --dir "$W/redis" --port "$RP" >/dev/null &
-PIDS+=($!)
-export SURGE_BB_REDIS="redis://127.0.0.1:$RP/"
-for _ in $(seq 100); do "$BIN" --log error bb status >/dev/null 2>&1 && break; sleep 0.1; done
+bb_start_redis "$BIN" "$W/redis"
 for i in 1 2 3; do
   "$BIN" --log warn bb node --listen 127.0.0.1:0 --memory 512MiB >"$W/node$i.addr" 2>"$W/node$i.log" &
   PIDS+=($!)

@@ -1,0 +1,35 @@
+# Sourced by scripts that run a one-machine burst buffer (scripts/ci.d/80-burst-buffer.sh,
+# scripts/bench/bb-meta.sh). The caller sets W (a work directory) and PIDS=().
+
+# Unmounts $W/mnt and stops every process in PIDS (installed as the EXIT trap).
+bb_cleanup() {
+  fusermount3 -u "$W/mnt" 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+
+# A free TCP port on 127.0.0.1.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Starts the moto S3 server on a free port (log in $W/moto.log), waits for it,
+# and exports the S3 settings `surge bb` reads.
+bb_start_moto() {
+  local p
+  p=$(free_port)
+  moto_server -H 127.0.0.1 -p "$p" >"$W/moto.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1',$p))" 2>/dev/null && break; sleep 0.2; done
+  export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
+  export SURGE_BB_S3_ENDPOINT="http://127.0.0.1:$p"
+}
+
+# Starts `surge bb redis` (binary $1, data in directory $2) on a free port,
+# exports SURGE_BB_REDIS, and waits until `surge bb status` reaches it.
+bb_start_redis() {
+  local p
+  p=$(free_port)
+  "$1" --log warn bb redis --dir "$2" --port "$p" >/dev/null &
+  PIDS+=($!)
+  export SURGE_BB_REDIS="redis://127.0.0.1:$p/"
+  for _ in $(seq 100); do "$1" --log error bb status >/dev/null 2>&1 && break; sleep 0.1; done
+}
