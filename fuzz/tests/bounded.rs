@@ -1,9 +1,9 @@
 //! The bounded, stable fuzz loop run in CI: replay every corpus and regression
 //! file of every target, then mutate them (seeded; bit flips, byte sets,
 //! inserts, deletes, splices, interesting integers) for `SURGE_FUZZ_SECS` seconds
-//! per target (default 10). A panic saves the input under
+//! per target (default 8). A panic saves the input under
 //! `target/fuzz-findings/` and fails the test with its path and the seed.
-//! Long coverage-guided runs use `cargo +nightly fuzz run TARGET`.
+//! Long coverage-guided runs use `cargo +nightly fuzz run --features libfuzzer TARGET`.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -108,7 +108,7 @@ fn corpus_and_regressions_replay_cleanly() {
 
 #[test]
 fn bounded_mutation_loop() {
-    let secs: f64 = std::env::var("SURGE_FUZZ_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10.0);
+    let secs: f64 = std::env::var("SURGE_FUZZ_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(8.0);
     let seed: u64 = std::env::var("SURGE_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     for &(name, f) in TARGETS {
         let mut pool = files(&root().join("corpus").join(name));
@@ -131,7 +131,7 @@ fn bounded_mutation_loop() {
     }
 }
 
-/// `cargo test --no-default-features -- --ignored write_seed_corpus` refreshes
+/// `cargo test -p surge-fuzz -- --ignored write_seed_corpus` refreshes
 /// the committed seed files from the generators.
 #[test]
 #[ignore]
