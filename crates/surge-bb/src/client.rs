@@ -446,7 +446,7 @@ impl Client {
 
     fn flush_in_background(&self, of: &OpenFile, idx: u64, buf: ChunkBuf) {
         let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
-        let r = self.flush_chunk(of.ino, idx, buf);
+        let r = self.flush_chunk_or_eio(of.ino, idx, buf);
         self.release_budget(bytes);
         self.flushed(of, bytes, r);
     }
@@ -480,7 +480,7 @@ impl Client {
         let flushed = bufs.len();
         for (idx, buf) in bufs {
             let bytes: u64 = buf.ranges.iter().map(|r| r.1 - r.0).sum();
-            let r = self.flush_chunk(of.ino, idx, buf);
+            let r = self.flush_chunk_or_eio(of.ino, idx, buf);
             self.release_budget(bytes);
             self.flushed(of, 0, r);
         }
@@ -519,6 +519,17 @@ impl Client {
         }
         st.attr = Some(a);
         Ok(())
+    }
+
+    /// [`Client::flush_chunk`], with a panic in it (a bug) turned into EIO
+    /// for the file: the flush's accounting (budget, in-flight count) must
+    /// still run, or every later fsync and close of the file would wait
+    /// forever.
+    fn flush_chunk_or_eio(&self, ino: Ino, idx: u64, buf: ChunkBuf) -> Result<()> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.flush_chunk(ino, idx, buf))).unwrap_or_else(|panic| {
+            let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+            Err(DataError::FlushFailed { ino, errno: libc::EIO, why: format!("flushing chunk {idx} panicked: {}", what.as_deref().unwrap_or("(no message)")) })
+        })
     }
 
     /// Makes one chunk's buffered bytes committed: store a new version on the

@@ -26,7 +26,10 @@ impl Workers {
             let rx = rx.clone();
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
                 for job in rx {
-                    job();
+                    // A job that panics (a bug; the panic hook has printed
+                    // it) must not take its worker with it: the jobs queued
+                    // behind it would never run.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                 }
             })?;
         }
@@ -66,6 +69,15 @@ mod tests {
         // every worker has exited, dropping the jobs' senders.
         assert_eq!(rx.iter().count(), 1000);
         assert_eq!(done.load(Ordering::SeqCst), 1000);
+    }
+
+    #[test]
+    fn a_panicking_job_leaves_its_worker_running() {
+        let w = Workers::start("t", 1).unwrap();
+        w.run(|| panic!("a bug in a job"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        w.run(move || tx.send(7).unwrap());
+        assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(10)), Ok(7));
     }
 
     #[test]

@@ -244,3 +244,58 @@ fn fsync_racing_a_close_returns_after_the_commit() {
         closer.join().unwrap().unwrap();
     }
 }
+
+/// Membership that panics when `armed`: a stand-in for a bug inside a flush
+/// (storing a chunk asks it for the live nodes).
+struct PanicWhenArmed {
+    nodes: Vec<surge_bb::meta::NodeInfo>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl surge_bb::membership::Membership for PanicWhenArmed {
+    fn heartbeat(&self, _: &surge_bb::meta::NodeInfo) -> Result<(), surge_bb::membership::MembershipError> {
+        Ok(())
+    }
+    fn live(&self) -> Result<Vec<surge_bb::meta::NodeInfo>, surge_bb::membership::MembershipError> {
+        assert!(!self.armed.load(std::sync::atomic::Ordering::SeqCst), "membership bug");
+        Ok(self.nodes.clone())
+    }
+    fn leave(&self, _: &str) -> Result<(), surge_bb::membership::MembershipError> {
+        Ok(())
+    }
+}
+
+/// A flush that panics (a bug) fails the file with EIO instead of leaving
+/// the flush counted in flight, which would make every later fsync and close
+/// wait forever; the client's one worker thread survives it and the file
+/// takes writes again.
+#[test]
+fn a_panic_in_a_flush_is_an_eio_not_a_hang() {
+    use std::sync::atomic::Ordering;
+    let s = setup(2);
+    let members = Arc::new(PanicWhenArmed { nodes: s.tier.live_info(), armed: false.into() });
+    let tier = Arc::new(Tier::new(s.tier.meta.clone(), members.clone(), None, 2).unwrap());
+    let a = Client::new(tier.clone(), ClientConfig { threads: 1, ..ClientConfig::default() }).unwrap();
+    let f = a.create(ROOT, "f", Kind::File, 0o644, 0, 0).unwrap().ino;
+    let fh = a.open(f).unwrap();
+    members.armed.store(true, Ordering::SeqCst);
+    tier.forget_live_cache();
+    // One whole chunk (64 KiB) goes to a background flush on the one worker.
+    a.write(f, fh, 0, &vec![1u8; 64 << 10]).unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let a2 = a.clone();
+    std::thread::spawn(move || done_tx.send(a2.fsync(f, fh)).unwrap());
+    let r = done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("fsync hung after a panicking flush");
+    let e = r.expect_err("the panicked flush is reported");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(e.to_string().contains("panicked"), "{e}");
+    members.armed.store(false, Ordering::SeqCst);
+    tier.forget_live_cache();
+    // The worker still runs background flushes: a second whole chunk.
+    a.write(f, fh, 0, &vec![2u8; 64 << 10]).unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let a2 = a.clone();
+    std::thread::spawn(move || done_tx.send(a2.fsync(f, fh)).unwrap());
+    done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("fsync hung: the worker died with the panic").expect("the rewrite is stored");
+    assert_eq!(a.read(f, 0, 64 << 10).unwrap(), vec![2u8; 64 << 10]);
+}
