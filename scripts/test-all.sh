@@ -43,11 +43,15 @@ fi
 # (surge-block's conformance suite, proptest) change the features of crates
 # that everything depends on.
 echo "== cargo build (binaries and tests)"
+started=$(date +%s)
 cargo test --release --workspace --features surge/etcd,surge/aws --locked --no-run 2>&1 | tail -3
+echo "== cargo build: $(( $(date +%s) - started )) s"
 
 echo "== cargo test"
+started=$(date +%s)
 # Release profile (with overflow checks, see Cargo.toml).
 cargo test --release --workspace --features surge/etcd,surge/aws --locked
+echo "== cargo test: $(( $(date +%s) - started )) s"
 
 # Further steps (real-client checks, quick experiments) live in scripts/ci.d/,
 # one file each. Those that wait on emulated devices and timers rather than on
