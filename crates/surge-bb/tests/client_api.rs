@@ -265,6 +265,14 @@ impl surge_bb::membership::Membership for PanicWhenArmed {
     }
 }
 
+/// `fsync` on another thread; panics with `why` if it has not returned in 30 s.
+fn fsync_or_hang(a: &Arc<Client>, f: u64, fh: Fh, why: &str) -> surge_bb::client::Result<()> {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let a = a.clone();
+    std::thread::spawn(move || done_tx.send(a.fsync(f, fh)).unwrap());
+    done_rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap_or_else(|_| panic!("fsync hung: {why}"))
+}
+
 /// A flush that panics (a bug) fails the file with EIO instead of leaving
 /// the flush counted in flight, which would make every later fsync and close
 /// wait forever; the client's one worker thread survives it and the file
@@ -282,20 +290,13 @@ fn a_panic_in_a_flush_is_an_eio_not_a_hang() {
     tier.forget_live_cache();
     // One whole chunk (64 KiB) goes to a background flush on the one worker.
     a.write(f, fh, 0, &vec![1u8; 64 << 10]).unwrap();
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let a2 = a.clone();
-    std::thread::spawn(move || done_tx.send(a2.fsync(f, fh)).unwrap());
-    let r = done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("fsync hung after a panicking flush");
-    let e = r.expect_err("the panicked flush is reported");
+    let e = fsync_or_hang(&a, f, fh, "after a panicking flush").expect_err("the panicked flush is reported");
     assert_eq!(e.errno(), libc::EIO, "{e}");
     assert!(e.to_string().contains("panicked"), "{e}");
     members.armed.store(false, Ordering::SeqCst);
     tier.forget_live_cache();
     // The worker still runs background flushes: a second whole chunk.
     a.write(f, fh, 0, &vec![2u8; 64 << 10]).unwrap();
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let a2 = a.clone();
-    std::thread::spawn(move || done_tx.send(a2.fsync(f, fh)).unwrap());
-    done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("fsync hung: the worker died with the panic").expect("the rewrite is stored");
+    fsync_or_hang(&a, f, fh, "the worker died with the panic").expect("the rewrite is stored");
     assert_eq!(a.read(f, 0, 64 << 10).unwrap(), vec![2u8; 64 << 10]);
 }
