@@ -56,10 +56,10 @@ echo "== cargo build: $(( $(date +%s) - started )) s"
 # tree: cargo test and both lanes took 326 and 325 s together against about
 # 570 s one after another; every test passed and every threshold held
 # (elastic's overhead 1.8 and 1.3 % against 1.3-1.5 % alone, limit 3.3 %;
-# elastic and fairshare retry a missed threshold once). Every other step runs alone, in name order,
-# after them, so the benchmarks among them (NBD peers, streaming, burst
-# buffer) have the machine to themselves. A new step runs alone unless it is
-# added to a lane.
+# cloud models, elastic and fairshare retry a missed threshold once). Every
+# other step runs alone, in name order, after them, so the benchmarks among
+# them (NBD peers, streaming, burst buffer) have the machine to themselves. A
+# new step runs alone unless it is added to a lane.
 LANE_A="30-cloud-models 40-elastic 41-elastic-faults 60-torture"
 LANE_B="50-fairshare 70-burstable"
 

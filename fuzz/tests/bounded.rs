@@ -131,7 +131,7 @@ fn bounded_mutation_loop() {
     }
 }
 
-/// `cargo test -p surge-fuzz -- --ignored write_seed_corpus` refreshes
+/// `cargo test --release -p surge-fuzz -- --ignored write_seed_corpus` refreshes
 /// the committed seed files from the generators.
 #[test]
 #[ignore]
