@@ -7,7 +7,10 @@
 //!   was based on; on conflict merge our bytes onto the new version and retry).
 //! - Reads ask metadata for the current chunk versions (one round trip), then
 //!   take the data from the local chunk cache (keyed by version, so never
-//!   stale), a node, or S3. Sequential reads prefetch the next chunks.
+//!   stale), a node, or S3; a chunk is fetched once however many readers want
+//!   it at a time. Sequential reads prefetch the next chunks. Close-to-open
+//!   mounts answer reads of chunks read since the open from the cache alone
+//!   ([`Client::read_cached`]).
 
 use crate::meta::{Attr, ChunkEntry, ChunkUpdate, DirEntry, FileView, Ino, Kind, MetaError, SetAttr};
 use crate::proto::ChunkId;
@@ -123,6 +126,13 @@ struct FileState {
     buffered_end: u64,
     /// Attributes cached while the file is open (see `getattr`).
     attr: Option<Attr>,
+    /// Chunk versions read from metadata since the file was opened, for
+    /// [`Client::read_cached`] (close-to-open: another client's commit is
+    /// seen at the next open). Emptied by this client's own commits.
+    versions: HashMap<u64, ChunkEntry>,
+    /// This client's commits to the file (flushes, truncates): a read that
+    /// asked metadata before one of them must not record what it got.
+    commits: u64,
 }
 
 impl FileState {
@@ -136,6 +146,12 @@ impl FileState {
     fn error_since(&self, ino: Ino, since: u64) -> Option<DataError> {
         let (errno, why) = self.error.clone().filter(|_| since < self.errors)?;
         Some(DataError::FlushFailed { ino, errno, why })
+    }
+
+    /// After a commit of ours, or an open: versions read before may be stale.
+    fn committed(&mut self) {
+        self.commits += 1;
+        self.versions.clear();
     }
 
     fn store_error(&mut self, e: &DataError) {
@@ -192,7 +208,14 @@ pub struct Client {
     next_fh: AtomicU64,
     open: Mutex<HashMap<Ino, Arc<OpenFile>>>,
     cache: Mutex<ChunkCache>,
-    prefetching: Mutex<HashSet<ChunkId>>,
+    /// Chunk versions being fetched from a node or S3: a reader that needs one
+    /// waits for that fetch (a prefetch, or another reader of the same chunk:
+    /// the kernel reads a chunk in several pieces at once) instead of moving
+    /// the same bytes again.
+    fetching: Mutex<HashSet<ChunkId>>,
+    fetched: Condvar,
+    /// Chunk fetches started (from a node or S3).
+    fetches: AtomicU64,
     jobs: Workers,
     /// Unflushed bytes across all files, and a condvar writers wait on.
     buffered: Mutex<u64>,
@@ -203,6 +226,21 @@ pub type Result<T> = std::result::Result<T, DataError>;
 
 /// How often a read follows a chunk replaced under it before giving up.
 const SUPERSEDED_RETRIES: usize = 50;
+
+/// The right to fetch one chunk version: others wanting it wait until the
+/// claim is dropped (also when the fetch fails or panics), then look in the
+/// cache again.
+struct FetchClaim<C: std::ops::Deref<Target = Client>> {
+    client: C,
+    id: ChunkId,
+}
+
+impl<C: std::ops::Deref<Target = Client>> Drop for FetchClaim<C> {
+    fn drop(&mut self) {
+        self.client.fetching.lock().remove(&self.id);
+        self.client.fetched.notify_all();
+    }
+}
 
 /// Which stored flush errors a flush reports. A write under backpressure and
 /// a close report what the descriptor has not been told of and mark nothing
@@ -216,6 +254,23 @@ enum Report {
     Untold(Fh),
     Fsync(Fh),
     New,
+}
+
+/// The answer of [`Client::read_cached`].
+pub enum CachedBytes {
+    /// A range of one cached chunk.
+    Chunk(Arc<Vec<u8>>, std::ops::Range<usize>),
+    /// Pieces of several chunks, put together.
+    Copied(Vec<u8>),
+}
+
+impl CachedBytes {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            CachedBytes::Chunk(d, r) => &d[r.clone()],
+            CachedBytes::Copied(v) => v,
+        }
+    }
 }
 
 /// Version used in the cache for bytes of an imported object.
@@ -233,11 +288,19 @@ impl Client {
             next_ver: AtomicU64::new(1),
             next_fh: AtomicU64::new(1),
             open: Mutex::default(),
-            prefetching: Mutex::default(),
+            fetching: Mutex::default(),
+            fetched: Condvar::new(),
+            fetches: AtomicU64::new(0),
             jobs,
             buffered: Mutex::new(0),
             drained: Condvar::new(),
         }))
+    }
+
+    /// Chunk versions fetched from a node or S3 so far (cache misses that
+    /// moved data; a chunk wanted by several readers at once counts once).
+    pub fn chunk_fetches(&self) -> u64 {
+        self.fetches.load(Ordering::Relaxed)
     }
 
     pub fn chunk_size(&self) -> u64 {
@@ -354,6 +417,8 @@ impl Client {
         let start = st.reported;
         st.told.insert(fh, start);
         st.attr = Some(a);
+        // Close-to-open for every descriptor, also one opened beside another.
+        st.committed();
         Ok(fh)
     }
 
@@ -565,6 +630,9 @@ impl Client {
                 Ok(old) => {
                     self.tier.discard(ino, &old);
                     self.cache.lock().insert(chunk, Arc::new(content));
+                    if let Some(of) = self.open_file(ino) {
+                        of.st.lock().committed();
+                    }
                     return Ok(());
                 }
                 Err(MetaError::Conflict(_)) if attempt < 50 => {
@@ -655,6 +723,7 @@ impl Client {
                     self.tier.discard(ino, &removed);
                     if let Some(of) = self.open_file(ino) {
                         let mut st = of.st.lock();
+                        st.committed();
                         st.buffered_end = 0;
                         if let Some(a) = st.attr.as_mut() {
                             a.size = size;
@@ -683,16 +752,14 @@ impl Client {
         let mut e = e.clone();
         for _ in 0..SUPERSEDED_RETRIES {
             let id = ChunkId { ino, idx, ver: e.ver };
-            if let Some(d) = self.cache.lock().get(&id) {
-                return Ok(d);
-            }
-            match self.tier.read_chunk(ino, idx, &e) {
-                Ok(d) => {
-                    let d = Arc::new(d);
-                    self.cache.lock().insert(id, d.clone());
-                    return Ok(d);
-                }
+            let claim = match self.cached_or_claim(id) {
+                Ok(d) => return Ok(d),
+                Err(claim) => claim,
+            };
+            match self.fetch(claim.id, &e) {
+                Ok(d) => return Ok(d),
                 Err(err @ DataError::Unreadable { .. }) => {
+                    drop(claim);
                     let (_, cur) = self.tier.meta.chunks(ino, &[idx])?;
                     match cur.into_iter().next().flatten() {
                         Some(newer) if newer.ver != e.ver => e = newer,
@@ -703,6 +770,32 @@ impl Client {
             }
         }
         Err(DataError::Unreadable { chunk: format!("{idx} of inode {ino}"), why: format!("superseded {SUPERSEDED_RETRIES} times while being read") })
+    }
+
+    /// The cached bytes of `id`, waiting first for a fetch of it in flight;
+    /// if nobody holds them, the claim to fetch them.
+    fn cached_or_claim(&self, id: ChunkId) -> std::result::Result<Arc<Vec<u8>>, FetchClaim<&Client>> {
+        let mut fetching = self.fetching.lock();
+        loop {
+            if let Some(d) = self.cache.lock().get(&id) {
+                return Ok(d);
+            }
+            if fetching.insert(id) {
+                return Err(FetchClaim { client: self, id });
+            }
+            // The fetch may fail, or its bytes not stay cached: then look
+            // again and fetch ourselves.
+            self.fetched.wait(&mut fetching);
+        }
+    }
+
+    /// Fetches chunk version `id` (entry `e`; the caller holds its claim)
+    /// and caches it.
+    fn fetch(&self, id: ChunkId, e: &ChunkEntry) -> Result<Arc<Vec<u8>>> {
+        self.fetches.fetch_add(1, Ordering::Relaxed);
+        let d = Arc::new(self.tier.read_chunk(id.ino, id.idx, e)?);
+        self.cache.lock().insert(id, d.clone());
+        Ok(d)
     }
 
     fn imported_data(&self, ino: Ino, view: &FileView, idx: u64) -> Result<Arc<Vec<u8>>> {
@@ -744,10 +837,23 @@ impl Client {
         }
         let first = off / cs;
         let last = (off + len.max(1) as u64 - 1) / cs;
-        let sequential = of.as_ref().is_some_and(|o| o.st.lock().last_read_end == off);
+        let (sequential, commits) = of.as_ref().map_or((false, 0), |o| {
+            let st = o.st.lock();
+            (st.last_read_end == off, st.commits)
+        });
         let ahead = if sequential { self.cfg.read_ahead } else { 0 };
         let idxs: Vec<u64> = (first..=last + ahead).collect();
         let (view, entries) = self.tier.meta.chunks(ino, &idxs)?;
+        if let Some(of) = of.as_ref().filter(|_| self.cfg.cache_open_attrs && view.import.is_none()) {
+            let mut st = of.st.lock();
+            if st.commits == commits {
+                for (idx, e) in idxs.iter().zip(&entries) {
+                    if let Some(e) = e {
+                        st.versions.insert(*idx, e.clone());
+                    }
+                }
+            }
+        }
         let size = view.size.max(local_end);
         if off >= size {
             return Ok(vec![]);
@@ -789,6 +895,52 @@ impl Client {
         Ok(out)
     }
 
+    /// A read answered from memory without waiting, for close-to-open
+    /// mounts: the file is open here with nothing of ours buffered or being
+    /// flushed, and each chunk the range touches has a version read from
+    /// metadata since the open whose bytes are cached. `None` means: take
+    /// [`Client::read`] (which asks metadata).
+    pub fn read_cached(&self, ino: Ino, off: u64, len: usize) -> Option<CachedBytes> {
+        if !self.cfg.cache_open_attrs {
+            return None;
+        }
+        let of = self.open_file(ino)?;
+        let cs = self.chunk_size();
+        let mut st = of.st.lock();
+        if st.inflight > 0 || !st.bufs.is_empty() {
+            return None;
+        }
+        let size = st.attr.as_ref()?.size.max(st.buffered_end);
+        let end = (off + len as u64).min(size);
+        if off >= end {
+            return Some(CachedBytes::Copied(Vec::new()));
+        }
+        let mut pieces = Vec::new();
+        {
+            let cache = self.cache.lock();
+            for idx in off / cs..=(end - 1) / cs {
+                let e = st.versions.get(&idx)?;
+                let data = cache.get(&ChunkId { ino, idx, ver: e.ver })?;
+                let cstart = idx * cs;
+                pieces.push((data, (off.max(cstart) - cstart) as usize..(end.min(cstart + cs) - cstart) as usize));
+            }
+        }
+        st.last_read_end = end;
+        drop(st);
+        // The usual case, a piece of one chunk: no copy here.
+        if pieces.len() == 1 && pieces[0].1.end <= pieces[0].0.len() {
+            let (data, piece) = pieces.pop().expect("one piece");
+            return Some(CachedBytes::Chunk(data, piece));
+        }
+        let mut out = Vec::with_capacity((end - off) as usize);
+        for (data, piece) in &pieces {
+            let have = piece.start.min(data.len())..piece.end.min(data.len());
+            out.extend_from_slice(&data[have.clone()]);
+            out.resize(out.len() + (piece.len() - have.len()), 0);
+        }
+        Some(CachedBytes::Copied(out))
+    }
+
     /// Serves a piece from the write-behind buffer (filling in the committed
     /// content below it first if needed); None when the chunk is not buffered.
     fn read_buffered(&self, of: &OpenFile, ino: Ino, idx: u64, view: &FileView, cur: Option<&ChunkEntry>, piece: std::ops::Range<usize>) -> Result<Option<Vec<u8>>> {
@@ -818,15 +970,19 @@ impl Client {
 
     fn prefetch(self: &Arc<Self>, ino: Ino, idx: u64, e: ChunkEntry) {
         let id = ChunkId { ino, idx, ver: e.ver };
-        if self.cache.lock().get(&id).is_some() || !self.prefetching.lock().insert(id) {
-            return;
-        }
-        let me = self.clone();
-        self.jobs.run(move || {
-            if let Err(err) = me.chunk_data(ino, idx, &e) {
-                tracing::debug!("prefetch of chunk {} failed: {err}", id.member());
+        {
+            // As in cached_or_claim: the cache is looked at under the claims' lock.
+            let mut fetching = self.fetching.lock();
+            if self.cache.lock().get(&id).is_some() || !fetching.insert(id) {
+                return;
             }
-            me.prefetching.lock().remove(&id);
+        }
+        // The job owns the claim: dropped unrun, it still releases it.
+        let claim = FetchClaim { client: self.clone(), id };
+        self.jobs.run(move || {
+            if let Err(err) = claim.client.fetch(claim.id, &e) {
+                tracing::debug!("prefetch of chunk {} failed: {err}", claim.id.member());
+            }
         });
     }
 

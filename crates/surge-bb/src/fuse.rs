@@ -272,7 +272,13 @@ impl Filesystem for BbFs {
     }
 
     fn read(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, size: u32, _flags: i32, _lock: Option<u64>, reply: ReplyData) {
-        self.spawn(move |c| match c.read(ino, offset.max(0) as u64, size as usize) {
+        // Cached bytes are answered here, as writes are buffered here: a
+        // hand-over to a worker would cost more than the copy.
+        let offset = offset.max(0) as u64;
+        if let Some(d) = self.client.read_cached(ino, offset, size as usize) {
+            return reply.data(d.as_slice());
+        }
+        self.spawn(move |c| match c.read(ino, offset, size as usize) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
         });

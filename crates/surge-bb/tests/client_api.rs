@@ -300,3 +300,88 @@ fn a_panic_in_a_flush_is_an_eio_not_a_hang() {
     fsync_or_hang(&a, f, fh, "the worker died with the panic").expect("the rewrite is stored");
     assert_eq!(a.read(f, 0, 64 << 10).unwrap(), vec![2u8; 64 << 10]);
 }
+
+/// Readers that want the same chunk at once (the kernel reads a chunk in
+/// several pieces in parallel; a prefetch races the reader it runs ahead of)
+/// wait for one fetch of it: every chunk moves from the nodes once.
+#[test]
+fn a_chunk_wanted_by_several_readers_at_once_is_fetched_once() {
+    let s = setup(3);
+    let writer = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    let chunks = 8u64;
+    let cs = writer.chunk_size();
+    let data: Vec<u8> = (0..chunks * cs).map(|i| (i * 13 % 251) as u8).collect();
+    let ino = writer.write_file("/f", &data).unwrap();
+    let piece = 8 << 10;
+    let pieces = data.len() / piece;
+
+    // Eight threads, thread t reading pieces t, t + 8, ...: all eight start
+    // on chunk 0 together.
+    let parallel = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (c, data) = (parallel.clone(), data.clone());
+            std::thread::spawn(move || {
+                for p in (t..pieces).step_by(8) {
+                    let got = c.read(ino, (p * piece) as u64, piece).unwrap();
+                    assert!(got == data[p * piece..(p + 1) * piece], "piece {p}");
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(parallel.chunk_fetches(), chunks, "parallel readers fetched some chunk twice");
+
+    // One sequential reader of an open file: the prefetches run ahead of it.
+    let sequential = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    sequential.open(ino).unwrap();
+    for p in 0..pieces {
+        assert!(sequential.read(ino, (p * piece) as u64, piece).unwrap() == data[p * piece..(p + 1) * piece], "piece {p}");
+    }
+    assert_eq!(sequential.chunk_fetches(), chunks, "a prefetch and its reader fetched some chunk twice");
+}
+
+/// Close-to-open reads from memory: once an open file's chunks are read,
+/// later reads are answered from the cache without asking metadata, but
+/// never with bytes older than this client's own commits or than the last
+/// open (another client's close is seen by every later open, also of a
+/// descriptor opened beside one still open).
+#[test]
+fn cached_reads_never_serve_versions_older_than_our_commits_or_the_last_open() {
+    let s = setup(3);
+    let a = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    let b = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    let cs = a.chunk_size() as usize;
+    let old = vec![b'o'; 2 * cs];
+    let ino = a.write_file("/f", &old).unwrap();
+
+    let fb = b.open(ino).unwrap();
+    assert!(b.read_cached(ino, 0, 100).is_none(), "nothing read since the open: metadata must be asked");
+    assert_eq!(b.read(ino, 0, 2 * cs).unwrap(), old);
+    let hit = b.read_cached(ino, 10, 100).expect("a chunk read since the open is served from memory");
+    assert_eq!(hit.as_slice(), &old[10..110]);
+    let across = b.read_cached(ino, cs as u64 - 5, 10).expect("two cached chunks");
+    assert_eq!(across.as_slice(), &old[cs - 5..cs + 5]);
+    assert!(b.read_cached(ino, 2 * cs as u64, 10).unwrap().as_slice().is_empty(), "at the end of file");
+
+    // Our own write, flushed: the cached version of that chunk is not used again.
+    b.write(ino, fb, 20, b"mine").unwrap();
+    assert!(b.read_cached(ino, 20, 4).is_none(), "buffered bytes of ours: the full read path");
+    b.flush(ino, fb).unwrap();
+    match b.read_cached(ino, 20, 4) {
+        Some(d) => assert_eq!(d.as_slice(), b"mine"),
+        None => assert_eq!(b.read(ino, 20, 4).unwrap(), b"mine"),
+    }
+
+    // Another client's close, then a new open here (the first still open).
+    let fa = a.open(ino).unwrap();
+    a.write(ino, fa, 5000, b"theirs").unwrap();
+    a.release(ino, fa).unwrap();
+    let fb2 = b.open(ino).unwrap();
+    assert!(b.read_cached(ino, 5000, 6).is_none(), "versions read before this open must not be used");
+    assert_eq!(b.read(ino, 5000, 6).unwrap(), b"theirs");
+    assert_eq!(b.read_cached(ino, 5000, 6).expect("read since the open").as_slice(), b"theirs");
+    b.release(ino, fb2).unwrap();
+    b.release(ino, fb).unwrap();
+    assert!(b.read_cached(ino, 0, 10).is_none(), "a file no longer open is never served from memory");
+}
