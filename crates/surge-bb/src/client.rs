@@ -36,6 +36,10 @@ pub struct ClientConfig {
     pub fsync_timeout: Duration,
     /// Background threads for flushes and prefetches.
     pub threads: usize,
+    /// How long a flush waits for room when every I/O node it may use is
+    /// full (write-back frees memory, the pool may grow) before failing
+    /// with ENOSPC.
+    pub full_wait: Duration,
     /// Serve `getattr` of an open file from the attributes read at open
     /// (close-to-open); off: every getattr asks metadata.
     pub cache_open_attrs: bool,
@@ -50,6 +54,7 @@ impl Default for ClientConfig {
             fsync_waits_for_s3: false,
             fsync_timeout: Duration::from_secs(120),
             threads: 8,
+            full_wait: Duration::from_secs(30),
             cache_open_attrs: true,
         }
     }
@@ -622,7 +627,7 @@ impl Client {
             };
             let ver = self.new_ver();
             let chunk = ChunkId { ino, idx, ver };
-            let holders = self.tier.store_chunk(chunk, &content, &[])?;
+            let holders = self.store_waiting_for_room(chunk, &content)?;
             let entry = ChunkEntry { ver, len: content.len() as u64, persisted: false, holders: holders.clone() };
             let end = idx * cs + buf.written_end();
             let update = ChunkUpdate { idx, base: cur.as_ref().map(|c| c.ver), entry: entry.clone() };
@@ -650,6 +655,39 @@ impl Client {
             }
         }
         unreachable!("the loop returns")
+    }
+
+    /// Stores a new chunk version on R nodes. While every node it may use
+    /// is full, waits (backing off, up to `full_wait`) for write-back to free
+    /// memory or the pool to grow, as a write-back cache holds writers while
+    /// it cleans; then fails with ENOSPC.
+    fn store_waiting_for_room(&self, chunk: ChunkId, data: &[u8]) -> Result<Vec<String>> {
+        let give_up = Instant::now() + self.cfg.full_wait;
+        let mut pause = Duration::from_millis(20);
+        let mut waited = false;
+        loop {
+            match self.tier.store_chunk(chunk, data, &[]) {
+                Err(DataError::NotReplicated { full: true, .. }) if Instant::now() + pause <= give_up => {
+                    if !waited {
+                        tracing::warn!("chunk {}: the I/O nodes are full; waiting up to {:?} for room", chunk.member(), self.cfg.full_wait);
+                        waited = true;
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    self.tier.forget_live_cache();
+                }
+                Err(e @ DataError::NotReplicated { full: true, .. }) => {
+                    tracing::error!("{e} (waited {:?} for room)", self.cfg.full_wait);
+                    return Err(e);
+                }
+                r => {
+                    if waited && r.is_ok() {
+                        tracing::info!("chunk {}: stored after waiting for room", chunk.member());
+                    }
+                    return r;
+                }
+            }
+        }
     }
 
     /// flush(2)/close: everything written so far is committed (visible to all

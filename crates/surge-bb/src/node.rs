@@ -13,7 +13,7 @@ use std::io::{BufReader, BufWriter, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -205,7 +205,11 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
         std::thread::Builder::new().name("bb-writeback".into()).spawn(move || {
             while !shared.stop.load(Ordering::SeqCst) {
                 if wb.tick() == 0 {
-                    std::thread::sleep(Duration::from_millis(100));
+                    // In slices, so a stop is not held up by a long pause.
+                    let until = Instant::now() + wb.pause().max(Duration::from_millis(100));
+                    while Instant::now() < until && !shared.stop.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
                 }
             }
         })?;

@@ -143,7 +143,12 @@ impl Tier {
                     Ok(()) => holders.push(node.to_string()),
                     Err(e) => {
                         full |= matches!(e, NodeError::Full { .. });
-                        tracing::warn!("chunk {}: {e}; trying the next node", chunk.member());
+                        // A full node is routine under load (the caller may wait for room).
+                        if matches!(e, NodeError::Full { .. }) {
+                            tracing::debug!("chunk {}: {e}; trying the next node", chunk.member());
+                        } else {
+                            tracing::warn!("chunk {}: {e}; trying the next node", chunk.member());
+                        }
                         why.push(e.to_string());
                     }
                 }
@@ -158,7 +163,11 @@ impl Tier {
                 let _ = self.pool.delete(h, chunk);
             }
             let err = DataError::NotReplicated { chunk: chunk.member(), got: holders.len(), want, why: why.join("; "), full };
-            tracing::error!("{err}");
+            if full {
+                tracing::debug!("{err}");
+            } else {
+                tracing::error!("{err}");
+            }
             return Err(err);
         }
         Ok(holders)

@@ -64,11 +64,33 @@ pub struct Writeback {
     cfg: WritebackConfig,
     late_logged: Mutex<HashSet<ChunkId>>,
     last_error: Mutex<Option<Instant>>,
+    backoff: Mutex<Backoff>,
+}
+
+/// How long write-back rests after a pass whose uploads all failed (S3 down,
+/// the bucket gone): doubling from 200 ms up to 5 s, back to none after an
+/// upload succeeds. Without it a node retried every dirty chunk every 100 ms.
+#[derive(Debug, Default)]
+struct Backoff {
+    pause: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(5);
+
+    fn failed(&mut self) {
+        self.pause = (self.pause * 2).clamp(Self::FIRST, Self::MAX);
+    }
+
+    fn succeeded(&mut self) {
+        self.pause = Duration::ZERO;
+    }
 }
 
 impl Writeback {
     pub fn new(tier: Arc<Tier>, store: Arc<ChunkStore>, me: String, cfg: WritebackConfig) -> Writeback {
-        Writeback { tier, store, me, cfg, late_logged: Mutex::default(), last_error: Mutex::default() }
+        Writeback { tier, store, me, cfg, late_logged: Mutex::default(), last_error: Mutex::default(), backoff: Mutex::default() }
     }
 
     /// Logs an error at most every 5 s (S3 down would otherwise flood the log).
@@ -78,6 +100,11 @@ impl Writeback {
             tracing::error!("write-back: {what}");
             *g = Some(Instant::now());
         }
+    }
+
+    /// How long to rest before the next pass: none while uploads succeed.
+    pub fn pause(&self) -> Duration {
+        self.backoff.lock().pause
     }
 
     /// One pass of everything: chunks, publishes, unpublishes. Returns chunks written.
@@ -166,6 +193,12 @@ impl Writeback {
                 }
                 Err(err) => self.log_error(&format!("chunk {} stays dirty: {err}", c.member())),
             }
+        }
+        let mut backoff = self.backoff.lock();
+        if done == 0 {
+            backoff.failed();
+        } else {
+            backoff.succeeded();
         }
         Ok(done)
     }
@@ -364,5 +397,26 @@ impl Writeback {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod backoff_tests {
+    use super::Backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn failed_passes_back_off_doubling_to_a_cap_and_a_success_ends_it() {
+        let mut b = Backoff::default();
+        assert_eq!(b.pause, Duration::ZERO);
+        let pauses: Vec<u64> = (0..7)
+            .map(|_| {
+                b.failed();
+                b.pause.as_millis() as u64
+            })
+            .collect();
+        assert_eq!(pauses, [200, 400, 800, 1600, 3200, 5000, 5000]);
+        b.succeeded();
+        assert_eq!(b.pause, Duration::ZERO);
     }
 }

@@ -14,7 +14,19 @@ struct Setup {
     _dir: tempfile::TempDir,
     _redis: LocalRedis,
     tier: Arc<Tier>,
-    _nodes: Vec<node::NodeHandle>,
+    cfg: TierConfig,
+    nodes: Vec<node::NodeHandle>,
+}
+
+/// An in-process I/O node of `capacity` bytes, without S3.
+fn start_node(cfg: &TierConfig, capacity: u64) -> node::NodeHandle {
+    let c = NodeConfig {
+        listen: "127.0.0.1:0".into(),
+        store: StoreConfig { capacity, spill_dir: None, spill_capacity: 0 },
+        writeback: WritebackConfig::default(),
+        rebalance: Default::default(),
+    };
+    node::start(c, cfg.open().unwrap()).unwrap()
 }
 
 fn setup(nodes: usize) -> Setup {
@@ -27,18 +39,8 @@ fn setup_with_capacity(nodes: usize, capacity: u64) -> Setup {
     let redis = LocalRedis::start(&dir.path().join("redis"), port).expect("redis-server (scripts/test-all.sh installs it)");
     let cfg = TierConfig { redis: redis.url(), fs: "t".into(), membership: "redis".into(), s3: None, replicas: 2, chunk_size: 64 << 10 };
     let tier = cfg.open().unwrap();
-    let nodes = (0..nodes)
-        .map(|_| {
-            let c = NodeConfig {
-                listen: "127.0.0.1:0".into(),
-                store: StoreConfig { capacity, spill_dir: None, spill_capacity: 0 },
-                writeback: WritebackConfig::default(),
-                rebalance: Default::default(),
-            };
-            node::start(c, cfg.open().unwrap()).unwrap()
-        })
-        .collect();
-    Setup { _dir: dir, _redis: redis, tier, _nodes: nodes }
+    let nodes = (0..nodes).map(|_| start_node(&cfg, capacity)).collect();
+    Setup { _dir: dir, _redis: redis, tier, cfg, nodes }
 }
 
 /// Two clients writing interleaved bytes of the same chunks at the same
@@ -103,7 +105,8 @@ fn flushed_writes_are_replicated_and_read_by_other_clients() {
 /// with `cfg`, the file "big" and a descriptor of it.
 fn room_for_two_chunks(cfg: ClientConfig) -> (Setup, Arc<Client>, u64, Fh) {
     let s = setup_with_capacity(2, 128 << 10);
-    let a = Client::new(s.tier.clone(), cfg).unwrap();
+    // Nothing here frees room (no S3, no new nodes): no waiting for it.
+    let a = Client::new(s.tier.clone(), ClientConfig { full_wait: std::time::Duration::ZERO, ..cfg }).unwrap();
     let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
     let fh = a.open(f).unwrap();
     (s, a, f, fh)
@@ -384,4 +387,26 @@ fn cached_reads_never_serve_versions_older_than_our_commits_or_the_last_open() {
     b.release(ino, fb2).unwrap();
     b.release(ino, fb).unwrap();
     assert!(b.read_cached(ino, 0, 10).is_none(), "a file no longer open is never served from memory");
+}
+
+/// Full nodes hold a flush until room appears (here: the pool grows while
+/// the writer waits), as a write-back cache holds writers while it cleans;
+/// the fsync then succeeds with every byte stored twice.
+#[test]
+fn a_flush_waits_for_room_when_the_nodes_are_full() {
+    let mut s = setup_with_capacity(2, 128 << 10);
+    let a = Client::new(s.tier.clone(), ClientConfig { full_wait: std::time::Duration::from_secs(30), ..ClientConfig::default() }).unwrap();
+    let f = a.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
+    let fh = a.open(f).unwrap();
+    let cs = a.chunk_size() as usize;
+    let data: Vec<u8> = (0..4 * cs).map(|i| (i % 253) as u8).collect();
+    a.write(f, fh, 0, &data).unwrap();
+    // Two of the four chunks fit; the pool grows after the flushes found it full.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.nodes.extend((0..2).map(|_| start_node(&s.cfg, 128 << 10)));
+    a.fsync(f, fh).expect("the flushes waiting for room must succeed once the pool grew");
+    assert!(a.read(f, 0, data.len()).unwrap() == data);
+    for (idx, e) in s.tier.meta.chunk_map(f).unwrap() {
+        assert_eq!(e.holders.len(), 2, "chunk {idx}: {:?}", e.holders);
+    }
 }

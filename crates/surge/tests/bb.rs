@@ -353,7 +353,8 @@ fn full_nodes_give_enospc_to_the_writer() {
     let mut bb = Bb::new("full", "1MiB");
     bb.replicas = 2;
     let _small: Vec<Node> = (0..2).map(|_| bb.node(&["--memory", "2MiB", "--writeback-delay", "60s"])).collect();
-    let m = bb.mount("m", &[]);
+    // Nothing frees room here (write-back waits 60 s): the flushes give up.
+    let m = bb.mount("m", &["--full-wait", "1s"]);
     let mut other = None;
     let r = (|| {
         let mut f = fs::File::create(m.dir.join("big"))?;

@@ -145,6 +145,10 @@ pub enum Action {
         /// Import the bucket's existing objects into the namespace first.
         #[arg(long)]
         import: bool,
+        /// How long a write waits for room when the I/O nodes are full
+        /// (write-back frees memory, the pool grows) before ENOSPC.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        full_wait: std::time::Duration,
     },
     /// Pool and write-back state; with PATH, whether each file is persisted in S3.
     Status {
@@ -247,7 +251,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Action::Mount { dir, common, strict, fsync_s3, write_behind, read_ahead, attr_ttl, import } => {
+        Action::Mount { dir, common, strict, fsync_s3, write_behind, read_ahead, attr_ttl, import, full_wait } => {
             let tier = common.tier()?;
             if import {
                 let n = surge_bb::status::import(&tier, None)?;
@@ -258,6 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 read_ahead,
                 fsync_waits_for_s3: fsync_s3,
                 cache_open_attrs: !strict,
+                full_wait,
                 ..Default::default()
             };
             let client = Client::new(tier, ccfg)?;
