@@ -221,7 +221,7 @@ impl Rig {
         let montage_window = (m_t, t.elapsed().as_secs_f64());
         let (m_req1, m_node1) = (self.s3.requests(&bucket), m.node_seconds());
         say("throughput");
-        let throughput = work::throughput(&self.tool, m.mnt(), &self.plan)?;
+        let throughput = work::throughput(&self.tool, m.as_mut(), &self.plan)?;
         say("metadata");
         let metadata = work::metadata(&self.tool, m.mnt(), &self.plan)?;
         say("write-back");

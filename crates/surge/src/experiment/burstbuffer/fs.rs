@@ -50,6 +50,9 @@ pub trait Mounted {
     fn node_seconds(&self) -> f64 {
         0.0
     }
+    /// Unmount and mount again at the same place: a fresh client process
+    /// (its memory caches cold; what it keeps on disk or on I/O nodes stays).
+    fn remount(&mut self) -> anyhow::Result<()>;
     /// Unmount and stop the processes.
     fn stop(self: Box<Self>) -> anyhow::Result<()>;
 }
@@ -80,18 +83,42 @@ fn unmount(dir: &Path, mut p: Proc) -> anyhow::Result<()> {
     r.map(|_| ())
 }
 
+/// Starts a peer's mount process; its argument counts the mounts so far.
+type StartMount = Box<dyn Fn(usize) -> anyhow::Result<Proc>>;
+
 /// A FUSE mount process of a peer file system; unmounted on drop.
 struct FuseMount {
     mnt: PathBuf,
     mount: Option<Proc>,
+    start: StartMount,
+    mounts: usize,
 }
 
 impl FuseMount {
+    fn new(mnt: &Path, start: StartMount) -> anyhow::Result<FuseMount> {
+        let mut m = FuseMount { mnt: mnt.to_path_buf(), mount: None, start, mounts: 0 };
+        m.mount()?;
+        Ok(m)
+    }
+
+    fn mount(&mut self) -> anyhow::Result<()> {
+        let mut p = (self.start)(self.mounts)?;
+        self.mounts += 1;
+        wait_mounted(&mut p, &self.mnt)?;
+        self.mount = Some(p);
+        Ok(())
+    }
+
     fn unmount(&mut self) -> anyhow::Result<()> {
         match self.mount.take() {
             Some(p) => unmount(&self.mnt, p),
             None => Ok(()),
         }
+    }
+
+    fn remount(&mut self) -> anyhow::Result<()> {
+        self.unmount()?;
+        self.mount()
     }
 }
 
@@ -269,6 +296,14 @@ impl Mounted for Surge {
     fn node_seconds(&self) -> f64 {
         self.node_seconds_done + self.nodes.iter().filter(|(p, _)| p.pid().is_some()).map(|(_, t)| t.elapsed().as_secs_f64()).sum::<f64>()
     }
+    fn remount(&mut self) -> anyhow::Result<()> {
+        let (dir, p) = self.mounts.remove(0);
+        unmount(&dir, p)?;
+        self.mount(&dir)?;
+        let fresh = self.mounts.pop().expect("just mounted");
+        self.mounts.insert(0, fresh);
+        Ok(())
+    }
     fn stop(mut self: Box<Self>) -> anyhow::Result<()> {
         self.stop_all()
     }
@@ -290,17 +325,22 @@ impl S3fs {
         let passwd = dir.join("passwd-s3fs");
         std::fs::write(&passwd, format!("{}:{}\n", S3Server::KEY, S3Server::SECRET))?;
         std::fs::set_permissions(&passwd, std::os::unix::fs::PermissionsExt::from_mode(0o600))?; // s3fs refuses others
-        let mut c = Command::new("s3fs");
-        c.arg(bucket).arg(mnt).arg("-f").args(["-o", &format!("url={}", s3.endpoint), "-o", "use_path_request_style", "-o"]).arg(format!("passwd_file={}", passwd.display()));
-        let mut p = Proc::spawn("s3fs", &mut c, &dir.join("s3fs.log"))?;
-        wait_mounted(&mut p, mnt)?;
-        Ok(S3fs(FuseMount { mnt: mnt.to_path_buf(), mount: Some(p) }))
+        let (bucket, endpoint, mnt_dir, dir) = (bucket.to_string(), s3.endpoint.clone(), mnt.to_path_buf(), dir.to_path_buf());
+        let start: StartMount = Box::new(move |n| {
+            let mut c = Command::new("s3fs");
+            c.arg(&bucket).arg(&mnt_dir).arg("-f").args(["-o", &format!("url={endpoint}"), "-o", "use_path_request_style", "-o"]).arg(format!("passwd_file={}", passwd.display()));
+            Proc::spawn("s3fs", &mut c, &dir.join(format!("s3fs{n}.log")))
+        });
+        Ok(S3fs(FuseMount::new(mnt, start)?))
     }
 }
 
 impl Mounted for S3fs {
     fn mnt(&self) -> &Path {
         &self.0.mnt
+    }
+    fn remount(&mut self) -> anyhow::Result<()> {
+        self.0.remount()
     }
     fn stop(mut self: Box<Self>) -> anyhow::Result<()> {
         self.0.unmount()
@@ -328,17 +368,22 @@ impl JuiceFs {
             .args(["--access-key", S3Server::KEY, "--secret-key", S3Server::SECRET])
             .arg(&meta)
             .arg("bbjfs"))?;
-        let mut c = Command::new("juicefs");
-        c.args(["mount", "--no-usage-report", "--cache-dir"]).arg(dir.join("jfs-cache")).arg(&meta).arg(mnt);
-        let mut p = Proc::spawn("juicefs mount", &mut c, &dir.join("juicefs.log"))?;
-        wait_mounted(&mut p, mnt)?;
-        Ok(JuiceFs { mount: FuseMount { mnt: mnt.to_path_buf(), mount: Some(p) }, _redis: redis })
+        let (mnt_dir, dir) = (mnt.to_path_buf(), dir.to_path_buf());
+        let start: StartMount = Box::new(move |n| {
+            let mut c = Command::new("juicefs");
+            c.args(["mount", "--no-usage-report", "--cache-dir"]).arg(dir.join("jfs-cache")).arg(&meta).arg(&mnt_dir);
+            Proc::spawn("juicefs mount", &mut c, &dir.join(format!("juicefs{n}.log")))
+        });
+        Ok(JuiceFs { mount: FuseMount::new(mnt, start)?, _redis: redis })
     }
 }
 
 impl Mounted for JuiceFs {
     fn mnt(&self) -> &Path {
         &self.mount.mnt
+    }
+    fn remount(&mut self) -> anyhow::Result<()> {
+        self.mount.remount()
     }
     fn stop(mut self: Box<Self>) -> anyhow::Result<()> {
         self.mount.unmount()

@@ -2,6 +2,7 @@
 //! the client tool `fsbench.py` (throughput, mdtest-style metadata,
 //! read-after-write, synthetic FITS images, S3 verification) and Montage.
 
+use super::fs::Mounted;
 use super::Plan;
 use crate::experiment::streaming::proc::sh;
 use anyhow::Context as _;
@@ -44,6 +45,8 @@ pub fn drop_caches() -> bool {
 pub struct Throughput {
     pub seq_write_mbps: f64,
     pub seq_read_mbps: f64,
+    /// Sequential read through a fresh mount.
+    pub cold_read_mbps: f64,
     pub rand_write_mbps: f64,
     pub rand_read_mbps: f64,
 }
@@ -52,19 +55,31 @@ fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(f64::NAN)
 }
 
-pub fn throughput(tool: &Tool, mnt: &Path, plan: &Plan) -> anyhow::Result<Throughput> {
-    let file = mnt.join("seq.dat");
+/// The throughput phase on mount `m`. The sequential read runs twice: on
+/// the mount that wrote the file, then on a fresh mount of it (memory caches
+/// of the client cold); the random I/O on the fresh mount.
+pub fn throughput(tool: &Tool, m: &mut dyn Mounted, plan: &Plan) -> anyhow::Result<Throughput> {
+    let file = m.mnt().join("seq.dat");
     let file = file.to_str().context("path")?;
     let (bs, rbs) = (plan.seq_bs_kib.to_string(), plan.rand_bs_kib.to_string());
     let count = plan.rand_ops.to_string();
     let w = tool.run(&["seq-write", file, &plan.seq_mib.to_string(), &bs])?;
     drop_caches();
     let r = tool.run(&["seq-read", file, &bs])?;
+    m.remount()?;
+    drop_caches();
+    let cold = tool.run(&["seq-read", file, &bs])?;
     drop_caches();
     let rr = tool.run(&["rand-read", file, &count, &rbs, "1"])?;
     let rw = tool.run(&["rand-write", file, &count, &rbs, "2"])?;
     std::fs::remove_file(file)?;
-    Ok(Throughput { seq_write_mbps: f(&w, "mbps"), seq_read_mbps: f(&r, "mbps"), rand_write_mbps: f(&rw, "mbps"), rand_read_mbps: f(&rr, "mbps") })
+    Ok(Throughput {
+        seq_write_mbps: f(&w, "mbps"),
+        seq_read_mbps: f(&r, "mbps"),
+        cold_read_mbps: f(&cold, "mbps"),
+        rand_write_mbps: f(&rw, "mbps"),
+        rand_read_mbps: f(&rr, "mbps"),
+    })
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
