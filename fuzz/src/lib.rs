@@ -8,6 +8,7 @@
 //! | `nbd_requests` | NBD transmission phase (request parser + dispatch) | none |
 //! | `cache_meta` | elastic-cache on-disk metadata decoder (as read, and with the CRC fixed up) | decode → encode → decode is identity |
 //! | `fault_rules` | fault-injection one-line rules parser | parse → display → parse is identity |
+//! | `bb_frames` | burst-buffer node protocol: frame reader, request and response decoders | a decoded request or response re-encodes to the same frame |
 
 use surge_block::cache::meta;
 use surge_block::fault::FaultRules;
@@ -53,9 +54,30 @@ pub fn fault_rules(data: &[u8]) {
     }
 }
 
+/// A byte stream as an I/O node or a client reads it: frames, each decoded
+/// as a request (what a node does) and as a response (what a client does).
+pub fn bb_frames(data: &[u8]) {
+    use surge_bb::proto::{decode_request, decode_response, encode_request, encode_response, read_frame};
+    let mut stream = data;
+    while let Ok(Some(payload)) = read_frame(&mut stream) {
+        let framed = |p: &[u8]| [&(p.len() as u32).to_be_bytes()[..], p].concat();
+        if let Ok((id, req)) = decode_request(payload.clone()) {
+            assert_eq!(encode_request(id, &req), framed(&payload), "request {req:?} re-encoded differently");
+        }
+        if let Ok((id, resp)) = decode_response(payload.clone()) {
+            assert_eq!(encode_response(id, &resp), framed(&payload), "response {resp:?} re-encoded differently");
+        }
+    }
+}
+
 /// Every target by name.
-pub const TARGETS: &[(&str, fn(&[u8]))] =
-    &[("nbd_handshake", nbd_handshake), ("nbd_requests", nbd_requests), ("cache_meta", cache_meta), ("fault_rules", fault_rules)];
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+    ("nbd_handshake", nbd_handshake),
+    ("nbd_requests", nbd_requests),
+    ("cache_meta", cache_meta),
+    ("fault_rules", fault_rules),
+    ("bb_frames", bb_frames),
+];
 
 /// Valid inputs to start from (also written to `corpus/` by the ignored test
 /// `write_seed_corpus`).
@@ -64,6 +86,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "nbd_handshake" => handshake_seeds(),
         "nbd_requests" => request_seeds(),
         "cache_meta" => meta_seeds(),
+        "bb_frames" => bb_frame_seeds(),
         "fault_rules" => [
             "",
             "write.fail_nth=100,read.fail_prob=0.01,latency=5ms,tear_nth=3,vanish_after=1000",
@@ -180,4 +203,29 @@ fn request_seeds() -> Vec<Vec<u8>> {
 fn meta_seeds() -> Vec<Vec<u8>> {
     let m = |entries: Vec<(u64, u32)>| meta::Meta { seq: 3, block_size: 65536, nslots: 64, backing_size: 1 << 30, cache_id: 7, entries }.encode();
     vec![m(vec![]), m(vec![(0, 0), (5, 63), (16383, 7)]), m((0..40).map(|i| (i * 3, i as u32)).collect())]
+}
+
+/// One stream of every request kind, and one of responses.
+fn bb_frame_seeds() -> Vec<Vec<u8>> {
+    use surge_bb::proto::{encode_request, encode_response, ChunkId, Request, Response, Status};
+    let chunk = ChunkId { ino: 7, idx: 3, ver: 1 << 32 };
+    let requests = [
+        Request::Put { chunk, dirty: true, data: b"chunk bytes".to_vec() },
+        Request::Get { chunk },
+        Request::Delete { chunk },
+        Request::MarkClean { chunk },
+        Request::Stat,
+        Request::Has { chunk },
+        Request::Drain,
+    ];
+    let responses = [
+        Response { status: Status::Ok, body: b"chunk bytes".to_vec() },
+        Response { status: Status::NotFound, body: vec![] },
+        Response { status: Status::NoSpace, body: b"node full".to_vec() },
+        Response { status: Status::BadRequest, body: vec![] },
+    ];
+    vec![
+        requests.iter().enumerate().flat_map(|(i, r)| encode_request(i as u64, r)).collect(),
+        responses.iter().enumerate().flat_map(|(i, r)| encode_response(i as u64, r)).collect(),
+    ]
 }

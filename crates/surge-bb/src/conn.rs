@@ -50,7 +50,7 @@ impl Conn {
             let mut r = BufReader::with_capacity(1 << 20, reader);
             let why = loop {
                 match proto::read_frame(&mut r) {
-                    Ok(Some(p)) => match proto::decode_response(&p) {
+                    Ok(Some(p)) => match proto::decode_response(p) {
                         Ok((id, resp)) => {
                             if let Some(tx) = w2.lock().remove(&id) {
                                 let _ = tx.send(Ok(resp));
@@ -72,13 +72,19 @@ impl Conn {
     }
 
     fn call(&self, node: &str, req: &Request, timeout: Duration) -> Result<Response, NodeError> {
+        self.call_with(node, timeout, |id| (proto::encode_request(id, req), &[]))
+    }
+
+    /// Sends the frame `encode` makes for the request id (a head, then data
+    /// written from where it lies) and waits for the response.
+    fn call_with<'d>(&self, node: &str, timeout: Duration, encode: impl FnOnce(u64) -> (Vec<u8>, &'d [u8])) -> Result<Response, NodeError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = bounded(1);
         self.waiters.lock().insert(id, tx);
-        let frame = proto::encode_request(id, req);
+        let (head, data) = encode(id);
         let sent = {
             let mut w = self.writer.lock();
-            proto::write_frame(&mut *w, &frame).and_then(|_| w.flush())
+            w.write_all(&head).and_then(|_| w.write_all(data)).and_then(|_| w.flush())
         };
         if let Err(e) = sent {
             self.waiters.lock().remove(&id);
@@ -131,8 +137,8 @@ impl NodePool {
         self.conn(node)?.call(node, req, self.timeout)
     }
 
-    pub fn put(&self, node: &str, chunk: ChunkId, data: Vec<u8>, dirty: bool) -> Result<(), NodeError> {
-        let r = self.call(node, &Request::Put { chunk, dirty, data })?;
+    pub fn put(&self, node: &str, chunk: ChunkId, data: &[u8], dirty: bool) -> Result<(), NodeError> {
+        let r = self.conn(node)?.call_with(node, self.timeout, |id| (proto::encode_put_head(id, &chunk, dirty, data.len()), data))?;
         match r.status {
             Status::Ok => Ok(()),
             Status::NoSpace => Err(NodeError::Full { node: node.into() }),

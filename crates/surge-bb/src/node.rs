@@ -3,7 +3,7 @@
 
 use crate::drain::Drainer;
 use crate::meta::NodeInfo;
-use crate::proto::{self, Request, Response, Status};
+use crate::proto::{self, Request, Status};
 use crate::rebalance::{RebalanceConfig, Rebalancer};
 use crate::store::{ChunkStore, StoreConfig};
 use crate::tier::Tier;
@@ -66,45 +66,73 @@ impl NodeHandle {
     }
 }
 
-fn handle(shared: &Shared, req: Request) -> Response {
+/// What a request is answered with: a status and a body, the body either
+/// built for the answer or a chunk sent from the store's own buffer.
+struct Reply {
+    status: Status,
+    body: Body,
+}
+
+enum Body {
+    Built(Vec<u8>),
+    Chunk(Arc<Vec<u8>>),
+}
+
+impl Reply {
+    fn ok(body: Vec<u8>) -> Reply {
+        Reply { status: Status::Ok, body: Body::Built(body) }
+    }
+
+    fn status(status: Status, body: Vec<u8>) -> Reply {
+        Reply { status, body: Body::Built(body) }
+    }
+
+    fn body(&self) -> &[u8] {
+        match &self.body {
+            Body::Built(b) => b,
+            Body::Chunk(d) => d,
+        }
+    }
+}
+
+fn handle(shared: &Shared, req: Request) -> Reply {
     let store = &shared.store;
-    let ok = |body: Vec<u8>| Response { status: Status::Ok, body };
     match req {
         Request::Put { chunk, dirty, data } => match store.put(chunk, data, dirty) {
-            Ok(()) => ok(vec![]),
+            Ok(()) => Reply::ok(vec![]),
             Err(e) => {
                 tracing::warn!("refusing chunk {}: {e}", chunk.member());
-                Response { status: Status::NoSpace, body: e.to_string().into_bytes() }
+                Reply::status(Status::NoSpace, e.to_string().into_bytes())
             }
         },
         Request::Get { chunk } => match store.get(&chunk) {
-            Some(d) => ok(d.to_vec()),
-            None => Response { status: Status::NotFound, body: vec![] },
+            Some(d) => Reply { status: Status::Ok, body: Body::Chunk(d) },
+            None => Reply::status(Status::NotFound, vec![]),
         },
         Request::Delete { chunk } => {
             store.delete(&chunk);
-            ok(vec![])
+            Reply::ok(vec![])
         }
         Request::MarkClean { chunk } => {
             store.mark_clean(&chunk);
-            ok(vec![])
+            Reply::ok(vec![])
         }
         Request::Has { chunk } => match store.has(&chunk) {
-            true => ok(vec![]),
-            false => Response { status: Status::NotFound, body: vec![] },
+            true => Reply::ok(vec![]),
+            false => Reply::status(Status::NotFound, vec![]),
         },
         Request::Stat => {
             let mut st = store.stat();
             if let Some(c) = &shared.s3 {
                 (st.s3_puts, st.s3_gets, st.s3_bytes_up, st.s3_bytes_down) = c.snapshot();
             }
-            ok(serde_json::to_vec(&st).unwrap_or_default())
+            Reply::ok(serde_json::to_vec(&st).unwrap_or_default())
         }
         Request::Drain => {
             if !shared.drain.swap(true, Ordering::SeqCst) {
                 tracing::info!("drain requested: leaving the pool once no dirty chunk is left here");
             }
-            ok(vec![])
+            Reply::ok(vec![])
         }
     }
 }
@@ -124,7 +152,7 @@ fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
                 return;
             }
         };
-        let (id, resp) = match proto::decode_request(&payload) {
+        let (id, reply) = match proto::decode_request(payload) {
             Ok((id, req)) => (id, handle(&shared, req)),
             Err(e) => {
                 tracing::warn!("client {peer} sent a bad request: {e}; closing");
@@ -132,7 +160,7 @@ fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
             }
         };
         let mut w = writer.lock();
-        if proto::write_frame(&mut *w, &proto::encode_response(id, &resp)).and_then(|_| w.flush()).is_err() {
+        if proto::write_response(&mut *w, id, reply.status, reply.body()).and_then(|_| w.flush()).is_err() {
             return;
         }
     }

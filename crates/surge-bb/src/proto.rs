@@ -137,12 +137,33 @@ pub fn encode_response(id: u64, resp: &Response) -> Vec<u8> {
     frame(resp.status as u8, id, &resp.body)
 }
 
-fn frame(tag: u8, id: u64, body: &[u8]) -> Vec<u8> {
-    let len = 9 + body.len();
-    let mut out = Vec::with_capacity(4 + len);
-    out.extend_from_slice(&(len as u32).to_be_bytes());
+/// Writes a response frame whose body is sent from `body` where it lies
+/// (a chunk the node holds: no copy into a frame).
+pub fn write_response(w: &mut impl Write, id: u64, status: Status, body: &[u8]) -> io::Result<()> {
+    w.write_all(&head(status as u8, id, body.len()))?;
+    w.write_all(body)
+}
+
+/// A PUT frame up to its data, which follows it on the wire (written from
+/// the caller's buffer: one chunk goes to R nodes without R copies).
+pub fn encode_put_head(id: u64, chunk: &ChunkId, dirty: bool, data_len: usize) -> Vec<u8> {
+    let mut out = head(OP_PUT, id, 25 + data_len);
+    put_chunk(&mut out, chunk);
+    out.push(u8::from(dirty));
+    out
+}
+
+/// Length prefix, tag and id of a frame whose body is `body_len` bytes.
+fn head(tag: u8, id: u64, body_len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + 9 + 25);
+    out.extend_from_slice(&((9 + body_len) as u32).to_be_bytes());
     out.push(tag);
     out.extend_from_slice(&id.to_be_bytes());
+    out
+}
+
+fn frame(tag: u8, id: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = head(tag, id, body.len());
     out.extend_from_slice(body);
     out
 }
@@ -155,8 +176,10 @@ fn split(payload: &[u8]) -> Result<(u8, u64, &[u8]), DecodeError> {
     Ok((payload[0], get_u64(&payload[1..]), &payload[9..]))
 }
 
-pub fn decode_request(payload: &[u8]) -> Result<(u64, Request), DecodeError> {
-    let (op, id, body) = split(payload)?;
+/// Decodes a request frame payload; a PUT keeps the payload's buffer as its
+/// data (the header is moved out in place: no second buffer of chunk size).
+pub fn decode_request(payload: Vec<u8>) -> Result<(u64, Request), DecodeError> {
+    let (op, id, body) = split(&payload)?;
     let need = |n: usize, exact: bool| {
         if body.len() < n || (exact && body.len() != n) {
             Err(DecodeError::BadBody { op, len: body.len() })
@@ -172,7 +195,10 @@ pub fn decode_request(payload: &[u8]) -> Result<(u64, Request), DecodeError> {
                 1 => true,
                 _ => return Err(DecodeError::BadBody { op, len: body.len() }),
             };
-            Request::Put { chunk: get_chunk(body), dirty, data: body[25..].to_vec() }
+            let chunk = get_chunk(body);
+            let mut data = payload;
+            data.drain(..9 + 25);
+            Request::Put { chunk, dirty, data }
         }
         OP_GET | OP_DELETE | OP_MARK_CLEAN | OP_HAS => {
             need(24, true)?;
@@ -197,8 +223,9 @@ pub fn decode_request(payload: &[u8]) -> Result<(u64, Request), DecodeError> {
     Ok((id, req))
 }
 
-pub fn decode_response(payload: &[u8]) -> Result<(u64, Response), DecodeError> {
-    let (tag, id, body) = split(payload)?;
+/// Decodes a response frame payload, keeping its buffer as the body.
+pub fn decode_response(payload: Vec<u8>) -> Result<(u64, Response), DecodeError> {
+    let (tag, id, _) = split(&payload)?;
     let status = match tag {
         0 => Status::Ok,
         1 => Status::NotFound,
@@ -206,7 +233,9 @@ pub fn decode_response(payload: &[u8]) -> Result<(u64, Response), DecodeError> {
         3 => Status::BadRequest,
         other => return Err(DecodeError::UnknownStatus(other)),
     };
-    Ok((id, Response { status, body: body.to_vec() }))
+    let mut body = payload;
+    body.drain(..9);
+    Ok((id, Response { status, body }))
 }
 
 /// Reads one frame payload from a stream. `Ok(None)` on a clean EOF between frames.
@@ -257,25 +286,41 @@ mod tests {
         fn request_roundtrips(id in any::<u64>(), req in request()) {
             let f = encode_request(id, &req);
             let payload = read_frame(&mut &f[..]).unwrap().unwrap();
-            prop_assert_eq!(decode_request(&payload).unwrap(), (id, req));
+            prop_assert_eq!(decode_request(payload).unwrap(), (id, req));
+        }
+
+        /// A PUT sent as its head and then its data is the same frame.
+        #[test]
+        fn put_head_and_data_make_the_put_frame(id in any::<u64>(), c in chunk(), dirty in any::<bool>(), data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut f = encode_put_head(id, &c, dirty, data.len());
+            f.extend_from_slice(&data);
+            prop_assert_eq!(f, encode_request(id, &Request::Put { chunk: c, dirty, data }));
+        }
+
+        /// A response written from a body in place is the encoded frame.
+        #[test]
+        fn written_response_is_the_encoded_frame(id in any::<u64>(), body in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut w = Vec::new();
+            write_response(&mut w, id, Status::NotFound, &body).unwrap();
+            prop_assert_eq!(w, encode_response(id, &Response { status: Status::NotFound, body }));
         }
 
         #[test]
         fn response_roundtrips(id in any::<u64>(), st in 0u8..4, body in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let resp = Response { status: decode_response(&frame(st, 0, &[])).unwrap().1.status, body };
+            let resp = Response { status: decode_response(frame(st, 0, &[])).unwrap().1.status, body };
             let f = encode_response(id, &resp);
             let payload = read_frame(&mut &f[..]).unwrap().unwrap();
-            prop_assert_eq!(decode_response(&payload).unwrap(), (id, resp));
+            prop_assert_eq!(decode_response(payload).unwrap(), (id, resp));
         }
 
         /// Arbitrary bytes never panic the parser; they decode or are rejected.
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode_request(&bytes);
-            let _ = decode_response(&bytes);
+            let _ = decode_request(bytes.clone());
+            let _ = decode_response(bytes.clone());
             let mut r = &bytes[..];
             while let Ok(Some(p)) = read_frame(&mut r) {
-                let _ = decode_request(&p);
+                let _ = decode_request(p);
             }
         }
 

@@ -135,7 +135,7 @@ impl Tier {
                 break;
             }
             let results: Vec<Result<(), NodeError>> = std::thread::scope(|s| {
-                let handles: Vec<_> = round.iter().map(|node| s.spawn(move || self.pool.put(node, chunk, data.to_vec(), true))).collect();
+                let handles: Vec<_> = round.iter().map(|node| s.spawn(move || self.pool.put(node, chunk, data, true))).collect();
                 handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(NodeError::Rejected { node: "?".into(), why: "panicked".into() }))).collect()
             });
             for (node, r) in round.iter().zip(results) {
@@ -205,7 +205,7 @@ impl Tier {
                 Ok(Some(d)) => {
                     let d = d.to_vec();
                     if let Some(n) = cache_node {
-                        let _ = self.pool.put(n, chunk, d.clone(), false);
+                        let _ = self.pool.put(n, chunk, &d, false);
                     }
                     return Ok(d);
                 }
@@ -275,7 +275,7 @@ impl Tier {
     /// Puts a copy on `node`; a clean copy is checked to be there, since a
     /// node without room for it takes it without keeping it (it is a cache).
     fn put_checked(&self, node: &str, c: ChunkId, data: &[u8], dirty: bool) -> Result<(), NodeError> {
-        self.pool.put(node, c, data.to_vec(), dirty)?;
+        self.pool.put(node, c, data, dirty)?;
         if !dirty && !self.pool.has(node, c)? {
             return Err(NodeError::Full { node: node.into() });
         }

@@ -382,7 +382,7 @@ impl Writeback {
                 if holders.iter().any(|h| h == node) {
                     continue;
                 }
-                match self.tier.pool.put(node, c, local.to_vec(), true) {
+                match self.tier.pool.put(node, c, &local, true) {
                     Ok(()) => {
                         holders.push(node.to_string());
                         target -= 1;
