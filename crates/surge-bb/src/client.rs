@@ -604,7 +604,7 @@ impl Client {
 
     /// Makes one chunk's buffered bytes committed: store a new version on the
     /// nodes, then compare-and-set it in metadata; on conflict, merge and retry.
-    fn flush_chunk(&self, ino: Ino, idx: u64, buf: ChunkBuf) -> Result<()> {
+    fn flush_chunk(&self, ino: Ino, idx: u64, mut buf: ChunkBuf) -> Result<()> {
         let cs = self.chunk_size();
         for attempt in 0.. {
             let (view, e) = self.tier.meta.chunks(ino, &[idx])?;
@@ -620,10 +620,11 @@ impl Client {
                     None => self.imported_data(ino, &view, idx)?.to_vec(),
                 };
                 buf.merged_onto(base)
-            } else if buf.based {
-                buf.data.clone()
             } else {
-                buf.merged_onto(Vec::new())
+                // Our bytes are the whole content (zeros in any gap between
+                // them, as merging onto nothing gives): sent without a copy,
+                // and put back below if a retry needs them.
+                std::mem::take(&mut buf.data)
             };
             let ver = self.new_ver();
             let chunk = ChunkId { ino, idx, ver };
@@ -643,6 +644,9 @@ impl Client {
                 Err(MetaError::Conflict(_)) if attempt < 50 => {
                     // Another client committed this chunk since we read it.
                     self.tier.discard(ino, &[(idx, entry)]);
+                    if !need_base {
+                        buf.data = content;
+                    }
                     continue;
                 }
                 Err(err) => {
