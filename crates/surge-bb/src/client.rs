@@ -72,12 +72,18 @@ struct ChunkBuf {
 
 impl ChunkBuf {
     fn write(&mut self, off: u64, bytes: &[u8]) {
-        let end = off as usize + bytes.len();
-        if self.data.len() < end {
-            self.data.resize(end, 0);
+        let (off, end) = (off as usize, off as usize + bytes.len());
+        if off >= self.data.len() {
+            // Appending (the sequential writer): no zeroing before the copy.
+            self.data.resize(off, 0);
+            self.data.extend_from_slice(bytes);
+        } else {
+            if self.data.len() < end {
+                self.data.resize(end, 0);
+            }
+            self.data[off..end].copy_from_slice(bytes);
         }
-        self.data[off as usize..end].copy_from_slice(bytes);
-        self.ranges.push((off, end as u64));
+        self.ranges.push((off as u64, end as u64));
         self.ranges.sort_unstable();
         let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len());
         for &(s, e) in &self.ranges {
@@ -228,6 +234,9 @@ pub struct Client {
 }
 
 pub type Result<T> = std::result::Result<T, DataError>;
+
+/// A write at least this large at a chunk's start reserves the whole chunk.
+const LARGE_WRITE: usize = 256 << 10;
 
 /// How often a read follows a chunk replaced under it before giving up.
 const SUPERSEDED_RETRIES: usize = 50;
@@ -471,6 +480,11 @@ impl Client {
                 let within = abs % cs;
                 let n = ((cs - within) as usize).min(data.len() - pos);
                 let buf = st.bufs.entry(idx).or_default();
+                if within == 0 && n >= LARGE_WRITE && buf.data.capacity() == 0 {
+                    // A large write at the chunk's start: the chunk will likely
+                    // fill, so take its room at once instead of regrowing.
+                    buf.data.reserve_exact(cs as usize);
+                }
                 buf.write(within, &data[pos..pos + n]);
                 if buf.covers(0, cs) {
                     full.push(idx);
