@@ -28,12 +28,8 @@ while getopts "a:b:r:n:m" o; do
     *) sed -n 2,10p "$0"; exit 2 ;;
   esac
 done
-FSBENCH="$REPO/crates/surge/src/experiment/burstbuffer/fsbench.py"
-W=$(mktemp -d /tmp/surge-bb-meta.XXXXXX)
-PIDS=()
 . "$REPO/scripts/lib/bb-local.sh"
-trap bb_cleanup EXIT
-bb_start_moto
+bb_bench_start meta
 [ -z "$MONTAGE" ] || python3 "$FSBENCH" fits "$W/fits" 16 512 >/dev/null
 
 # The experiment's Montage steps (crates/surge/src/experiment/burstbuffer/work.rs)
@@ -52,23 +48,18 @@ montage() {
   ) >"$W/montage.out"
   python3 -c "import time; print(f'{time.time() - $t0:.2f}')"
 }
-cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
 
 # One run: a fresh Redis, bucket, nodes and mount from binary $1; prints the JSON of mdtest.
 run() {
   local bin=$1 tag=$2 first=${#PIDS[@]}
-  export SURGE_BB_BUCKET="meta-$tag"
-  python3 -c "import boto3; boto3.client('s3', endpoint_url='$SURGE_BB_S3_ENDPOINT').create_bucket(Bucket='$SURGE_BB_BUCKET')"
+  bb_bucket "meta-$tag"
   bb_start_redis "$bin" "$W/redis-$tag"
   for i in 1 2 3; do
     "$bin" --log warn bb node --listen 127.0.0.1:0 --memory 256MiB >/dev/null 2>>"$W/nodes.log" &
     PIDS+=($!)
   done
-  mkdir -p "$W/mnt"
-  "$bin" --log warn bb mount "$W/mnt" 2>>"$W/mount.log" &
-  local mount=$!
-  for _ in $(seq 100); do mountpoint -q "$W/mnt" && break; sleep 0.1; done
-  mountpoint -q "$W/mnt" || { cat "$W/mount.log"; exit 1; }
+  bb_mount "$bin"
+  local mount=$MOUNT
   python3 "$FSBENCH" mdtest "$W/mnt" "$FILES" 2 >"$W/$tag.json"
   if [ -n "$MONTAGE" ]; then
     local c0 secs

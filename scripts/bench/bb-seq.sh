@@ -30,42 +30,28 @@ while getopts "a:b:r:s:c" o; do
     *) sed -n 2,14p "$0"; exit 2 ;;
   esac
 done
-FSBENCH="$REPO/crates/surge/src/experiment/burstbuffer/fsbench.py"
-W=$(mktemp -d /tmp/surge-bb-seq.XXXXXX)
-PIDS=()
 . "$REPO/scripts/lib/bb-local.sh"
-trap bb_cleanup EXIT
-bb_start_moto
+bb_bench_start seq
 MOTO=${PIDS[0]}
 
-# CPU seconds (user + system) of the processes $@ and their threads.
-cpu_s() { for p in "$@"; do awk '{print ($14 + $15) / 100}' "/proc/$p/stat" 2>/dev/null || echo 0; done | awk '{s += $1} END {print s + 0}'; }
 # CPU seconds of the mount, Redis, the nodes and moto, on one line.
 cpu_all() { echo "$(cpu_s "$MOUNT") $(cpu_s "$1") $(cpu_s $(nodes)) $(cpu_s "$MOTO")"; }
 nodes() { pgrep -f "bb node" | paste -sd' '; }
 
-mount_bb() {
-  "$1" --log warn bb mount "$W/mnt" 2>>"$W/mount.log" &
-  MOUNT=$!
-  for _ in $(seq 100); do mountpoint -q "$W/mnt" && break; sleep 0.1; done
-  mountpoint -q "$W/mnt" || { cat "$W/mount.log"; exit 1; }
-}
 umount_bb() { fusermount3 -u "$W/mnt"; wait "$MOUNT" || true; }
 
 run() {
   local bin=$1 tag=$2 first=${#PIDS[@]} redis pool c0 c1
-  export SURGE_BB_BUCKET="seq-$tag"
-  python3 -c "import boto3; boto3.client('s3', endpoint_url='$SURGE_BB_S3_ENDPOINT').create_bucket(Bucket='$SURGE_BB_BUCKET')"
+  bb_bucket "seq-$tag"
   bb_start_redis "$bin" "$W/redis-$tag"
   redis=$(pgrep -f "redis-server.*$(echo "$SURGE_BB_REDIS" | sed 's|.*:\([0-9]*\)/|\1|')" | head -1)
   "$bin" --log warn bb pool --min 2 --max 6 --interval 1s --node-memory 256MiB 2>>"$W/pool.log" &
   pool=$!
   PIDS+=($pool)
   for _ in $(seq 100); do [ "$("$bin" --log error bb status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["nodes"]))')" -ge 2 ] && break; sleep 0.2; done
-  mkdir -p "$W/mnt"
-  mount_bb "$bin"
+  bb_mount "$bin"
   python3 "$FSBENCH" seq-write "$W/mnt/seq.dat" "$MIB" 1024 >"$W/$tag.w.json"
-  if [ -n "$COLD" ]; then umount_bb; mount_bb "$bin"; fi
+  if [ -n "$COLD" ]; then umount_bb; bb_mount "$bin"; fi
   sync; echo 3 >/proc/sys/vm/drop_caches
   c0=$(cpu_all "$redis")
   python3 "$FSBENCH" seq-read "$W/mnt/seq.dat" 1024 >"$W/$tag.r.json"

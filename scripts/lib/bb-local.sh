@@ -1,5 +1,6 @@
 # Sourced by scripts that run a one-machine burst buffer (scripts/ci.d/80-burst-buffer.sh,
-# scripts/bench/bb-meta.sh). The caller sets W (a work directory) and PIDS=().
+# scripts/bench/bb-meta.sh, scripts/bench/bb-seq.sh). The caller sets W (a work
+# directory) and PIDS=(), or calls bb_bench_start.
 
 # Unmounts $W/mnt and stops every process in PIDS (installed as the EXIT trap).
 bb_cleanup() {
@@ -33,3 +34,32 @@ bb_start_redis() {
   export SURGE_BB_REDIS="redis://127.0.0.1:$p/"
   for _ in $(seq 100); do "$1" --log error bb status >/dev/null 2>&1 && break; sleep 0.1; done
 }
+
+# For the benchmarks: FSBENCH (the experiment's client program), a work
+# directory W named after $1, PIDS, the cleanup trap, and the moto server.
+bb_bench_start() {
+  FSBENCH="$REPO/crates/surge/src/experiment/burstbuffer/fsbench.py"
+  W=$(mktemp -d "/tmp/surge-bb-$1.XXXXXX")
+  PIDS=()
+  trap bb_cleanup EXIT
+  bb_start_moto
+}
+
+# Creates bucket $1 on the moto server and points `surge bb` at it.
+bb_bucket() {
+  export SURGE_BB_BUCKET="$1"
+  python3 -c "import boto3; boto3.client('s3', endpoint_url='$SURGE_BB_S3_ENDPOINT').create_bucket(Bucket='$SURGE_BB_BUCKET')"
+}
+
+# `surge bb mount` (binary $1) at $W/mnt, in the background (its pid in MOUNT);
+# waits until it is mounted.
+bb_mount() {
+  mkdir -p "$W/mnt"
+  "$1" --log warn bb mount "$W/mnt" 2>>"$W/mount.log" &
+  MOUNT=$!
+  for _ in $(seq 100); do mountpoint -q "$W/mnt" && break; sleep 0.1; done
+  mountpoint -q "$W/mnt" || { cat "$W/mount.log"; exit 1; }
+}
+
+# CPU seconds (user + system) of the processes $@, summed.
+cpu_s() { for p in "$@"; do awk '{print ($14 + $15) / 100}' "/proc/$p/stat" 2>/dev/null || echo 0; done | awk '{s += $1} END {print s + 0}'; }
