@@ -159,8 +159,9 @@ impl FileState {
         Some(DataError::FlushFailed { ino, errno, why })
     }
 
-    /// After a commit of ours, or an open: versions read before may be stale.
-    fn committed(&mut self) {
+    /// Versions read until now may be stale (after a commit of ours, at an
+    /// open): later reads ask metadata again.
+    fn forget_versions(&mut self) {
         self.commits += 1;
         self.versions.clear();
     }
@@ -432,7 +433,7 @@ impl Client {
         st.told.insert(fh, start);
         st.attr = Some(a);
         // Close-to-open for every descriptor, also one opened beside another.
-        st.committed();
+        st.forget_versions();
         Ok(fh)
     }
 
@@ -651,7 +652,7 @@ impl Client {
                     self.tier.discard(ino, &old);
                     self.cache.lock().insert(chunk, Arc::new(content));
                     if let Some(of) = self.open_file(ino) {
-                        of.st.lock().committed();
+                        of.st.lock().forget_versions();
                     }
                     return Ok(());
                 }
@@ -779,7 +780,7 @@ impl Client {
                     self.tier.discard(ino, &removed);
                     if let Some(of) = self.open_file(ino) {
                         let mut st = of.st.lock();
-                        st.committed();
+                        st.forget_versions();
                         st.buffered_end = 0;
                         if let Some(a) = st.attr.as_mut() {
                             a.size = size;
