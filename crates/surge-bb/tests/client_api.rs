@@ -410,3 +410,33 @@ fn a_flush_waits_for_room_when_the_nodes_are_full() {
         assert_eq!(e.holders.len(), 2, "chunk {idx}: {:?}", e.holders);
     }
 }
+
+/// A fetch that fails leaves no reader waiting on it: readers of a chunk no
+/// node holds any more (and no S3) all get the error, none hangs, and a
+/// later read tries again.
+#[test]
+fn readers_waiting_on_a_failed_fetch_get_the_error_not_a_hang() {
+    let s = setup(2);
+    let writer = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    let data = vec![7u8; writer.chunk_size() as usize];
+    let ino = writer.write_file("/f", &data).unwrap();
+    for (idx, e) in s.tier.meta.chunk_map(ino).unwrap() {
+        for h in &e.holders {
+            s.tier.pool.delete(h, surge_bb::proto::ChunkId { ino, idx, ver: e.ver }).unwrap();
+        }
+    }
+    let reader = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for t in 0..6 {
+        let (c, tx) = (reader.clone(), tx.clone());
+        std::thread::spawn(move || tx.send(c.read(ino, t * 1000, 1000).map(|v| v.len())).unwrap());
+    }
+    for _ in 0..6 {
+        let r = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a reader hung on a failed fetch");
+        let e = r.expect_err("no node holds the chunk");
+        assert_eq!(e.errno(), libc::EIO, "{e}");
+    }
+    let before = reader.chunk_fetches();
+    assert!(reader.read(ino, 0, 10).is_err());
+    assert!(reader.chunk_fetches() > before, "a failed fetch must not be remembered as done");
+}
