@@ -41,3 +41,37 @@ pub fn now_ns() -> i64 {
 pub fn now_ms() -> i64 {
     now_ns() / 1_000_000
 }
+
+/// A log line that repeats (S3 down, a full node refusing every retry) is
+/// written at most every 5 s; `due` says whether to write it now and how
+/// many times it happened since the last line (this one included).
+#[derive(Default)]
+pub(crate) struct LogEvery5s(parking_lot::Mutex<(Option<std::time::Instant>, u64)>);
+
+impl LogEvery5s {
+    pub(crate) fn due(&self) -> Option<u64> {
+        let mut g = self.0.lock();
+        g.1 += 1;
+        if g.0.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(5)) {
+            return None;
+        }
+        let n = g.1;
+        *g = (Some(std::time::Instant::now()), 0);
+        Some(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_repeating_line_is_due_once_then_counted_until_the_next() {
+        let log = super::LogEvery5s::default();
+        assert_eq!(log.due(), Some(1), "the first occurrence is logged");
+        assert_eq!(log.due(), None);
+        assert_eq!(log.due(), None);
+        // Five seconds later the next line carries the count since the last.
+        log.0.lock().0 = Some(std::time::Instant::now() - std::time::Duration::from_secs(6));
+        assert_eq!(log.due(), Some(3));
+        assert_eq!(log.due(), None);
+    }
+}

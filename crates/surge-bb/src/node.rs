@@ -42,22 +42,8 @@ struct Shared {
     /// The registration renewed by the lease thread (drain progress included).
     info: Mutex<NodeInfo>,
     s3: Option<Arc<crate::s3::S3Counts>>,
-    /// When a refused PUT was last logged, and how many were refused since:
-    /// a client waiting for room retries, and each retry is refused.
-    refusals: Mutex<(Option<Instant>, u64)>,
-}
-
-impl Shared {
-    /// Logs a refused PUT at most every 5 s, with the count since the last line.
-    fn log_refusal(&self, chunk: &crate::proto::ChunkId, why: &dyn std::fmt::Display) {
-        let mut r = self.refusals.lock();
-        r.1 += 1;
-        if r.0.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
-            let more = if r.1 > 1 { format!(" ({} refused in all since the last such line)", r.1) } else { String::new() };
-            tracing::warn!("refusing chunk {}: {why}{more}", chunk.member());
-            *r = (Some(Instant::now()), 0);
-        }
-    }
+    /// Refused PUTs: a client waiting for room retries, and each retry is refused.
+    refusals_logged: crate::LogEvery5s,
 }
 
 impl NodeHandle {
@@ -117,7 +103,10 @@ fn handle(shared: &Shared, req: Request) -> Reply {
         Request::Put { chunk, dirty, data } => match store.put(chunk, data, dirty) {
             Ok(()) => Reply::ok(vec![]),
             Err(e) => {
-                shared.log_refusal(&chunk, &e);
+                if let Some(n) = shared.refusals_logged.due() {
+                    let more = if n > 1 { format!(" ({n} refused since the last such line)") } else { String::new() };
+                    tracing::warn!("refusing chunk {}: {e}{more}", chunk.member());
+                }
                 Reply::status(Status::NoSpace, e.to_string().into_bytes())
             }
         },
@@ -202,7 +191,7 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
         drained: AtomicBool::new(false),
         info: Mutex::new(info),
         s3: tier.s3.as_ref().map(|s| s.counts.clone()),
-        refusals: Mutex::default(),
+        refusals_logged: Default::default(),
     });
     let s2 = shared.clone();
     std::thread::Builder::new().name("bb-listen".into()).spawn(move || {

@@ -255,9 +255,6 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(buf))
 }
 
-pub fn write_frame(w: &mut impl Write, frame: &[u8]) -> io::Result<()> {
-    w.write_all(frame)
-}
 
 #[cfg(test)]
 mod tests {

@@ -142,9 +142,10 @@ impl Tier {
                 match r {
                     Ok(()) => holders.push(node.to_string()),
                     Err(e) => {
-                        full |= matches!(e, NodeError::Full { .. });
+                        let node_full = matches!(e, NodeError::Full { .. });
+                        full |= node_full;
                         // A full node is routine under load (the caller may wait for room).
-                        if matches!(e, NodeError::Full { .. }) {
+                        if node_full {
                             tracing::debug!("chunk {}: {e}; trying the next node", chunk.member());
                         } else {
                             tracing::warn!("chunk {}: {e}; trying the next node", chunk.member());

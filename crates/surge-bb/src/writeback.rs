@@ -13,7 +13,7 @@ use crate::tier::{DataError, Tier};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Clone, Debug)]
 pub struct WritebackConfig {
@@ -63,7 +63,7 @@ pub struct Writeback {
     me: String,
     cfg: WritebackConfig,
     late_logged: Mutex<HashSet<ChunkId>>,
-    last_error: Mutex<Option<Instant>>,
+    errors_logged: crate::LogEvery5s,
     backoff: Mutex<Backoff>,
 }
 
@@ -90,15 +90,13 @@ impl Backoff {
 
 impl Writeback {
     pub fn new(tier: Arc<Tier>, store: Arc<ChunkStore>, me: String, cfg: WritebackConfig) -> Writeback {
-        Writeback { tier, store, me, cfg, late_logged: Mutex::default(), last_error: Mutex::default(), backoff: Mutex::default() }
+        Writeback { tier, store, me, cfg, late_logged: Mutex::default(), errors_logged: Default::default(), backoff: Mutex::default() }
     }
 
     /// Logs an error at most every 5 s (S3 down would otherwise flood the log).
     fn log_error(&self, what: &str) {
-        let mut g = self.last_error.lock();
-        if g.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
+        if self.errors_logged.due().is_some() {
             tracing::error!("write-back: {what}");
-            *g = Some(Instant::now());
         }
     }
 
