@@ -54,19 +54,23 @@ pub fn fault_rules(data: &[u8]) {
     }
 }
 
-/// A byte stream as an I/O node or a client reads it: frames, each decoded
-/// as a request (what a node does) and as a response (what a client does).
+/// A byte stream as an I/O node reads it (requests) and as a client reads it
+/// (responses): every frame read re-encodes to the bytes it was read from.
 pub fn bb_frames(data: &[u8]) {
-    use surge_bb::proto::{decode_request, decode_response, encode_request, encode_response, read_frame};
+    use surge_bb::proto::{encode_request, encode_response, read_request, read_response};
     let mut stream = data;
-    while let Ok(Some(payload)) = read_frame(&mut stream) {
-        let framed = |p: &[u8]| [&(p.len() as u32).to_be_bytes()[..], p].concat();
-        if let Ok((id, req)) = decode_request(payload.clone()) {
-            assert_eq!(encode_request(id, &req), framed(&payload), "request {req:?} re-encoded differently");
-        }
-        if let Ok((id, resp)) = decode_response(payload.clone()) {
-            assert_eq!(encode_response(id, &resp), framed(&payload), "response {resp:?} re-encoded differently");
-        }
+    loop {
+        let before = stream;
+        let Ok(Some((id, req))) = read_request(&mut stream) else { break };
+        let read = &before[..before.len() - stream.len()];
+        assert_eq!(encode_request(id, &req), read, "request {req:?} re-encoded differently");
+    }
+    let mut stream = data;
+    loop {
+        let before = stream;
+        let Ok(Some((id, resp))) = read_response(&mut stream) else { break };
+        let read = &before[..before.len() - stream.len()];
+        assert_eq!(encode_response(id, &resp), read, "response {resp:?} re-encoded differently");
     }
 }
 

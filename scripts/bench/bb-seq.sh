@@ -6,8 +6,11 @@
 # as in the experiment, bb mount; no emulated link), for one or two surge
 # binaries, alternating, ROUNDS times each. With -c, a fresh mount reads the
 # file (the client's chunk cache is cold: the bytes come from the nodes).
+# -p adds an argument to `surge bb pool` (repeat), e.g.
+# `-p --node-arg=--writeback-delay=60s` keeps write-back (and the S3 server's
+# CPU) out of the measurement.
 #
-#   scripts/bench/bb-seq.sh [-a SURGE_A] [-b SURGE_B] [-r ROUNDS] [-s MIB] [-c]
+#   scripts/bench/bb-seq.sh [-a SURGE_A] [-b SURGE_B] [-r ROUNDS] [-s MIB] [-c] [-p POOL_ARG]...
 #
 # Prints one line per run (MB/s, and the CPU seconds of the mount, Redis,
 # the nodes and moto during the read) and the medians per binary. Root (drops
@@ -20,14 +23,16 @@ B=""
 ROUNDS=3
 MIB=64
 COLD=""
-while getopts "a:b:r:s:c" o; do
+POOL_ARGS=()
+while getopts "a:b:r:s:cp:" o; do
   case $o in
     a) A=$(realpath "$OPTARG") ;;
     b) B=$(realpath "$OPTARG") ;;
     r) ROUNDS=$OPTARG ;;
     s) MIB=$OPTARG ;;
     c) COLD=1 ;;
-    *) sed -n 2,14p "$0"; exit 2 ;;
+    p) POOL_ARGS+=("$OPTARG") ;;
+    *) sed -n 2,17p "$0"; exit 2 ;;
   esac
 done
 . "$REPO/scripts/lib/bb-local.sh"
@@ -45,7 +50,7 @@ run() {
   bb_bucket "seq-$tag"
   bb_start_redis "$bin" "$W/redis-$tag"
   redis=$(pgrep -f "redis-server.*$(echo "$SURGE_BB_REDIS" | sed 's|.*:\([0-9]*\)/|\1|')" | head -1)
-  "$bin" --log warn bb pool --min 2 --max 6 --interval 1s --node-memory 256MiB 2>>"$W/pool.log" &
+  "$bin" --log warn bb pool --min 2 --max 6 --interval 1s --node-memory 256MiB "${POOL_ARGS[@]}" 2>>"$W/pool.log" &
   pool=$!
   PIDS+=($pool)
   for _ in $(seq 100); do [ "$("$bin" --log error bb status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["nodes"]))')" -ge 2 ] && break; sleep 0.2; done

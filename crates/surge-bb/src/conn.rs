@@ -49,17 +49,15 @@ impl Conn {
         std::thread::Builder::new().name(format!("bb-conn-{addr}")).spawn(move || {
             let mut r = BufReader::with_capacity(1 << 20, reader);
             let why = loop {
-                match proto::read_frame(&mut r) {
-                    Ok(Some(p)) => match proto::decode_response(p) {
-                        Ok((id, resp)) => {
-                            if let Some(tx) = w2.lock().remove(&id) {
-                                let _ = tx.send(Ok(resp));
-                            }
+                match proto::read_response(&mut r) {
+                    Ok(Some((id, resp))) => {
+                        if let Some(tx) = w2.lock().remove(&id) {
+                            let _ = tx.send(Ok(resp));
                         }
-                        Err(e) => break format!("bad response: {e}"),
-                    },
+                    }
                     Ok(None) => break "connection closed".to_string(),
-                    Err(e) => break e.to_string(),
+                    Err(proto::ReadError::Bad(e)) => break format!("bad response: {e}"),
+                    Err(proto::ReadError::Io(e)) => break e.to_string(),
                 }
             };
             d2.store(true, Ordering::SeqCst);

@@ -149,17 +149,14 @@ fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
     let writer = Mutex::new(BufWriter::with_capacity(1 << 20, w));
     let mut r = BufReader::with_capacity(1 << 20, stream);
     loop {
-        let payload = match proto::read_frame(&mut r) {
-            Ok(Some(p)) => p,
+        let (id, reply) = match proto::read_request(&mut r) {
+            Ok(Some((id, req))) => (id, handle(&shared, req)),
             Ok(None) => return,
-            Err(e) => {
+            Err(proto::ReadError::Io(e)) => {
                 tracing::debug!("client {peer}: {e}");
                 return;
             }
-        };
-        let (id, reply) = match proto::decode_request(payload) {
-            Ok((id, req)) => (id, handle(&shared, req)),
-            Err(e) => {
+            Err(proto::ReadError::Bad(e)) => {
                 tracing::warn!("client {peer} sent a bad request: {e}; closing");
                 return;
             }

@@ -168,21 +168,63 @@ fn frame(tag: u8, id: u64, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Splits one frame payload (without the length prefix) into tag, id, body.
-fn split(payload: &[u8]) -> Result<(u8, u64, &[u8]), DecodeError> {
-    if payload.len() < 9 || payload.len() > MAX_FRAME {
-        return Err(DecodeError::BadLength(payload.len()));
-    }
-    Ok((payload[0], get_u64(&payload[1..]), &payload[9..]))
+/// Why a frame could not be read: the stream failed or ended inside a frame,
+/// or the frame is malformed (the connection cannot be trusted after either).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Bad(#[from] DecodeError),
 }
 
-/// Decodes a request frame payload; a PUT keeps the payload's buffer as its
-/// data (the header is moved out in place: no second buffer of chunk size).
-pub fn decode_request(payload: Vec<u8>) -> Result<(u64, Request), DecodeError> {
-    let (op, id, body) = split(&payload)?;
+/// Reads a frame's length prefix, tag and id; `Ok(None)` on a clean EOF
+/// between frames. Returns the tag, the id and the body's length, checked
+/// before anything of that size is allocated.
+fn read_head(r: &mut impl Read) -> Result<Option<(u8, u64, usize)>, ReadError> {
+    let mut len = [0u8; 4];
+    // Only an end before a frame's first byte is clean.
+    loop {
+        match r.read(&mut len[..1]) {
+            Ok(0) => return Ok(None),
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    r.read_exact(&mut len[1..])?;
+    let len = u32::from_be_bytes(len) as usize;
+    if !(9..=MAX_FRAME).contains(&len) {
+        return Err(DecodeError::BadLength(len).into());
+    }
+    let mut head = [0u8; 9];
+    r.read_exact(&mut head)?;
+    Ok(Some((head[0], get_u64(&head[1..]), len - 9)))
+}
+
+/// Reads `n` bytes into a buffer of their own, where they stay: a chunk is
+/// never moved after its read. (`read_exact` lets a buffered reader pass a
+/// large read straight to the socket; a fresh zeroed allocation is mapped
+/// zero pages, not a fill.)
+fn read_vec(r: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
+    let mut v = vec![0u8; n];
+    r.read_exact(&mut v)?;
+    Ok(v)
+}
+
+fn read_chunk_id(r: &mut impl Read) -> io::Result<ChunkId> {
+    let mut b = [0u8; 24];
+    r.read_exact(&mut b)?;
+    Ok(get_chunk(&b))
+}
+
+/// Reads one request frame (what a node does); `Ok(None)` on a clean EOF
+/// between frames. A PUT's data is read straight into its own buffer.
+pub fn read_request(r: &mut impl Read) -> Result<Option<(u64, Request)>, ReadError> {
+    let Some((op, id, body_len)) = read_head(r)? else { return Ok(None) };
     let need = |n: usize, exact: bool| {
-        if body.len() < n || (exact && body.len() != n) {
-            Err(DecodeError::BadBody { op, len: body.len() })
+        if body_len < n || (exact && body_len != n) {
+            Err(DecodeError::BadBody { op, len: body_len })
         } else {
             Ok(())
         }
@@ -190,19 +232,19 @@ pub fn decode_request(payload: Vec<u8>) -> Result<(u64, Request), DecodeError> {
     let req = match op {
         OP_PUT => {
             need(25, false)?;
-            let dirty = match body[24] {
+            let chunk = read_chunk_id(r)?;
+            let mut dirty = [0u8];
+            r.read_exact(&mut dirty)?;
+            let dirty = match dirty[0] {
                 0 => false,
                 1 => true,
-                _ => return Err(DecodeError::BadBody { op, len: body.len() }),
+                _ => return Err(DecodeError::BadBody { op, len: body_len }.into()),
             };
-            let chunk = get_chunk(body);
-            let mut data = payload;
-            data.drain(..9 + 25);
-            Request::Put { chunk, dirty, data }
+            Request::Put { chunk, dirty, data: read_vec(r, body_len - 25)? }
         }
         OP_GET | OP_DELETE | OP_MARK_CLEAN | OP_HAS => {
             need(24, true)?;
-            let chunk = get_chunk(body);
+            let chunk = read_chunk_id(r)?;
             match op {
                 OP_GET => Request::Get { chunk },
                 OP_DELETE => Request::Delete { chunk },
@@ -218,43 +260,24 @@ pub fn decode_request(payload: Vec<u8>) -> Result<(u64, Request), DecodeError> {
             need(0, true)?;
             Request::Drain
         }
-        other => return Err(DecodeError::UnknownOp(other)),
+        other => return Err(DecodeError::UnknownOp(other).into()),
     };
-    Ok((id, req))
+    Ok(Some((id, req)))
 }
 
-/// Decodes a response frame payload, keeping its buffer as the body.
-pub fn decode_response(payload: Vec<u8>) -> Result<(u64, Response), DecodeError> {
-    let (tag, id, _) = split(&payload)?;
+/// Reads one response frame (what a client does); the body is read straight
+/// into its own buffer.
+pub fn read_response(r: &mut impl Read) -> Result<Option<(u64, Response)>, ReadError> {
+    let Some((tag, id, body_len)) = read_head(r)? else { return Ok(None) };
     let status = match tag {
         0 => Status::Ok,
         1 => Status::NotFound,
         2 => Status::NoSpace,
         3 => Status::BadRequest,
-        other => return Err(DecodeError::UnknownStatus(other)),
+        other => return Err(DecodeError::UnknownStatus(other).into()),
     };
-    let mut body = payload;
-    body.drain(..9);
-    Ok((id, Response { status, body }))
+    Ok(Some((id, Response { status, body: read_vec(r, body_len)? })))
 }
-
-/// Reads one frame payload from a stream. `Ok(None)` on a clean EOF between frames.
-pub fn read_frame(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let len = u32::from_be_bytes(len) as usize;
-    if !(9..=MAX_FRAME).contains(&len) {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, DecodeError::BadLength(len)));
-    }
-    let mut buf = vec![0u8; len];
-    r.read_exact(&mut buf)?;
-    Ok(Some(buf))
-}
-
 
 #[cfg(test)]
 mod tests {
@@ -282,8 +305,9 @@ mod tests {
         #[test]
         fn request_roundtrips(id in any::<u64>(), req in request()) {
             let f = encode_request(id, &req);
-            let payload = read_frame(&mut &f[..]).unwrap().unwrap();
-            prop_assert_eq!(decode_request(payload).unwrap(), (id, req));
+            let mut r = OneByteAtATime(&f);
+            prop_assert_eq!(read_request(&mut r).unwrap(), Some((id, req)));
+            prop_assert!(read_request(&mut r).unwrap().is_none());
         }
 
         /// A PUT sent as its head and then its data is the same frame.
@@ -304,21 +328,21 @@ mod tests {
 
         #[test]
         fn response_roundtrips(id in any::<u64>(), st in 0u8..4, body in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let resp = Response { status: decode_response(frame(st, 0, &[])).unwrap().1.status, body };
+            let status = read_response(&mut &frame(st, 0, &[])[..]).unwrap().unwrap().1.status;
+            let resp = Response { status, body };
             let f = encode_response(id, &resp);
-            let payload = read_frame(&mut &f[..]).unwrap().unwrap();
-            prop_assert_eq!(decode_response(payload).unwrap(), (id, resp));
+            let mut r = OneByteAtATime(&f);
+            prop_assert_eq!(read_response(&mut r).unwrap(), Some((id, resp)));
+            prop_assert!(read_response(&mut r).unwrap().is_none());
         }
 
         /// Arbitrary bytes never panic the parser; they decode or are rejected.
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode_request(bytes.clone());
-            let _ = decode_response(bytes.clone());
             let mut r = &bytes[..];
-            while let Ok(Some(p)) = read_frame(&mut r) {
-                let _ = decode_request(p);
-            }
+            while let Ok(Some(_)) = read_request(&mut r) {}
+            let mut r = &bytes[..];
+            while let Ok(Some(_)) = read_response(&mut r) {}
         }
 
         #[test]
@@ -330,6 +354,32 @@ mod tests {
     #[test]
     fn oversized_length_is_rejected_without_allocating() {
         let f = [0xff, 0xff, 0xff, 0xff, 1, 2, 3];
-        assert_eq!(read_frame(&mut &f[..]).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert!(matches!(read_request(&mut &f[..]), Err(ReadError::Bad(DecodeError::BadLength(_)))));
+        assert!(matches!(read_response(&mut &f[..]), Err(ReadError::Bad(DecodeError::BadLength(_)))));
+    }
+
+    #[test]
+    fn a_stream_ending_inside_a_frame_is_an_error_not_a_clean_end() {
+        let f = encode_request(9, &Request::Put { chunk: ChunkId { ino: 1, idx: 2, ver: 3 }, dirty: true, data: vec![7; 100] });
+        for cut in 1..f.len() {
+            assert!(matches!(read_request(&mut &f[..cut]), Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof), "cut at {cut}");
+        }
+    }
+
+    /// A reader that hands out one byte per call, as a slow socket may.
+    struct OneByteAtATime<'a>(&'a [u8]);
+
+    impl Read for OneByteAtATime<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let Some((first, rest)) = self.0.split_first() else { return Ok(0) };
+            match buf.first_mut() {
+                Some(b) => {
+                    *b = *first;
+                    self.0 = rest;
+                    Ok(1)
+                }
+                None => Ok(0),
+            }
+        }
     }
 }
