@@ -40,6 +40,15 @@ impl Default for WritebackConfig {
     }
 }
 
+/// A chunk as the store holds it, lent to an upload.
+struct StoredChunk(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for StoredChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 #[derive(serde::Serialize)]
 struct Manifest<'a> {
     ino: Ino,
@@ -152,9 +161,10 @@ impl Writeback {
                 }
             }
             let data = match local {
-                Some(d) => d.to_vec(),
+                // Uploaded from the store's own buffer, not a copy of it.
+                Some(d) => bytes::Bytes::from_owner(StoredChunk(d)),
                 // This node restarted and lost its copy: take another holder's.
-                None => self.tier.read_chunk(c.ino, c.idx, &e)?,
+                None => bytes::Bytes::from(self.tier.read_chunk(c.ino, c.idx, &e)?),
             };
             batch.push((c, e, data));
             if batch.len() >= self.cfg.parallel * 4 {
@@ -165,7 +175,7 @@ impl Writeback {
             return Ok(0);
         }
         let puts: Vec<(String, bytes::Bytes)> =
-            batch.iter().map(|(c, _, d)| (chunk_key(c.ino, c.idx, c.ver), bytes::Bytes::from(d.clone()))).collect();
+            batch.iter().map(|(c, _, d)| (chunk_key(c.ino, c.idx, c.ver), d.clone())).collect();
         let results = s3.put_many(puts, self.cfg.parallel);
         let mut done = 0;
         // A holder that is gone or does not answer is not asked again in this

@@ -219,6 +219,11 @@ impl Rig {
         let (m_t, m_req, m_node) = (t.elapsed().as_secs_f64(), self.s3.requests(&bucket), m.node_seconds());
         let montage_s = work::montage(&self.fits, m.mnt())?;
         let montage_window = (m_t, t.elapsed().as_secs_f64());
+        // Throughput from a quiet start, as s3fs and JuiceFS have it (they
+        // upload before close returns): Montage's files in S3 first.
+        say("write-back of Montage");
+        m.settle()?;
+        let montage_persisted = t.elapsed().as_secs_f64();
         let (m_req1, m_node1) = (self.s3.requests(&bucket), m.node_seconds());
         say("throughput");
         let throughput = work::throughput(&self.tool, m.as_mut(), &self.plan)?;
@@ -239,12 +244,13 @@ impl Rig {
         let pool = sampler.map(|s| s.finish()).unwrap_or_default();
         let pooled = matches!(self.plan.nodes, fs::Nodes::Pool { .. }) && k == Kind::Surge;
         let (node_s, montage_node_s) =
-            if pooled { (pool::node_seconds(&pool), pool::node_seconds_between(&pool, montage_window.0, montage_window.1)) } else { (m.node_seconds(), m_node1 - m_node) };
+            if pooled { (pool::node_seconds(&pool), pool::node_seconds_between(&pool, montage_window.0, montage_persisted)) } else { (m.node_seconds(), m_node1 - m_node) };
         m.stop()?;
         let wall_s = t.elapsed().as_secs_f64();
         let requests = self.s3.requests(&bucket);
         let usd = self.prices.usd(wall_s, node_s, requests);
-        // Montage's own share: its seconds, node-seconds and requests (write-back still running after it is charged to the next phase).
+        // Montage's own share: the client for its seconds; the nodes and the
+        // requests until its files are in S3 (its write-back included).
         let montage_usd = self.prices.usd(montage_s, montage_node_s, s3::Requests { put_class: m_req1.put_class - m_req.put_class, get_class: m_req1.get_class - m_req.get_class });
         progress::step(format!("{} round {}: done", k.name(), round + 1), true);
         Ok(Sample { approach: k.name(), round, throughput, metadata, montage_s, wall_s, node_s, requests, usd, montage_usd, pool, montage_window })
