@@ -317,7 +317,12 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let has_pool = std::process::Command::new(&surge).args(["bb", "pool", "--help"]).output().is_ok_and(|o| o.status.success());
     let plan = Plan::new(quick, has_pool)?;
     let started = Instant::now();
-    let work_dir = tempfile::Builder::new().prefix("surge-burstbuffer").tempdir_in("/var/tmp")?;
+    let mut work_dir = tempfile::Builder::new().prefix("surge-burstbuffer").tempdir_in("/var/tmp")?;
+    // SURGE_BB_KEEP_WORK=1 keeps every process's log (and the data) for a look after the run.
+    if std::env::var("SURGE_BB_KEEP_WORK").is_ok_and(|v| v == "1") {
+        work_dir.disable_cleanup(true);
+        eprintln!("work directory kept: {}", work_dir.path().display());
+    }
     let work = work_dir.path().to_path_buf();
     let s3 = s3::S3Server::start(&work, plan.s3_link)?;
     let tool = work::Tool::install(&work, s3.client_env())?;
