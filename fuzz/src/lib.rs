@@ -58,19 +58,22 @@ pub fn fault_rules(data: &[u8]) {
 /// (responses): every frame read re-encodes to the bytes it was read from.
 pub fn bb_frames(data: &[u8]) {
     use surge_bb::proto::{encode_request, encode_response, read_request, read_response};
+    reencodes(data, |r| read_request(r), encode_request);
+    reencodes(data, |r| read_response(r), encode_response);
+}
+
+/// Reads frames from `data` with `read` until it stops; each must encode
+/// back to exactly the bytes it was read from.
+fn reencodes<T: std::fmt::Debug>(
+    data: &[u8],
+    read: impl Fn(&mut &[u8]) -> Result<Option<(u64, T)>, surge_bb::proto::ReadError>,
+    encode: impl Fn(u64, &T) -> Vec<u8>,
+) {
     let mut stream = data;
     loop {
         let before = stream;
-        let Ok(Some((id, req))) = read_request(&mut stream) else { break };
-        let read = &before[..before.len() - stream.len()];
-        assert_eq!(encode_request(id, &req), read, "request {req:?} re-encoded differently");
-    }
-    let mut stream = data;
-    loop {
-        let before = stream;
-        let Ok(Some((id, resp))) = read_response(&mut stream) else { break };
-        let read = &before[..before.len() - stream.len()];
-        assert_eq!(encode_response(id, &resp), read, "response {resp:?} re-encoded differently");
+        let Ok(Some((id, frame))) = read(&mut stream) else { break };
+        assert_eq!(encode(id, &frame), &before[..before.len() - stream.len()], "{frame:?} re-encoded differently");
     }
 }
 
