@@ -643,11 +643,15 @@ impl Client {
             };
             let ver = self.new_ver();
             let chunk = ChunkId { ino, idx, ver };
+            let t = Instant::now();
             let holders = self.store_waiting_for_room(chunk, &content)?;
+            let stored = t.elapsed();
             let entry = ChunkEntry { ver, len: content.len() as u64, persisted: false, holders: holders.clone() };
             let end = idx * cs + buf.written_end();
             let update = ChunkUpdate { idx, base: cur.as_ref().map(|c| c.ver), entry: entry.clone() };
-            match self.tier.meta.commit(ino, end, &[update], crate::now_ns()) {
+            let committed = self.tier.meta.commit(ino, end, &[update], crate::now_ns());
+            tracing::debug!("chunk {}: stored on {holders:?} in {stored:?}, committed in {:?}", chunk.member(), t.elapsed() - stored);
+            match committed {
                 Ok(old) => {
                     self.tier.discard(ino, &old);
                     self.cache.lock().insert(chunk, Arc::new(content));

@@ -165,6 +165,9 @@ pub struct Surge {
     pub nodes: Vec<(Proc, Instant)>,
     node_seconds_done: f64,
     mounts: Vec<(PathBuf, Proc)>,
+    /// Mount processes started so far: each logs to a file of its own
+    /// (a remount must not overwrite the first mount's log).
+    mounts_started: usize,
     pool: Option<Proc>,
 }
 
@@ -176,7 +179,7 @@ impl Surge {
         let mut env = s3.client_env();
         env.push(("SURGE_BB_REDIS".into(), url));
         env.push(("SURGE_BB_BUCKET".into(), bucket.to_string()));
-        let mut s = Surge { surge: surge.to_path_buf(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new(), pool: None };
+        let mut s = Surge { surge: surge.to_path_buf(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new(), mounts_started: 0, pool: None };
         match nodes {
             Nodes::Fixed(n) => s.start_nodes(n)?,
             Nodes::Pool { min, max, node_memory_mib } => s.start_pool(min, max, node_memory_mib)?,
@@ -186,7 +189,9 @@ impl Surge {
 
     fn cmd(&self) -> Command {
         let mut c = Command::new(&self.surge);
-        c.envs(self.env.iter().map(|(k, v)| (k, v))).args(["--log", "warn"]);
+        // SURGE_BB_CHILD_LOG sets the log filter of surge's own processes (default: warnings).
+        let log = std::env::var("SURGE_BB_CHILD_LOG").unwrap_or_else(|_| "warn".into());
+        c.envs(self.env.iter().map(|(k, v)| (k, v))).args(["--log", &log]);
         c
     }
 
@@ -239,7 +244,8 @@ impl Surge {
         std::fs::create_dir_all(dir)?;
         let mut c = self.cmd();
         c.args(["bb", "mount"]).arg(dir);
-        let mut p = Proc::spawn("surge bb mount", &mut c, &self.dir.join(format!("mount{}.log", self.mounts.len())))?;
+        let mut p = Proc::spawn("surge bb mount", &mut c, &self.dir.join(format!("mount{}.log", self.mounts_started)))?;
+        self.mounts_started += 1;
         wait_mounted(&mut p, dir)?;
         self.mounts.push((dir.to_path_buf(), p));
         Ok(())
