@@ -92,7 +92,7 @@ impl Plan {
             rand_bs_kib: 4,
             md_files: if quick { 50 } else { 500 },
             md_procs: 2,
-            fits_images: if quick { 9 } else { 16 },
+            fits_images: 16,
             fits_side: 512,
             raw_rounds: if quick { 50 } else { 200 },
             loss_files: 4,
