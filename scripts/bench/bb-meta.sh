@@ -74,10 +74,7 @@ PY
   fi
   fusermount3 -u "$W/mnt"
   wait "$mount" || true
-  local mine=("${PIDS[@]:first}")
-  kill "${mine[@]}" 2>/dev/null || true
-  wait "${mine[@]}" 2>/dev/null || true
-  PIDS=("${PIDS[@]:0:first}")
+  bb_stop_from "$first"
   python3 - "$W/$tag.json" "$tag" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -86,10 +83,7 @@ print(f"{sys.argv[2]}: create {r['create_ops']:.0f}/s, stat {r['stat_ops']:.0f}/
 PY
 }
 
-for r in $(seq "$ROUNDS"); do
-  run "$A" "a$r"
-  [ -z "$B" ] || run "$B" "b$r"
-done
+bb_rounds
 python3 - "$W" <<'PY'
 import glob, json, os, statistics, sys
 for who in "ab":

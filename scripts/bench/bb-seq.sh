@@ -65,10 +65,7 @@ run() {
   kill "$pool" 2>/dev/null || true
   wait "$pool" 2>/dev/null || true
   pkill -f "bb node" 2>/dev/null || true
-  local mine=("${PIDS[@]:first}")
-  kill "${mine[@]}" 2>/dev/null || true
-  wait "${mine[@]}" 2>/dev/null || true
-  PIDS=("${PIDS[@]:0:first}")
+  bb_stop_from "$first"
   python3 - "$W" "$tag" "$c0" "$c1" <<'PY'
 import json, sys
 w, tag = sys.argv[1], sys.argv[2]
@@ -81,10 +78,7 @@ print(f"{tag}: write {r['write_mbps']:.0f} MB/s, read {r['read_mbps']:.0f} MB/s;
 PY
 }
 
-for r in $(seq "$ROUNDS"); do
-  run "$A" "a$r"
-  [ -z "$B" ] || run "$B" "b$r"
-done
+bb_rounds
 python3 - "$W" <<'PY'
 import glob, json, os, statistics, sys
 for who in "ab":

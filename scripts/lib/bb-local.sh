@@ -63,3 +63,20 @@ bb_mount() {
 
 # CPU seconds (user + system) of the processes $@, summed.
 cpu_s() { for p in "$@"; do awk '{print ($14 + $15) / 100}' "/proc/$p/stat" 2>/dev/null || echo 0; done | awk '{s += $1} END {print s + 0}'; }
+
+# Stops the processes a run started: those in PIDS from index $1 on.
+bb_stop_from() {
+  local mine=("${PIDS[@]:$1}")
+  kill "${mine[@]}" 2>/dev/null || true
+  wait "${mine[@]}" 2>/dev/null || true
+  PIDS=("${PIDS[@]:0:$1}")
+}
+
+# ROUNDS rounds of `run BINARY TAG`: A, then B when set, alternating.
+bb_rounds() {
+  local r
+  for r in $(seq "$ROUNDS"); do
+    run "$A" "a$r"
+    [ -z "$B" ] || run "$B" "b$r"
+  done
+}

@@ -202,12 +202,18 @@ fn read_head(r: &mut impl Read) -> Result<Option<(u8, u64, usize)>, ReadError> {
     Ok(Some((head[0], get_u64(&head[1..]), len - 9)))
 }
 
-/// Reads `n` bytes into a buffer of their own, where they stay: a chunk is
-/// never moved after its read. (`read_exact` lets a buffered reader pass a
-/// large read straight to the socket; a fresh zeroed allocation is mapped
-/// zero pages, not a fill.)
-fn read_vec(r: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
-    let mut v = vec![0u8; n];
+/// A new zeroed buffer of `n` bytes (for reads that have no spare memory).
+pub fn new_buffer(n: usize) -> Vec<u8> {
+    vec![0u8; n]
+}
+
+/// Reads `n` bytes into a buffer of their own from `buffer` (`n` bytes
+/// long: every byte is overwritten), where they stay: a chunk is never
+/// moved after its read. (`read_exact` lets a buffered reader pass a large
+/// read straight to the socket.)
+fn read_vec(r: &mut impl Read, n: usize, buffer: impl FnOnce(usize) -> Vec<u8>) -> io::Result<Vec<u8>> {
+    let mut v = buffer(n);
+    assert_eq!(v.len(), n, "a read buffer of the wrong length");
     r.read_exact(&mut v)?;
     Ok(v)
 }
@@ -218,9 +224,15 @@ fn read_chunk_id(r: &mut impl Read) -> io::Result<ChunkId> {
     Ok(get_chunk(&b))
 }
 
-/// Reads one request frame (what a node does); `Ok(None)` on a clean EOF
-/// between frames. A PUT's data is read straight into its own buffer.
+/// Reads one request frame; `Ok(None)` on a clean EOF between frames. A
+/// PUT's data is read straight into a new buffer of its own.
 pub fn read_request(r: &mut impl Read) -> Result<Option<(u64, Request)>, ReadError> {
+    read_request_into(r, new_buffer)
+}
+
+/// [`read_request`], with a PUT's data read into the buffer `buffer` gives
+/// for its length (what a node does: memory its store already mapped).
+pub fn read_request_into(r: &mut impl Read, buffer: impl FnOnce(usize) -> Vec<u8>) -> Result<Option<(u64, Request)>, ReadError> {
     let Some((op, id, body_len)) = read_head(r)? else { return Ok(None) };
     let need = |n: usize, exact: bool| {
         if body_len < n || (exact && body_len != n) {
@@ -240,7 +252,7 @@ pub fn read_request(r: &mut impl Read) -> Result<Option<(u64, Request)>, ReadErr
                 1 => true,
                 _ => return Err(DecodeError::BadBody { op, len: body_len }.into()),
             };
-            Request::Put { chunk, dirty, data: read_vec(r, body_len - 25)? }
+            Request::Put { chunk, dirty, data: read_vec(r, body_len - 25, buffer)? }
         }
         OP_GET | OP_DELETE | OP_MARK_CLEAN | OP_HAS => {
             need(24, true)?;
@@ -276,7 +288,7 @@ pub fn read_response(r: &mut impl Read) -> Result<Option<(u64, Response)>, ReadE
         3 => Status::BadRequest,
         other => return Err(DecodeError::UnknownStatus(other).into()),
     };
-    Ok(Some((id, Response { status, body: read_vec(r, body_len)? })))
+    Ok(Some((id, Response { status, body: read_vec(r, body_len, new_buffer)? })))
 }
 
 #[cfg(test)]

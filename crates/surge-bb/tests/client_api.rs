@@ -25,6 +25,7 @@ fn start_node(cfg: &TierConfig, capacity: u64) -> node::NodeHandle {
         store: StoreConfig { capacity, spill_dir: None, spill_capacity: 0 },
         writeback: WritebackConfig::default(),
         rebalance: Default::default(),
+        prefault: true,
     };
     node::start(c, cfg.open().unwrap()).unwrap()
 }

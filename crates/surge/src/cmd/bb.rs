@@ -121,6 +121,11 @@ pub enum Action {
         /// (rebalancing its clean chunks); 0 turns rebalancing off.
         #[arg(long, default_value = "128MiB", value_parser = parse_size)]
         rebalance_rate: u64,
+        /// Do not map the memory budget at start. By default a node maps it
+        /// (at idle CPU priority) so that a write burst's chunks land in
+        /// memory already mapped instead of faulting in fresh pages.
+        #[arg(long)]
+        no_prefault: bool,
     },
     /// Mount the burst buffer at DIR (FUSE) until unmounted or signalled.
     Mount {
@@ -232,13 +237,14 @@ fn wait_for(stop: &AtomicBool) {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.action {
-        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline, rebalance_rate } => {
+        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline, rebalance_rate, no_prefault } => {
             let tier = common.tier()?;
             let cfg = NodeConfig {
                 listen,
                 store: StoreConfig { capacity: memory, spill_dir, spill_capacity: spill_size },
                 writeback: WritebackConfig { delay: writeback_delay, deadline: writeback_deadline, ..Default::default() },
                 rebalance: RebalanceConfig { rate: rebalance_rate, ..Default::default() },
+                prefault: !no_prefault,
             };
             let stop = stop_flag()?;
             let node = surge_bb::node::start(cfg, tier).context("starting the I/O node")?;
