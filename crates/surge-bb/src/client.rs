@@ -14,6 +14,7 @@
 
 use crate::meta::{Attr, ChunkEntry, ChunkUpdate, DirEntry, FileView, Ino, Kind, MetaError, SetAttr};
 use crate::proto::ChunkId;
+use crate::spare::SpareBufs;
 use crate::tier::{DataError, Tier};
 use crate::workers::Workers;
 use parking_lot::{Condvar, Mutex};
@@ -195,9 +196,11 @@ impl ChunkCache {
         self.map.get(c).cloned()
     }
 
-    fn insert(&mut self, c: ChunkId, d: Arc<Vec<u8>>) {
+    /// Caches `d`; returns what it evicted for room.
+    fn insert(&mut self, c: ChunkId, d: Arc<Vec<u8>>) -> Vec<Arc<Vec<u8>>> {
+        let mut evicted = Vec::new();
         if self.map.contains_key(&c) || d.len() as u64 > self.budget {
-            return;
+            return evicted;
         }
         self.used += d.len() as u64;
         self.map.insert(c, d);
@@ -206,8 +209,10 @@ impl ChunkCache {
             let Some(old) = self.order.pop_front() else { break };
             if let Some(d) = self.map.remove(&old) {
                 self.used -= d.len() as u64;
+                evicted.push(d);
             }
         }
+        evicted
     }
 }
 
@@ -220,6 +225,9 @@ pub struct Client {
     next_fh: AtomicU64,
     open: Mutex<HashMap<Ino, Arc<OpenFile>>>,
     cache: Mutex<ChunkCache>,
+    /// Mapped memory for the chunks writers fill: evicted chunks', and the
+    /// write-behind budget mapped at start.
+    spare: Arc<SpareBufs>,
     /// Chunk versions being fetched from a node or S3: a reader that needs one
     /// waits for that fetch (a prefetch, or another reader of the same chunk:
     /// the kernel reads a chunk in several pieces at once) instead of moving
@@ -236,7 +244,8 @@ pub struct Client {
 
 pub type Result<T> = std::result::Result<T, DataError>;
 
-/// A write at least this large at a chunk's start reserves the whole chunk.
+/// A write at least this large (or a whole chunk) at a chunk's start
+/// reserves the whole chunk.
 const LARGE_WRITE: usize = 256 << 10;
 
 /// How often a read follows a chunk replaced under it before giving up.
@@ -295,8 +304,12 @@ impl Client {
     pub fn new(tier: Arc<Tier>, cfg: ClientConfig) -> Result<Arc<Client>> {
         let client_id = tier.meta.new_client_id()?;
         let jobs = Workers::start("bb-client", cfg.threads).map_err(|e| MetaError::Unavailable(format!("starting client threads: {e}")))?;
+        let spare = Arc::new(SpareBufs::new(tier.params.chunk_size as usize, cfg.write_behind));
+        let s = spare.clone();
+        crate::spare::map_when_idle("write buffers", move || s.fill());
         Ok(Arc::new(Client {
             cache: Mutex::new(ChunkCache { budget: cfg.cache, used: 0, map: HashMap::new(), order: VecDeque::new() }),
+            spare,
             tier,
             cfg,
             client_id,
@@ -320,6 +333,22 @@ impl Client {
 
     pub fn chunk_size(&self) -> u64 {
         self.tier.params.chunk_size
+    }
+
+    /// Bytes of mapped memory kept for the chunks writers fill.
+    pub fn spare_bytes(&self) -> u64 {
+        self.spare.bytes()
+    }
+
+    /// Caches a chunk version; the memory of what it evicts serves later
+    /// writes when nothing else holds it.
+    fn cache_insert(&self, id: ChunkId, d: Arc<Vec<u8>>) {
+        let evicted = self.cache.lock().insert(id, d);
+        for d in evicted {
+            if let Ok(v) = Arc::try_unwrap(d) {
+                self.spare.give(v);
+            }
+        }
     }
 
     fn new_ver(&self) -> u64 {
@@ -481,10 +510,13 @@ impl Client {
                 let within = abs % cs;
                 let n = ((cs - within) as usize).min(data.len() - pos);
                 let buf = st.bufs.entry(idx).or_default();
-                if within == 0 && n >= LARGE_WRITE && buf.data.capacity() == 0 {
+                if within == 0 && n >= LARGE_WRITE.min(cs as usize) && buf.data.capacity() == 0 {
                     // A large write at the chunk's start: the chunk will likely
                     // fill, so take its room at once instead of regrowing.
-                    buf.data.reserve_exact(cs as usize);
+                    match self.spare.take() {
+                        Some(room) => buf.data = room,
+                        None => buf.data.reserve_exact(cs as usize),
+                    }
                 }
                 buf.write(within, &data[pos..pos + n]);
                 if buf.covers(0, cs) {
@@ -654,7 +686,7 @@ impl Client {
             match committed {
                 Ok(old) => {
                     self.tier.discard(ino, &old);
-                    self.cache.lock().insert(chunk, Arc::new(content));
+                    self.cache_insert(chunk, Arc::new(content));
                     if let Some(of) = self.open_file(ino) {
                         of.st.lock().forget_versions();
                     }
@@ -855,7 +887,7 @@ impl Client {
     fn fetch(&self, id: ChunkId, e: &ChunkEntry) -> Result<Arc<Vec<u8>>> {
         self.fetches.fetch_add(1, Ordering::Relaxed);
         let d = Arc::new(self.tier.read_chunk(id.ino, id.idx, e)?);
-        self.cache.lock().insert(id, d.clone());
+        self.cache_insert(id, d.clone());
         Ok(d)
     }
 
@@ -870,7 +902,7 @@ impl Client {
         };
         let d = if d.is_empty() && valid > 0 {
             let d = Arc::new(self.tier.read_imported(&view.import, idx)?);
-            self.cache.lock().insert(id, d.clone());
+            self.cache_insert(id, d.clone());
             d
         } else {
             d

@@ -23,6 +23,7 @@ pub mod pool;
 pub mod proto;
 pub mod rebalance;
 pub mod s3;
+pub mod spare;
 pub mod status;
 pub mod store;
 pub mod tier;

@@ -22,7 +22,7 @@ pub struct NodeConfig {
     pub store: StoreConfig,
     pub writeback: WritebackConfig,
     pub rebalance: RebalanceConfig,
-    /// Map the memory budget at start, at idle priority ([`ChunkStore::prefault`]).
+    /// Map the memory budget at start, when a CPU is idle ([`ChunkStore::prefault`]).
     pub prefault: bool,
 }
 
@@ -170,29 +170,14 @@ fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
     }
 }
 
-/// Maps the store's memory budget in a thread of its own that runs only when
-/// a CPU would otherwise idle (`SCHED_IDLE`): a write burst then finds its
-/// chunk memory mapped, and the mapping never takes CPU from one.
-fn map_ahead(store: Arc<ChunkStore>, chunk_size: usize) {
-    let _ = std::thread::Builder::new().name("bb-prefault".into()).spawn(move || {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: plain syscall on the calling thread (pid 0) with a valid parameter.
-        if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
-            tracing::debug!("SCHED_IDLE for the memory mapping thread: {}", std::io::Error::last_os_error());
-        }
-        let t = std::time::Instant::now();
-        let n = store.prefault(chunk_size);
-        tracing::info!("chunk memory: {} MiB mapped ahead of use in {:.1?}", n >> 20, t.elapsed());
-    });
-}
-
 /// Starts a node: listener, lease heartbeat, write-back and maintenance loops.
 pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
     let listener = TcpListener::bind(&cfg.listen)?;
     let addr = listener.local_addr()?.to_string();
     let store = Arc::new(ChunkStore::new(cfg.store.clone()));
     if cfg.prefault {
-        map_ahead(store.clone(), tier.params.chunk_size as usize);
+        let (store, size) = (store.clone(), tier.params.chunk_size as usize);
+        crate::spare::map_when_idle("chunk memory", move || store.prefault(size));
     }
     let info = NodeInfo {
         addr: addr.clone(),

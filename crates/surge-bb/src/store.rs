@@ -50,8 +50,8 @@ struct Inner {
 
 /// Memory for incoming chunks of one size (the file system's chunk size),
 /// already mapped: the memory of chunks removed from the store, and the
-/// budget faulted in ahead of a burst ([`ChunkStore::prefault`]). Faulting
-/// in fresh pages was about half of a node's CPU in a write burst.
+/// budget faulted in ahead of a burst ([`ChunkStore::prefault`]); see
+/// [`crate::spare`]. Spares count against the memory budget.
 #[derive(Default)]
 struct Spare {
     size: usize,
@@ -96,14 +96,6 @@ impl Inner {
     fn trim_spare(&mut self, capacity: u64) {
         while self.held() > capacity && self.spare.bufs.pop().is_some() {}
     }
-}
-
-/// A zeroed buffer of `size` bytes with every page mapped: written once,
-/// with a value the compiler cannot see is the zero already there.
-fn faulted_in(size: usize) -> Vec<u8> {
-    let mut v = vec![0u8; size];
-    v.iter_mut().step_by(4096).for_each(|b| *b = std::hint::black_box(0));
-    v
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -278,7 +270,7 @@ impl ChunkStore {
             if self.inner.lock().held() + size as u64 > self.cfg.capacity {
                 return done;
             }
-            let v = faulted_in(size);
+            let v = crate::spare::faulted_in(size);
             let mut g = self.inner.lock();
             if g.held() + size as u64 > self.cfg.capacity {
                 return done;

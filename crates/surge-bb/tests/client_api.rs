@@ -75,6 +75,30 @@ fn concurrent_writers_of_one_chunk_lose_no_bytes() {
     }
 }
 
+/// Writers fill chunks in memory mapped ahead (the write-behind budget, at
+/// idle priority), and chunks the cache evicts give their memory back for
+/// later writes; the bytes written are what another client reads.
+#[test]
+fn writes_fill_spare_memory_and_evicted_chunks_give_it_back() {
+    let s = setup(2);
+    let cs = 64 << 10;
+    let c = Client::new(s.tier.clone(), ClientConfig { write_behind: 4 * cs, cache: 2 * cs, ..Default::default() }).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while c.spare_bytes() < 4 * cs {
+        assert!(std::time::Instant::now() < deadline, "write buffers not mapped: {} bytes", c.spare_bytes());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let a: Vec<u8> = (0..2 * cs).map(|i| (i % 251) as u8).collect();
+    let b: Vec<u8> = (0..2 * cs).map(|i| (i % 241) as u8).collect();
+    c.write_file("/a", &a).unwrap();
+    assert_eq!(c.spare_bytes(), 2 * cs, "each chunk of /a took a spare buffer");
+    c.write_file("/b", &b).unwrap();
+    assert_eq!(c.spare_bytes(), 2 * cs, "/b took the last two; evicting /a's chunks from the cache gave two back");
+    let other = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    assert!(other.read_file("/a").unwrap() == a);
+    assert!(other.read_file("/b").unwrap() == b);
+}
+
 /// A flushed write is on two distinct nodes and visible to another client at once.
 #[test]
 fn flushed_writes_are_replicated_and_read_by_other_clients() {
