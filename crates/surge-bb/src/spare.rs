@@ -40,7 +40,8 @@ pub struct SpareBufs {
 
 impl SpareBufs {
     pub fn new(size: usize, max_bytes: u64) -> SpareBufs {
-        SpareBufs { size, max: (max_bytes / size.max(1) as u64) as usize, bufs: Mutex::new(Vec::new()) }
+        let max = if size == 0 { 0 } else { (max_bytes / size as u64) as usize };
+        SpareBufs { size, max, bufs: Mutex::new(Vec::new()) }
     }
 
     /// An empty buffer with capacity for a chunk, if one is spare.

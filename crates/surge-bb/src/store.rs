@@ -259,6 +259,9 @@ impl ChunkStore {
     /// moves the page faults from the burst to the node's idle start.
     /// Returns the bytes faulted in.
     pub fn prefault(&self, size: usize) -> u64 {
+        if size == 0 {
+            return 0;
+        }
         {
             let mut g = self.inner.lock();
             if g.spare.size != size {
@@ -445,6 +448,7 @@ mod tests {
         // A chunk of another size gets new memory and leaves the spares alone.
         assert_eq!(s.buffer(7).len(), 7);
         assert_eq!(s.stat().spare_bytes, 40);
+        assert_eq!(s.prefault(0), 0, "no chunk size, nothing to map");
     }
 
     #[test]
