@@ -1,6 +1,6 @@
 //! Chunk memory mapped ahead of use. A chunk is 4 MiB of fresh heap memory
-//! by default, and faulting in its pages cost about half of an I/O node's
-//! CPU in a write burst, and sat on the path of every FUSE write on the
+//! by default; faulting in its pages was the largest single cost of an I/O
+//! node in a write burst, and sat on the path of every FUSE write on the
 //! mount. Nodes ([`crate::store`]) and clients ([`SpareBufs`]) keep the
 //! memory of chunks they drop for the next one, and map some at start, in
 //! a thread that only runs when a CPU would otherwise idle.
