@@ -44,6 +44,10 @@ pub struct ClientConfig {
     /// Serve `getattr` of an open file from the attributes read at open
     /// (close-to-open); off: every getattr asks metadata.
     pub cache_open_attrs: bool,
+    /// Map the chunk memory (write-behind budget plus cache) at start, at
+    /// idle CPU priority, so that a write burst fills chunks in memory
+    /// already mapped instead of faulting in fresh pages.
+    pub prefault: bool,
 }
 
 impl Default for ClientConfig {
@@ -57,6 +61,7 @@ impl Default for ClientConfig {
             threads: 8,
             full_wait: Duration::from_secs(30),
             cache_open_attrs: true,
+            prefault: true,
         }
     }
 }
@@ -304,9 +309,13 @@ impl Client {
     pub fn new(tier: Arc<Tier>, cfg: ClientConfig) -> Result<Arc<Client>> {
         let client_id = tier.meta.new_client_id()?;
         let jobs = Workers::start("bb-client", cfg.threads).map_err(|e| MetaError::Unavailable(format!("starting client threads: {e}")))?;
-        let spare = Arc::new(SpareBufs::new(tier.params.chunk_size as usize, cfg.write_behind));
-        let s = spare.clone();
-        crate::spare::map_when_idle("write buffers", move || s.fill());
+        // Every written chunk passes through the cache: its memory is the
+        // write-behind budget plus the cache.
+        let spare = Arc::new(SpareBufs::new(tier.params.chunk_size as usize, cfg.write_behind + cfg.cache));
+        if cfg.prefault {
+            let s = spare.clone();
+            crate::spare::map_when_idle("chunk buffers", move || s.fill());
+        }
         Ok(Arc::new(Client {
             cache: Mutex::new(ChunkCache { budget: cfg.cache, used: 0, map: HashMap::new(), order: VecDeque::new() }),
             spare,
@@ -341,12 +350,17 @@ impl Client {
     }
 
     /// Caches a chunk version; the memory of what it evicts serves later
-    /// writes when nothing else holds it.
+    /// writes when nothing else holds it and the cache and the spares
+    /// together stay within the chunk memory.
     fn cache_insert(&self, id: ChunkId, d: Arc<Vec<u8>>) {
-        let evicted = self.cache.lock().insert(id, d);
+        let (evicted, cached) = {
+            let mut c = self.cache.lock();
+            (c.insert(id, d), c.used)
+        };
+        let room = (self.cfg.write_behind + self.cfg.cache).saturating_sub(cached);
         for d in evicted {
             if let Ok(v) = Arc::try_unwrap(d) {
-                self.spare.give(v);
+                self.spare.give_within(v, room);
             }
         }
     }

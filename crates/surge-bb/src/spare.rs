@@ -31,7 +31,8 @@ pub(crate) fn map_when_idle(what: &'static str, map: impl FnOnce() -> u64 + Send
 }
 
 /// Empty buffers with room for one chunk, pages mapped, up to `max_bytes`:
-/// a client fills one per chunk it writes.
+/// a client fills one per chunk it writes, and its cache gives back the
+/// memory of the chunks it evicts.
 pub struct SpareBufs {
     size: usize,
     max: usize,
@@ -51,12 +52,18 @@ impl SpareBufs {
 
     /// Keeps `v`'s memory for a later chunk, if it has a chunk's room and
     /// fewer than the most are kept.
-    pub fn give(&self, mut v: Vec<u8>) {
+    pub fn give(&self, v: Vec<u8>) {
+        self.give_within(v, u64::MAX);
+    }
+
+    /// As [`SpareBufs::give`], and only while the spares stay within `room`
+    /// bytes (the rest of the owner's memory budget).
+    pub fn give_within(&self, mut v: Vec<u8>, room: u64) {
         if v.capacity() != self.size {
             return;
         }
         let mut g = self.bufs.lock();
-        if g.len() < self.max {
+        if g.len() < self.max && ((g.len() + 1) * self.size) as u64 <= room {
             v.clear();
             g.push(v);
         }
@@ -93,6 +100,16 @@ mod tests {
         let v = s.take().unwrap();
         assert!(v.is_empty() && v.capacity() == 64 && v.as_ptr() == p);
         assert!(s.take().is_none());
+    }
+
+    #[test]
+    fn give_within_keeps_no_more_than_the_room_left() {
+        let s = SpareBufs::new(64, 1024);
+        s.give_within(Vec::with_capacity(64), 100);
+        s.give_within(Vec::with_capacity(64), 100);
+        assert_eq!(s.bytes(), 64, "a second buffer would pass the 100 bytes of room");
+        s.give_within(Vec::with_capacity(64), 128);
+        assert_eq!(s.bytes(), 128);
     }
 
     #[test]

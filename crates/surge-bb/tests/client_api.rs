@@ -82,21 +82,42 @@ fn concurrent_writers_of_one_chunk_lose_no_bytes() {
 fn writes_fill_spare_memory_and_evicted_chunks_give_it_back() {
     let s = setup(2);
     let cs = 64 << 10;
+    // Chunk memory: the write-behind budget plus the cache, 6 chunks.
     let c = Client::new(s.tier.clone(), ClientConfig { write_behind: 4 * cs, cache: 2 * cs, ..Default::default() }).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while c.spare_bytes() < 4 * cs {
-        assert!(std::time::Instant::now() < deadline, "write buffers not mapped: {} bytes", c.spare_bytes());
+    while c.spare_bytes() < 6 * cs {
+        assert!(std::time::Instant::now() < deadline, "chunk buffers not mapped: {} bytes", c.spare_bytes());
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let a: Vec<u8> = (0..2 * cs).map(|i| (i % 251) as u8).collect();
     let b: Vec<u8> = (0..2 * cs).map(|i| (i % 241) as u8).collect();
     c.write_file("/a", &a).unwrap();
-    assert_eq!(c.spare_bytes(), 2 * cs, "each chunk of /a took a spare buffer");
+    assert_eq!(c.spare_bytes(), 4 * cs, "each chunk of /a took a spare buffer");
     c.write_file("/b", &b).unwrap();
-    assert_eq!(c.spare_bytes(), 2 * cs, "/b took the last two; evicting /a's chunks from the cache gave two back");
+    assert_eq!(c.spare_bytes(), 4 * cs, "/b took two more; evicting /a's chunks from the cache gave two back");
     let other = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
     assert!(other.read_file("/a").unwrap() == a);
     assert!(other.read_file("/b").unwrap() == b);
+}
+
+/// Evicted chunks' memory is kept only while the cache and the spares fit
+/// the chunk memory (write-behind budget plus cache): a reader whose cache
+/// turns over many times keeps no more.
+#[test]
+fn spare_memory_never_grows_past_the_chunk_memory() {
+    let s = setup(2);
+    let cs = 64 << 10;
+    let writer = Client::new(s.tier.clone(), ClientConfig { prefault: false, ..Default::default() }).unwrap();
+    let names = ["/a", "/b", "/c", "/d"];
+    for (i, name) in names.iter().enumerate() {
+        writer.write_file(name, &vec![i as u8; 2 * cs as usize]).unwrap();
+    }
+    let reader = Client::new(s.tier.clone(), ClientConfig { write_behind: cs, cache: 2 * cs, prefault: false, ..Default::default() }).unwrap();
+    for (i, name) in names.iter().enumerate() {
+        assert!(reader.read_file(name).unwrap() == vec![i as u8; 2 * cs as usize]);
+        // The cache holds the last 2 chunks read: 1 chunk of room is left.
+        assert_eq!(reader.spare_bytes(), if i == 0 { 0 } else { cs }, "after {name}");
+    }
 }
 
 /// A flushed write is on two distinct nodes and visible to another client at once.

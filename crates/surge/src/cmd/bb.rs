@@ -154,6 +154,11 @@ pub enum Action {
         /// (write-back frees memory, the pool grows) before ENOSPC.
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         full_wait: std::time::Duration,
+        /// Do not map the chunk memory (write-behind budget plus the 256 MiB
+        /// cache) at start; by default it is mapped at idle CPU priority so
+        /// that a write burst fills chunks in memory already mapped.
+        #[arg(long)]
+        no_prefault: bool,
     },
     /// Pool and write-back state; with PATH, whether each file is persisted in S3.
     Status {
@@ -257,7 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Action::Mount { dir, common, strict, fsync_s3, write_behind, read_ahead, attr_ttl, import, full_wait } => {
+        Action::Mount { dir, common, strict, fsync_s3, write_behind, read_ahead, attr_ttl, import, full_wait, no_prefault } => {
             let tier = common.tier()?;
             if import {
                 let n = surge_bb::status::import(&tier, None)?;
@@ -269,6 +274,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 fsync_waits_for_s3: fsync_s3,
                 cache_open_attrs: !strict,
                 full_wait,
+                prefault: !no_prefault,
                 ..Default::default()
             };
             let client = Client::new(tier, ccfg)?;
