@@ -312,7 +312,19 @@ impl Rig {
     }
 }
 
+/// `SURGE_BB_APPROACHES=surge,juicefs`: run the rounds of these approaches
+/// only, in their usual order, and print each round (for diagnosis).
+fn approaches() -> anyhow::Result<Option<Vec<Kind>>> {
+    let Ok(v) = std::env::var("SURGE_BB_APPROACHES") else { return Ok(None) };
+    let kinds = v
+        .split(',')
+        .map(|name| Kind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| anyhow::anyhow!("SURGE_BB_APPROACHES: unknown approach {name:?} (surge, s3fs, juicefs)")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(kinds))
+}
+
 pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
+    let only = approaches()?;
     let surge = std::env::current_exe()?;
     let has_pool = std::process::Command::new(&surge).args(["bb", "pool", "--help"]).output().is_ok_and(|o| o.status.success());
     let plan = Plan::new(quick, has_pool)?;
@@ -340,8 +352,18 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         // Interleaved, rotated: no approach always runs first.
         for j in 0..Kind::ALL.len() {
             let k = Kind::ALL[(round + j) % Kind::ALL.len()];
-            samples.push(rig.round(k, round)?);
+            if only.as_ref().is_some_and(|o| !o.contains(&k)) {
+                continue;
+            }
+            let s = rig.round(k, round)?;
+            let t = &s.throughput;
+            eprintln!("  {} round {}: write {:.0} MB/s, read {:.0} MB/s (fresh mount {:.0}), Montage {:.1} s", k.name(), round + 1, t.seq_write_mbps, t.seq_read_mbps, t.cold_read_mbps, s.montage_s);
+            samples.push(s);
         }
+    }
+    if only.is_some() {
+        eprintln!("SURGE_BB_APPROACHES is set: a diagnostic run, no checks and no report");
+        return Ok(());
     }
     let mut checks = Checks::default();
     rig.consistency(&mut checks)?;
