@@ -69,10 +69,15 @@ impl SpareBufs {
         }
     }
 
-    /// Maps buffers until the most are kept; returns the bytes mapped.
+    /// Maps buffers until the most are kept, but never more than the most
+    /// in all: buffers taken meanwhile are not replaced (they are in use,
+    /// and come back through `give`). Returns the bytes mapped.
     pub fn fill(&self) -> u64 {
         let mut done = 0;
-        while self.bufs.lock().len() < self.max {
+        for _ in 0..self.max {
+            if self.bufs.lock().len() >= self.max {
+                break;
+            }
             self.give(faulted_in(self.size));
             done += self.size as u64;
         }
@@ -118,5 +123,27 @@ mod tests {
         assert_eq!(s.fill(), 3 * 64);
         s.give(Vec::with_capacity(64));
         assert_eq!(s.bytes(), 3 * 64);
+    }
+
+    #[test]
+    fn fill_does_not_replace_buffers_taken_while_it_maps() {
+        // 64 MiB in 64 KiB buffers: mapping takes long enough for the
+        // taker to run alongside.
+        let (size, most) = (64 << 10, 1000u64);
+        let s = std::sync::Arc::new(SpareBufs::new(size, size as u64 * most));
+        let taker = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut taken = Vec::new();
+                while taken.len() < 500 {
+                    taken.extend(s.take());
+                }
+                taken
+            })
+        };
+        let mapped = s.fill();
+        let taken = taker.join().unwrap();
+        assert_eq!(mapped, size as u64 * most, "the most in all, however many were taken meanwhile");
+        assert_eq!(s.bytes() + (size * taken.len()) as u64, size as u64 * most);
     }
 }
