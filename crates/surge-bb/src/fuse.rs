@@ -115,8 +115,11 @@ impl BbFs {
         self.workers.run(move || f(&c));
     }
 
-    fn open_flags(&self) -> u32 {
-        if self.cfg.strict {
+    /// A write-only open bypasses the kernel page cache: nothing can read
+    /// through it, and copying each write into fresh page-cache pages (a
+    /// first touch of memory) set the pace of a streaming writer.
+    fn open_flags(&self, flags: i32) -> u32 {
+        if self.cfg.strict || flags & libc::O_ACCMODE == libc::O_WRONLY {
             fuser::consts::FOPEN_DIRECT_IO
         } else {
             0 // no KEEP_CACHE: the kernel drops cached pages at every open
@@ -236,7 +239,7 @@ impl Filesystem for BbFs {
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
-        let oflags = self.open_flags();
+        let oflags = self.open_flags(flags);
         self.spawn(move |c| {
             let r = c.open(ino).and_then(|fh| {
                 if flags & libc::O_TRUNC != 0 {
@@ -254,10 +257,10 @@ impl Filesystem for BbFs {
         });
     }
 
-    fn create(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
         let ttl = self.cfg.attr_ttl;
         let (uid, gid) = (req.uid(), req.gid());
-        let oflags = self.open_flags();
+        let oflags = self.open_flags(flags);
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
