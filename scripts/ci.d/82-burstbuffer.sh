@@ -4,17 +4,15 @@
 # an emulated 1 Gbit/s, 2 ms link; needs root), each file system mounted with
 # FUSE (surge bb mount, s3fs, juicefs) and driven by separate processes
 # (fsbench.py throughput and mdtest-style metadata, the Montage workflow).
-# Fails unless: creates >= 2.5x s3fs, Montage faster on surge than on s3fs,
-# 0 stale reads across two mounts, 0 bytes lost after an I/O node is SIGKILLed
-# during write-back, the pool (surge bb pool) grew during Montage and shrank
-# after it. The issue's other targets (sequential read >= 10x and write >= 16x
-# s3fs, Montage faster than JuiceFS) are not always met on this machine (read
-# 22.9-28.7x in the last ten quick runs, but 3.5x once, long ago, when the
-# pool grew during the read; write 14.7-20.9x in eight quick runs since chunk
-# memory is mapped ahead of use, two of them under 16x (15.8x the latest);
-# the full run of 0202f27 wrote 17.1x; see docs/results/burstbuffer.md): they
-# are printed ("TARGET NOT MET") and fail the step only with
-# BURSTBUFFER_STRICT=1, so CI reports them without failing.
+# Fails unless (the issue's targets): sequential read >= 10x and write >= 16x
+# s3fs, creates >= 2.5x s3fs, Montage faster on surge than on s3fs and on
+# JuiceFS, 0 stale reads across two mounts, 0 bytes lost after an I/O node is
+# SIGKILLed during write-back, the pool (surge bb pool) grew during Montage and
+# shrank after it. The write is the median of three 64 MiB writes per
+# approach (one write of ~40 ms swung 14.7-20.9x between runs); since write-only
+# opens skip the page cache, six quick runs wrote 18.4-25.8x and read
+# 22.3-30.7x s3fs, Montage 5.5-6.6 s against JuiceFS's 7.5-7.7 s.
+# The run's length (< 4 minutes) is printed, not gated.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${BURSTBUFFER_OUT:-$(mktemp -d /tmp/surge-burstbuffer.XXXXXX)}"
@@ -24,15 +22,15 @@ start=$(date +%s)
 "$BIN" --log warn experiment burstbuffer --quick --out "$OUT" > "$OUT/stdout.txt"
 took=$(( $(date +%s) - start ))
 echo "burstbuffer quick run took $took s; results in $OUT"
-python3 - "$OUT" "$took" "${BURSTBUFFER_STRICT:-0}" <<'PY'
+python3 - "$OUT" "$took" <<'PY'
 import json, os, sys
-out, took, strict = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+out, took = sys.argv[1], int(sys.argv[2])
 r = json.load(open(os.path.join(out, "results.json")))
 t, md, mt = r["throughput"], r["metadata"], r["montage"]
 bad = []
 def check(name, ok, text, gate=True):
-    print(f"  {name}: {text} {'ok' if ok else ('FAIL' if gate or strict else 'TARGET NOT MET (not gating)')}")
-    if not ok and (gate or strict):
+    print(f"  {name}: {text} {'ok' if ok else ('FAIL' if gate else 'not met (not gating)')}")
+    if not ok and gate:
         bad.append(f"{name}: {text}")
 for a in ("surge", "s3fs", "juicefs"):
     print(f"  {a}: read {t[a]['read_mbps']:.1f} MB/s (fresh mount {t[a]['cold_read_mbps']:.1f}), write {t[a]['write_mbps']:.1f} MB/s, "
@@ -41,11 +39,11 @@ for a in ("surge", "s3fs", "juicefs"):
 rd = t["surge"]["read_mbps"] / t["s3fs"]["read_mbps"]
 wr = t["surge"]["write_mbps"] / t["s3fs"]["write_mbps"]
 cr = md["surge"]["create_ops"] / md["s3fs"]["create_ops"]
-check("read vs s3fs", rd >= 10, f"{rd:.1f}x (target >= 10x)", gate=False)
-check("write vs s3fs", wr >= 16, f"{wr:.1f}x (target >= 16x)", gate=False)
+check("read vs s3fs", rd >= 10, f"{rd:.1f}x (need >= 10x)")
+check("write vs s3fs", wr >= 16, f"{wr:.1f}x (need >= 16x; medians of 3 writes)")
 check("creates vs s3fs", cr >= 2.5, f"{cr:.1f}x (need >= 2.5x)")
 for o in ("s3fs", "juicefs"):
-    check(f"Montage vs {o}", mt["surge"]["seconds"] < mt[o]["seconds"], f"{mt['surge']['seconds']:.1f} s vs {mt[o]['seconds']:.1f} s", gate=(o == "s3fs"))
+    check(f"Montage vs {o}", mt["surge"]["seconds"] < mt[o]["seconds"], f"{mt['surge']['seconds']:.1f} s vs {mt[o]['seconds']:.1f} s")
 check("stale reads", r["consistency"]["stale_reads"] == 0, f"{r['consistency']['stale_reads']} in {r['consistency']['rounds']} rounds")
 check("bytes lost", r["node_loss"]["bytes_lost"] == 0, f"{r['node_loss']['bytes_lost']} of {r['node_loss']['bytes_written']} after a node SIGKILL")
 if "pool" in r:

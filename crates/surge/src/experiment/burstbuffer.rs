@@ -45,6 +45,8 @@ pub struct Plan {
     /// Nodes of the surge-only checks (a node is killed in one).
     pub check_nodes: usize,
     pub seq_mib: u64,
+    /// Sequential writes per round (the median counts).
+    pub seq_writes: usize,
     pub seq_bs_kib: u64,
     pub rand_ops: u64,
     pub rand_bs_kib: u64,
@@ -87,6 +89,7 @@ impl Plan {
             nodes: if pool { fs::Nodes::Pool { min: 2, max: 6, node_memory_mib: 256 } } else { fs::Nodes::Fixed(3) },
             check_nodes: 3,
             seq_mib: if quick { 64 } else { 256 },
+            seq_writes: 3,
             seq_bs_kib: 1024,
             rand_ops: if quick { 32 } else { 128 },
             rand_bs_kib: 4,
@@ -357,7 +360,8 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             }
             let s = rig.round(k, round)?;
             let t = &s.throughput;
-            eprintln!("  {} round {}: write {:.0} MB/s, read {:.0} MB/s (fresh mount {:.0}), Montage {:.1} s", k.name(), round + 1, t.seq_write_mbps, t.seq_read_mbps, t.cold_read_mbps, s.montage_s);
+            let writes: Vec<String> = t.seq_write_samples_mbps.iter().map(|w| format!("{w:.0}")).collect();
+            eprintln!("  {} round {}: write {:.0} MB/s ({}), read {:.0} MB/s (fresh mount {:.0}), Montage {:.1} s", k.name(), round + 1, t.seq_write_mbps, writes.join(", "), t.seq_read_mbps, t.cold_read_mbps, s.montage_s);
             samples.push(s);
         }
     }

@@ -43,7 +43,9 @@ pub fn drop_caches() -> bool {
 /// Throughput of one file system, MB/s (10^6 bytes/s).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Throughput {
+    /// Median of the writes below.
     pub seq_write_mbps: f64,
+    pub seq_write_samples_mbps: Vec<f64>,
     pub seq_read_mbps: f64,
     /// Sequential read through a fresh mount.
     pub cold_read_mbps: f64,
@@ -55,15 +57,29 @@ fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(f64::NAN)
 }
 
-/// The throughput phase on mount `m`. The sequential read runs twice: on
-/// the mount that wrote the file, then on a fresh mount of it (memory caches
-/// of the client cold); the random I/O on the fresh mount.
+/// The throughput phase on mount `m`. The sequential write runs
+/// `plan.seq_writes` times, each to a new file once the file system is quiet
+/// again (its write-back done); the median counts: a write of tens of
+/// milliseconds is at the mercy of one stall of a shared machine. The
+/// sequential read runs twice on the last file: on the mount that wrote it,
+/// then on a fresh mount (memory caches of the client cold); the random I/O on
+/// the fresh mount.
 pub fn throughput(tool: &Tool, m: &mut dyn Mounted, plan: &Plan) -> anyhow::Result<Throughput> {
-    let file = m.mnt().join("seq.dat");
-    let file = file.to_str().context("path")?;
     let (bs, rbs) = (plan.seq_bs_kib.to_string(), plan.rand_bs_kib.to_string());
     let count = plan.rand_ops.to_string();
-    let w = tool.run(&["seq-write", file, &plan.seq_mib.to_string(), &bs])?;
+    let mut files = vec![];
+    let mut writes = vec![];
+    for i in 0..plan.seq_writes.max(1) {
+        if i > 0 {
+            m.settle()?;
+        }
+        let file = m.mnt().join(format!("seq-{i}.dat"));
+        let w = tool.run(&["seq-write", file.to_str().context("path")?, &plan.seq_mib.to_string(), &bs])?;
+        writes.push(f(&w, "mbps"));
+        files.push(file);
+    }
+    let file = files.last().expect("one write at least").to_str().context("path")?.to_string();
+    let file = file.as_str();
     drop_caches();
     let r = tool.run(&["seq-read", file, &bs])?;
     m.remount()?;
@@ -72,9 +88,12 @@ pub fn throughput(tool: &Tool, m: &mut dyn Mounted, plan: &Plan) -> anyhow::Resu
     drop_caches();
     let rr = tool.run(&["rand-read", file, &count, &rbs, "1"])?;
     let rw = tool.run(&["rand-write", file, &count, &rbs, "2"])?;
-    std::fs::remove_file(file)?;
+    for f in &files {
+        std::fs::remove_file(f)?;
+    }
     Ok(Throughput {
-        seq_write_mbps: f(&w, "mbps"),
+        seq_write_mbps: super::report::stats(writes.iter().copied()).0,
+        seq_write_samples_mbps: writes,
         seq_read_mbps: f(&r, "mbps"),
         cold_read_mbps: f(&cold, "mbps"),
         rand_write_mbps: f(&rw, "mbps"),
