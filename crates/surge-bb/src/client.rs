@@ -12,6 +12,7 @@
 //!   mounts answer reads of chunks read since the open from the cache alone
 //!   ([`Client::read_cached`]).
 
+use crate::conn::Buffers;
 use crate::meta::{Attr, ChunkEntry, ChunkUpdate, DirEntry, FileView, Ino, Kind, MetaError, SetAttr};
 use crate::proto::ChunkId;
 use crate::spare::SpareBufs;
@@ -233,6 +234,8 @@ pub struct Client {
     /// Mapped memory for the chunks writers fill: evicted chunks', and the
     /// write-behind budget mapped at start.
     spare: Arc<SpareBufs>,
+    /// Memory fetched chunks are read into (the spares).
+    read_buffers: Buffers,
     /// Chunk versions being fetched from a node or S3: a reader that needs one
     /// waits for that fetch (a prefetch, or another reader of the same chunk:
     /// the kernel reads a chunk in several pieces at once) instead of moving
@@ -316,9 +319,15 @@ impl Client {
             let s = spare.clone();
             crate::spare::map_when_idle("chunk buffers", move || s.fill());
         }
+        // A fetched chunk goes to the cache too: read it into spare memory.
+        let read_buffers: Buffers = {
+            let s = spare.clone();
+            Arc::new(move |n| s.take_sized(n))
+        };
         Ok(Arc::new(Client {
             cache: Mutex::new(ChunkCache { budget: cfg.cache, used: 0, map: HashMap::new(), order: VecDeque::new() }),
             spare,
+            read_buffers,
             tier,
             cfg,
             client_id,
@@ -900,7 +909,7 @@ impl Client {
     /// and caches it.
     fn fetch(&self, id: ChunkId, e: &ChunkEntry) -> Result<Arc<Vec<u8>>> {
         self.fetches.fetch_add(1, Ordering::Relaxed);
-        let d = Arc::new(self.tier.read_chunk(id.ino, id.idx, e)?);
+        let d = Arc::new(self.tier.read_chunk_into(id.ino, id.idx, e, Some(self.read_buffers.clone()))?);
         self.cache_insert(id, d.clone());
         Ok(d)
     }

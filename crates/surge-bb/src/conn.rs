@@ -26,7 +26,17 @@ pub enum NodeError {
     Rejected { node: String, why: String },
 }
 
-type Waiters = Arc<Mutex<HashMap<u64, Sender<Result<Response, String>>>>>;
+/// Where a response body of a given length is read: memory its owner
+/// already mapped (see [`crate::spare`]); any buffer of that length will do.
+pub type Buffers = Arc<dyn Fn(usize) -> Vec<u8> + Send + Sync>;
+
+/// A request waiting for its response, and where that response's body goes.
+struct Waiter {
+    tx: Sender<Result<Response, String>>,
+    buffers: Option<Buffers>,
+}
+
+type Waiters = Arc<Mutex<HashMap<u64, Waiter>>>;
 
 struct Conn {
     writer: Mutex<BufWriter<TcpStream>>,
@@ -49,10 +59,11 @@ impl Conn {
         std::thread::Builder::new().name(format!("bb-conn-{addr}")).spawn(move || {
             let mut r = BufReader::with_capacity(1 << 20, reader);
             let why = loop {
-                match proto::read_response(&mut r) {
+                let buffers = |id: u64| w2.lock().get(&id).and_then(|w| w.buffers.clone());
+                match proto::read_response_into(&mut r, |id, n| buffers(id).map_or_else(|| proto::new_buffer(n), |b| b(n))) {
                     Ok(Some((id, resp))) => {
-                        if let Some(tx) = w2.lock().remove(&id) {
-                            let _ = tx.send(Ok(resp));
+                        if let Some(w) = w2.lock().remove(&id) {
+                            let _ = w.tx.send(Ok(resp));
                         }
                     }
                     Ok(None) => break "connection closed".to_string(),
@@ -62,23 +73,24 @@ impl Conn {
             };
             d2.store(true, Ordering::SeqCst);
             tracing::debug!("connection to I/O node {a2} ended: {why}");
-            for (_, tx) in w2.lock().drain() {
-                let _ = tx.send(Err(why.clone()));
+            for (_, w) in w2.lock().drain() {
+                let _ = w.tx.send(Err(why.clone()));
             }
         })?;
         Ok(Conn { writer: Mutex::new(BufWriter::with_capacity(1 << 20, stream)), waiters, next_id: AtomicU64::new(1), dead })
     }
 
-    fn call(&self, node: &str, req: &Request, timeout: Duration) -> Result<Response, NodeError> {
-        self.call_with(node, timeout, |id| (proto::encode_request(id, req), &[]))
+    fn call(&self, node: &str, req: &Request, timeout: Duration, buffers: Option<Buffers>) -> Result<Response, NodeError> {
+        self.call_with(node, timeout, |id| (proto::encode_request(id, req), &[]), buffers)
     }
 
     /// Sends the frame `encode` makes for the request id (a head, then data
-    /// written from where it lies) and waits for the response.
-    fn call_with<'d>(&self, node: &str, timeout: Duration, encode: impl FnOnce(u64) -> (Vec<u8>, &'d [u8])) -> Result<Response, NodeError> {
+    /// written from where it lies) and waits for the response, whose body is
+    /// read into memory from `buffers` if given.
+    fn call_with<'d>(&self, node: &str, timeout: Duration, encode: impl FnOnce(u64) -> (Vec<u8>, &'d [u8]), buffers: Option<Buffers>) -> Result<Response, NodeError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = bounded(1);
-        self.waiters.lock().insert(id, tx);
+        self.waiters.lock().insert(id, Waiter { tx, buffers });
         let (head, data) = encode(id);
         let sent = {
             let mut w = self.writer.lock();
@@ -132,11 +144,11 @@ impl NodePool {
     }
 
     pub fn call(&self, node: &str, req: &Request) -> Result<Response, NodeError> {
-        self.conn(node)?.call(node, req, self.timeout)
+        self.conn(node)?.call(node, req, self.timeout, None)
     }
 
     pub fn put(&self, node: &str, chunk: ChunkId, data: &[u8], dirty: bool) -> Result<(), NodeError> {
-        let r = self.conn(node)?.call_with(node, self.timeout, |id| (proto::encode_put_head(id, &chunk, dirty, data.len()), data))?;
+        let r = self.conn(node)?.call_with(node, self.timeout, |id| (proto::encode_put_head(id, &chunk, dirty, data.len()), data), None)?;
         match r.status {
             Status::Ok => Ok(()),
             Status::NoSpace => Err(NodeError::Full { node: node.into() }),
@@ -146,7 +158,12 @@ impl NodePool {
 
     /// `Ok(None)` when the node does not hold that chunk version.
     pub fn get(&self, node: &str, chunk: ChunkId) -> Result<Option<Vec<u8>>, NodeError> {
-        let r = self.call(node, &Request::Get { chunk })?;
+        self.get_into(node, chunk, None)
+    }
+
+    /// [`NodePool::get`], the bytes read into memory from `buffers`.
+    pub fn get_into(&self, node: &str, chunk: ChunkId, buffers: Option<Buffers>) -> Result<Option<Vec<u8>>, NodeError> {
+        let r = self.conn(node)?.call(node, &Request::Get { chunk }, self.timeout, buffers)?;
         match r.status {
             Status::Ok => Ok(Some(r.body)),
             Status::NotFound => Ok(None),

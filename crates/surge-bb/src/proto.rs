@@ -280,6 +280,12 @@ pub fn read_request_into(r: &mut impl Read, buffer: impl FnOnce(usize) -> Vec<u8
 /// Reads one response frame (what a client does); the body is read straight
 /// into its own buffer.
 pub fn read_response(r: &mut impl Read) -> Result<Option<(u64, Response)>, ReadError> {
+    read_response_into(r, |_, n| new_buffer(n))
+}
+
+/// [`read_response`], with the body read into the buffer `buffer` gives for
+/// the response's id and length.
+pub fn read_response_into(r: &mut impl Read, buffer: impl FnOnce(u64, usize) -> Vec<u8>) -> Result<Option<(u64, Response)>, ReadError> {
     let Some((tag, id, body_len)) = read_head(r)? else { return Ok(None) };
     let status = match tag {
         0 => Status::Ok,
@@ -288,7 +294,7 @@ pub fn read_response(r: &mut impl Read) -> Result<Option<(u64, Response)>, ReadE
         3 => Status::BadRequest,
         other => return Err(DecodeError::UnknownStatus(other).into()),
     };
-    Ok(Some((id, Response { status, body: read_vec(r, body_len, new_buffer)? })))
+    Ok(Some((id, Response { status, body: read_vec(r, body_len, |n| buffer(id, n))? })))
 }
 
 #[cfg(test)]

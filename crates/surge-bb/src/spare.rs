@@ -50,6 +50,19 @@ impl SpareBufs {
         self.bufs.lock().pop()
     }
 
+    /// A buffer of `n` bytes to read into: a spare one (mapped; zeroed,
+    /// which costs far less than faulting its pages in) when `n` is a
+    /// chunk's size and one is left, else a new one.
+    pub fn take_sized(&self, n: usize) -> Vec<u8> {
+        match (n == self.size).then(|| self.take()).flatten() {
+            Some(mut v) => {
+                v.resize(n, 0);
+                v
+            }
+            None => crate::proto::new_buffer(n),
+        }
+    }
+
     /// Keeps `v`'s memory for a later chunk, if it has a chunk's room and
     /// fewer than the most are kept.
     pub fn give(&self, v: Vec<u8>) {
@@ -105,6 +118,21 @@ mod tests {
         let v = s.take().unwrap();
         assert!(v.is_empty() && v.capacity() == 64 && v.as_ptr() == p);
         assert!(s.take().is_none());
+    }
+
+    #[test]
+    fn a_read_of_a_chunks_size_takes_a_spare_buffer_and_others_leave_them() {
+        let s = SpareBufs::new(64, 128);
+        let mut v = Vec::with_capacity(64);
+        v.extend_from_slice(&[7; 64]);
+        let p = v.as_ptr();
+        s.give(v);
+        let other = s.take_sized(10);
+        assert_eq!((other.len(), s.bytes()), (10, 64), "another length gets a new buffer, the spare stays");
+        let v = s.take_sized(64);
+        assert!(v.len() == 64 && v.as_ptr() == p && v.iter().all(|&b| b == 0), "the spare, its length set, zeroed");
+        assert_eq!(s.bytes(), 0);
+        assert_eq!(s.take_sized(64).len(), 64, "none left: a new buffer");
     }
 
     #[test]

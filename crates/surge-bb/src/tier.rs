@@ -3,11 +3,11 @@
 //! storing a chunk version on R nodes, and reading a chunk version from
 //! wherever it is (its holders, its rendezvous node, then S3).
 
-use crate::conn::{NodeError, NodePool};
+use crate::conn::{Buffers, NodeError, NodePool};
 use crate::membership::Membership;
 use crate::meta::{ChunkEntry, FsParams, MetaError, MetaStore, NodeInfo};
 use crate::placement;
-use crate::proto::ChunkId;
+use crate::proto::{new_buffer, ChunkId};
 use crate::s3::{chunk_key, S3Error, S3};
 use parking_lot::Mutex;
 use std::collections::HashSet;
@@ -180,13 +180,18 @@ impl Tier {
     /// that is not a live node (drained, or dead) is tried only for a chunk
     /// not in S3, and last: it may be slow to fail, and S3 has the bytes.
     pub fn read_chunk(&self, ino: u64, idx: u64, e: &ChunkEntry) -> Result<Vec<u8>, DataError> {
+        self.read_chunk_into(ino, idx, e, None)
+    }
+
+    /// [`Tier::read_chunk`], the bytes read into memory from `buffers`.
+    pub fn read_chunk_into(&self, ino: u64, idx: u64, e: &ChunkEntry, buffers: Option<Buffers>) -> Result<Vec<u8>, DataError> {
         let chunk = ChunkId { ino, idx, ver: e.ver };
         let mut why = Vec::new();
         let members = self.live_nodes();
         let (alive, gone): (Vec<&String>, Vec<&String>) = e.holders.iter().partition(|h| members.contains(h));
         let tried = if e.persisted { alive } else { alive.into_iter().chain(gone).collect() };
         for h in tried {
-            match self.pool.get(h, chunk) {
+            match self.pool.get_into(h, chunk, buffers.clone()) {
                 Ok(Some(d)) => return Ok(d),
                 Ok(None) => why.push(format!("{h} does not hold it")),
                 Err(err) => why.push(err.to_string()),
@@ -196,15 +201,16 @@ impl Tier {
         let cache_node = placement::rank(&live, &chunk).into_iter().find(|n| !e.holders.iter().any(|h| h == n));
         if e.persisted {
             if let Some(n) = cache_node {
-                if let Ok(Some(d)) = self.pool.get(n, chunk) {
+                if let Ok(Some(d)) = self.pool.get_into(n, chunk, buffers.clone()) {
                     return Ok(d);
                 }
             }
             let s3 = self.s3.as_ref().ok_or(DataError::NoS3("reading a written-back chunk"))?;
             let key = chunk_key(ino, idx, e.ver);
             match s3.get(&key) {
-                Ok(Some(d)) => {
-                    let d = d.to_vec();
+                Ok(Some(got)) => {
+                    let mut d = buffers.map_or_else(|| new_buffer(got.len()), |b| b(got.len()));
+                    d.copy_from_slice(&got);
                     if let Some(n) = cache_node {
                         let _ = self.pool.put(n, chunk, &d, false);
                     }

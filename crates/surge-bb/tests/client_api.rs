@@ -100,6 +100,26 @@ fn writes_fill_spare_memory_and_evicted_chunks_give_it_back() {
     assert!(other.read_file("/b").unwrap() == b);
 }
 
+/// A chunk fetched from a node is read into the reader's mapped spare memory
+/// (fresh memory is slow to touch), not into new memory.
+#[test]
+fn fetched_chunks_are_read_into_spare_memory() {
+    let s = setup(2);
+    let cs = 64 << 10;
+    let writer = Client::new(s.tier.clone(), ClientConfig { prefault: false, ..Default::default() }).unwrap();
+    let a: Vec<u8> = (0..2 * cs).map(|i| (i % 239) as u8).collect();
+    writer.write_file("/a", &a).unwrap();
+    let reader = Client::new(s.tier.clone(), ClientConfig { write_behind: 2 * cs, cache: 2 * cs, ..Default::default() }).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while reader.spare_bytes() < 4 * cs {
+        assert!(std::time::Instant::now() < deadline, "chunk buffers not mapped: {} bytes", reader.spare_bytes());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(reader.read_file("/a").unwrap() == a);
+    assert_eq!(reader.chunk_fetches(), 2);
+    assert_eq!(reader.spare_bytes(), 2 * cs, "each fetched chunk took a spare buffer");
+}
+
 /// Evicted chunks' memory is kept only while the cache and the spares fit
 /// the chunk memory (write-behind budget plus cache): a reader whose cache
 /// turns over many times keeps no more.
