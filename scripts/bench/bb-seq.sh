@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sequential throughput of the burst-buffer mount: the experiment's
-# `fsbench.py seq-write` (MIB MiB in 1 MiB writes, fsync, close), then, page
+# `fsbench.py seq-write` (MIB MiB in 1 MiB writes, or -w KIB, fsync, close), then, page
 # cache dropped, `seq-read` of the same file, on a fresh one-machine burst
 # buffer (bb redis, moto S3, `surge bb pool --min 2 --max 6` of 256 MiB nodes
 # as in the experiment, bb mount; no emulated link), for one or two surge
@@ -10,7 +10,7 @@
 # `-p --node-arg=--writeback-delay=60s` keeps write-back (and the S3 server's
 # CPU) out of the measurement.
 #
-#   scripts/bench/bb-seq.sh [-a SURGE_A] [-b SURGE_B] [-r ROUNDS] [-s MIB] [-c] [-p POOL_ARG]...
+#   scripts/bench/bb-seq.sh [-a SURGE_A] [-b SURGE_B] [-r ROUNDS] [-s MIB] [-w KIB] [-c] [-p POOL_ARG]...
 #
 # Prints one line per run (MB/s, and the CPU seconds of the mount, Redis,
 # the nodes and moto during the read) and the medians per binary. Root (drops
@@ -22,14 +22,16 @@ A="$REPO/${CARGO_TARGET_DIR:-target}/release/surge"
 B=""
 ROUNDS=3
 MIB=64
+WRITE_KIB=1024
 COLD=""
 POOL_ARGS=()
-while getopts "a:b:r:s:cp:" o; do
+while getopts "a:b:r:s:w:cp:" o; do
   case $o in
     a) A=$(realpath "$OPTARG") ;;
     b) B=$(realpath "$OPTARG") ;;
     r) ROUNDS=$OPTARG ;;
     s) MIB=$OPTARG ;;
+    w) WRITE_KIB=$OPTARG ;;
     c) COLD=1 ;;
     p) POOL_ARGS+=("$OPTARG") ;;
     *) sed -n 2,17p "$0"; exit 2 ;;
@@ -55,7 +57,7 @@ run() {
   PIDS+=($pool)
   for _ in $(seq 100); do [ "$("$bin" --log error bb status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["nodes"]))')" -ge 2 ] && break; sleep 0.2; done
   bb_mount "$bin"
-  python3 "$FSBENCH" seq-write "$W/mnt/seq.dat" "$MIB" 1024 >"$W/$tag.w.json"
+  python3 "$FSBENCH" seq-write "$W/mnt/seq.dat" "$MIB" "$WRITE_KIB" >"$W/$tag.w.json"
   if [ -n "$COLD" ]; then umount_bb; bb_mount "$bin"; fi
   sync; echo 3 >/proc/sys/vm/drop_caches
   c0=$(cpu_all "$redis")
