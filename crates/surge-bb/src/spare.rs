@@ -106,13 +106,20 @@ impl SpareBufs {
 mod tests {
     use super::*;
 
-    #[test]
-    fn spare_buffers_come_back_empty_and_only_a_chunks_room_is_kept() {
+    /// Spares for chunks of 64 bytes, up to two, holding one buffer of 7s;
+    /// that buffer's address.
+    fn one_spare() -> (SpareBufs, *const u8) {
         let s = SpareBufs::new(64, 128);
         let mut v = Vec::with_capacity(64);
         v.extend_from_slice(&[7; 64]);
         let p = v.as_ptr();
         s.give(v);
+        (s, p)
+    }
+
+    #[test]
+    fn spare_buffers_come_back_empty_and_only_a_chunks_room_is_kept() {
+        let (s, p) = one_spare();
         s.give(vec![1; 10]);
         assert_eq!(s.bytes(), 64, "a buffer of another size is dropped");
         let v = s.take().unwrap();
@@ -122,11 +129,7 @@ mod tests {
 
     #[test]
     fn a_read_of_a_chunks_size_takes_a_spare_buffer_and_others_leave_them() {
-        let s = SpareBufs::new(64, 128);
-        let mut v = Vec::with_capacity(64);
-        v.extend_from_slice(&[7; 64]);
-        let p = v.as_ptr();
-        s.give(v);
+        let (s, p) = one_spare();
         let other = s.take_sized(10);
         assert_eq!((other.len(), s.bytes()), (10, 64), "another length gets a new buffer, the spare stays");
         let v = s.take_sized(64);
