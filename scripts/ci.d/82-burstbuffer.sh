@@ -13,25 +13,29 @@
 # opens skip the page cache, six quick runs wrote 18.4-25.8x and read
 # 22.3-30.7x s3fs, Montage 5.5-6.6 s against JuiceFS's 7.5-7.7 s.
 # The run's length (< 4 minutes) is printed, not gated.
+# A run that misses only performance targets (a ratio, Montage's times, the
+# pool's timing) is retried once, and both attempts stay in the log, as in the
+# other real-time steps: one Montage of ~10 s per approach on a shared 2-core
+# machine went 0.73-1.06 of JuiceFS's time in single quick runs. A stale read,
+# a lost byte or a missing output fails at once, never retried.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${BURSTBUFFER_OUT:-$(mktemp -d /tmp/surge-burstbuffer.XXXXXX)}"
 BIN="${CARGO_TARGET_DIR:-target}/release/surge"
 [ -x "$BIN" ] || cargo build --release -p surge --features surge/etcd,surge/aws --locked 2>&1 | tail -2
-start=$(date +%s)
-"$BIN" --log warn experiment burstbuffer --quick --out "$OUT" > "$OUT/stdout.txt"
-took=$(( $(date +%s) - start ))
-echo "burstbuffer quick run took $took s; results in $OUT"
-python3 - "$OUT" "$took" <<'PY'
+# Exit 0: every target met; 3: performance targets missed, nothing else;
+# anything else (2, or 1 for a Python error): a failure not to retry.
+check() {
+python3 - "$1" "$2" <<'PY'
 import json, os, sys
 out, took = sys.argv[1], int(sys.argv[2])
 r = json.load(open(os.path.join(out, "results.json")))
 t, md, mt = r["throughput"], r["metadata"], r["montage"]
-bad = []
-def check(name, ok, text, gate=True):
+bad, slow = [], []
+def check(name, ok, text, gate=True, perf=False):
     print(f"  {name}: {text} {'ok' if ok else ('FAIL' if gate else 'not met (not gating)')}")
     if not ok and gate:
-        bad.append(f"{name}: {text}")
+        (slow if perf else bad).append(f"{name}: {text}")
 for a in ("surge", "s3fs", "juicefs"):
     print(f"  {a}: read {t[a]['read_mbps']:.1f} MB/s (fresh mount {t[a]['cold_read_mbps']:.1f}), write {t[a]['write_mbps']:.1f} MB/s, "
           f"creates {md[a]['create_ops']:.0f}/s, stats {md[a]['stat_ops']:.0f}/s, "
@@ -39,23 +43,42 @@ for a in ("surge", "s3fs", "juicefs"):
 rd = t["surge"]["read_mbps"] / t["s3fs"]["read_mbps"]
 wr = t["surge"]["write_mbps"] / t["s3fs"]["write_mbps"]
 cr = md["surge"]["create_ops"] / md["s3fs"]["create_ops"]
-check("read vs s3fs", rd >= 10, f"{rd:.1f}x (need >= 10x)")
-check("write vs s3fs", wr >= 16, f"{wr:.1f}x (need >= 16x; medians of 3 writes)")
-check("creates vs s3fs", cr >= 2.5, f"{cr:.1f}x (need >= 2.5x)")
+check("read vs s3fs", rd >= 10, f"{rd:.1f}x (need >= 10x)", perf=True)
+check("write vs s3fs", wr >= 16, f"{wr:.1f}x (need >= 16x; medians of 3 writes)", perf=True)
+check("creates vs s3fs", cr >= 2.5, f"{cr:.1f}x (need >= 2.5x)", perf=True)
 for o in ("s3fs", "juicefs"):
-    check(f"Montage vs {o}", mt["surge"]["seconds"] < mt[o]["seconds"], f"{mt['surge']['seconds']:.1f} s vs {mt[o]['seconds']:.1f} s")
+    check(f"Montage vs {o}", mt["surge"]["seconds"] < mt[o]["seconds"], f"{mt['surge']['seconds']:.1f} s vs {mt[o]['seconds']:.1f} s", perf=True)
 check("stale reads", r["consistency"]["stale_reads"] == 0, f"{r['consistency']['stale_reads']} in {r['consistency']['rounds']} rounds")
 check("bytes lost", r["node_loss"]["bytes_lost"] == 0, f"{r['node_loss']['bytes_lost']} of {r['node_loss']['bytes_written']} after a node SIGKILL")
 if "pool" in r:
     p = r["pool"]
     rounds = "; ".join(f"round {i + 1}: start {q['start']}, Montage peak {q['montage_peak']}, round peak {q['peak']}, end {q['end']}" for i, q in enumerate(p.get("rounds", [])))
-    check("pool grew (during Montage) and shrank (end < round peak)", p.get("grew") and p.get("shrank"), rounds)
+    check("pool grew (during Montage) and shrank (end < round peak)", p.get("grew") and p.get("shrank"), rounds, perf=True)
 else:
     print("  pool grew and shrank: NOT MEASURED (the elastic pool is not in this build)")
 check("quick run under 4 minutes", took < 240, f"{took} s", gate=False)
 for f in ("report.md", "throughput-read.svg", "throughput-write.svg"):
     p = os.path.join(out, f)
     check(f, os.path.exists(p) and os.path.getsize(p) > 0, "written")
-if bad:
-    sys.exit("BURSTBUFFER FAILED: " + "; ".join(bad))
+if bad or slow:
+    print("BURSTBUFFER FAILED: " + "; ".join(bad + slow), file=sys.stderr)
+    sys.exit(2 if bad else 3)
 PY
+}
+quick_run() {
+  local start took
+  start=$(date +%s)
+  "$BIN" --log warn experiment burstbuffer --quick --out "$1" > "$1/stdout.txt" || { echo "burstbuffer: the experiment failed" >&2; return 2; }
+  took=$(( $(date +%s) - start ))
+  echo "burstbuffer quick run took $took s; results in $1"
+  check "$1" "$took"
+}
+rc=0
+quick_run "$OUT" || rc=$?
+if [ "$rc" = 3 ]; then
+  echo "burstbuffer: performance targets not met on the first attempt (above); retrying once" >&2
+  OUT="$OUT-retry"; mkdir -p "$OUT"
+  quick_run "$OUT"
+elif [ "$rc" != 0 ]; then
+  exit "$rc"
+fi
