@@ -70,11 +70,14 @@ impl Inner {
         self.used + self.spare.bytes()
     }
 
-    /// Keeps a removed chunk's memory as a spare buffer if it fits the budget.
-    fn keep_spare(&mut self, v: Vec<u8>, capacity: u64) {
-        if v.len() == self.spare.size && self.held() + v.len() as u64 <= capacity {
+    /// Keeps `v`'s memory as a spare buffer if it is the size spares are
+    /// kept at and fits the budget; whether it was kept.
+    fn keep_spare(&mut self, v: Vec<u8>, capacity: u64) -> bool {
+        let keep = v.len() == self.spare.size && self.held() + v.len() as u64 <= capacity;
+        if keep {
             self.spare.bufs.push(v);
         }
+        keep
     }
 
     /// Evicts clean chunks, least recently used first, until `len` more
@@ -269,18 +272,21 @@ impl ChunkStore {
             }
         }
         let mut done = 0;
-        loop {
-            if self.inner.lock().held() + size as u64 > self.cfg.capacity {
-                return done;
-            }
-            let v = crate::spare::faulted_in(size);
-            let mut g = self.inner.lock();
-            if g.held() + size as u64 > self.cfg.capacity {
-                return done;
-            }
-            g.spare.bufs.push(v);
+        while self.prefault_one(size) {
             done += size as u64;
         }
+        done
+    }
+
+    /// Maps one spare buffer of `size` bytes; `false` when the budget is
+    /// full, or when spares are no longer kept at that size (a chunk of
+    /// another size arrived while the spares ran out: see [`Self::buffer`]).
+    fn prefault_one(&self, size: usize) -> bool {
+        if self.inner.lock().held() + size as u64 > self.cfg.capacity {
+            return false;
+        }
+        let v = crate::spare::faulted_in(size);
+        self.inner.lock().keep_spare(v, self.cfg.capacity)
     }
 
     pub fn get(&self, chunk: &ChunkId) -> Option<Arc<Vec<u8>>> {
@@ -449,6 +455,19 @@ mod tests {
         assert_eq!(s.buffer(7).len(), 7);
         assert_eq!(s.stat().spare_bytes, 40);
         assert_eq!(s.prefault(0), 0, "no chunk size, nothing to map");
+    }
+
+    #[test]
+    fn prefault_never_keeps_a_buffer_of_a_size_other_than_the_spares() {
+        let s = store(20, None);
+        assert_eq!(s.prefault(20), 20, "one buffer of 20 fits");
+        assert_eq!(s.buffer(20).len(), 20, "the one spare");
+        // The spares are out, so a 7-byte chunk makes 7 bytes the spare size
+        // while a prefault of 20-byte buffers is under way.
+        assert_eq!(s.buffer(7).len(), 7);
+        assert!(!s.prefault_one(20), "the prefault stops");
+        assert_eq!(s.stat().spare_bytes, 0);
+        assert_eq!(s.buffer(7).len(), 7, "a 7-byte chunk never gets a 20-byte buffer");
     }
 
     #[test]
