@@ -14,10 +14,11 @@
 # >= 2.5x s3fs, Montage faster on surge than on s3fs and on JuiceFS. They fail
 # the step only with BURSTBUFFER_STRICT=1. On this shared 2-core VM the quick
 # run's single round swings across them with the machine's state: quick runs
-# since write-only opens skip the page cache wrote 15.7-25.8x and read
-# 22.3-30.8x s3fs, and surge's Montage took 0.73-1.06 of JuiceFS's time; of
-# three clean CIs in one session, two missed one target each (Montage 11.6 vs
-# 10.9 s; write 15.7x). The write
+# since write-only opens skip the page cache wrote 10.0-25.8x and read
+# 4.7-30.8x s3fs, and surge's Montage took 0.73-1.07 of JuiceFS's time
+# until the kernel kept names, attributes and unchanged files' pages (0.61
+# in the first quick run after); of three clean CIs in one session, two
+# missed one target each (Montage 11.6 vs 10.9 s; write 15.7x). The write
 # is the median of three 64 MiB writes per approach. The full run (3 rounds,
 # docs/results/burstbuffer.md) is the record.
 # A run that misses only what timing can move (the pool's growth and shrinking;

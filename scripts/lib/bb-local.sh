@@ -55,7 +55,8 @@ bb_bucket() {
 # waits until it is mounted.
 bb_mount() {
   mkdir -p "$W/mnt"
-  "$1" --log warn bb mount "$W/mnt" 2>>"$W/mount.log" &
+  # shellcheck disable=SC2086 # BB_MOUNT_ARGS: extra mount options, word-split
+  "$1" --log warn bb mount "$W/mnt" ${BB_MOUNT_ARGS:-} 2>>"$W/mount.log" &
   MOUNT=$!
   for _ in $(seq 100); do mountpoint -q "$W/mnt" && break; sleep 0.1; done
   mountpoint -q "$W/mnt" || { cat "$W/mount.log"; exit 1; }

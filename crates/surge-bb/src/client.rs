@@ -13,7 +13,7 @@
 //!   ([`Client::read_cached`]).
 
 use crate::conn::Buffers;
-use crate::meta::{Attr, ChunkEntry, ChunkUpdate, DirEntry, FileView, Ino, Kind, MetaError, SetAttr};
+use crate::meta::{Attr, ChunkEntry, ChunkUpdate, DirEntry, FileView, Ino, Kind, MetaError, Placement, SetAttr};
 use crate::proto::ChunkId;
 use crate::spare::SpareBufs;
 use crate::tier::{DataError, Tier};
@@ -466,6 +466,13 @@ impl Client {
     /// write-behind state shared by the file's descriptors.
     pub fn open(&self, ino: Ino) -> Result<Fh> {
         self.open_fresh(self.tier.meta.getattr(ino)?)
+    }
+
+    /// A file's attributes and where its directories are, from metadata
+    /// (for a mount to check the names its kernel cached before it opens
+    /// the file with [`Client::open_fresh`]).
+    pub fn fresh_attr_with_ancestors(&self, ino: Ino) -> Result<(Attr, Vec<Placement>)> {
+        Ok(self.tier.meta.getattr_with_ancestors(ino)?)
     }
 
     /// Opens a descriptor of the file whose attributes `a` were just read

@@ -5,14 +5,20 @@
 //! behind buffers, the attributes of an open file) are answered on the loop:
 //! a hand-over costs a thread wake-up, more than such a request itself.
 //!
-//! Kernel caching: attributes and entries are cached for `attr_ttl` (0 by
-//! default: every stat asks metadata). Without `strict`, file pages stay in
-//! the kernel page cache while a file is open and are dropped at every open
-//! (close-to-open). With `strict`, files are opened direct-I/O: every read
-//! reaches the client, which reads committed metadata (read-after-write
-//! across mounts).
+//! Kernel caching: names and attributes are cached for `attr_ttl` (1 s by
+//! default, as JuiceFS does; a `stat` may be that old). Opens keep
+//! close-to-open all the same: each reads the file's attributes and its
+//! directories' places from metadata, fails with ESTALE when a name the
+//! kernel cached has moved (the kernel walks the path again, asking afresh),
+//! and drops the kernel's attributes of a changed file (see [`crate::kcache`]).
+//! Without `strict`, file pages stay in the kernel page cache while a file
+//! is open, and across an open that finds the file's content generation
+//! unchanged since its last open here; any other open drops them. With
+//! `strict`, files are opened direct-I/O: every read reaches the client,
+//! which reads committed metadata (read-after-write across mounts).
 
 use crate::client::Client;
+use crate::kcache::{KernelNames, PageGenerations};
 use crate::meta::{Attr, Kind, SetAttr};
 use crate::tier::DataError;
 use crate::workers::Workers;
@@ -24,22 +30,32 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Clone, Debug)]
 pub struct MountConfig {
     /// Direct I/O opens: read-after-write across mounts (no kernel page cache).
     pub strict: bool,
-    /// Kernel attribute/entry cache lifetime.
+    /// Kernel attribute/entry cache lifetime (opens check names and
+    /// attributes whatever it is: see the module's comment).
     pub attr_ttl: Duration,
     /// Worker threads serving FUSE requests.
     pub threads: usize,
 }
 
+impl MountConfig {
+    /// Names and attributes are cached for 1 s unless `strict` (read-after-
+    /// write across mounts: every stat asks metadata) or set.
+    pub fn new(strict: bool, attr_ttl: Option<Duration>) -> MountConfig {
+        let attr_ttl = attr_ttl.unwrap_or(if strict { Duration::ZERO } else { Duration::from_secs(1) });
+        MountConfig { strict, attr_ttl, ..Default::default() }
+    }
+}
+
 impl Default for MountConfig {
     fn default() -> Self {
-        MountConfig { strict: false, attr_ttl: Duration::ZERO, threads: 8 }
+        MountConfig { strict: false, attr_ttl: Duration::from_secs(1), threads: 8 }
     }
 }
 
@@ -52,6 +68,10 @@ pub struct BbFs {
     workers: Workers,
     next_fh: AtomicU64,
     dirs: DirListings,
+    page_gens: Arc<Mutex<PageGenerations>>,
+    names: Arc<Mutex<KernelNames>>,
+    /// Set once the session runs: invalidates attributes the kernel cached.
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -107,7 +127,26 @@ fn name_str(name: &OsStr) -> Result<String, i32> {
 impl BbFs {
     pub fn new(client: Arc<Client>, cfg: MountConfig) -> std::io::Result<BbFs> {
         let workers = Workers::start("bb-fuse", cfg.threads)?;
-        Ok(BbFs { client, cfg, workers, next_fh: AtomicU64::new(1), dirs: Arc::default() })
+        let names = Arc::new(Mutex::new(KernelNames::new(cfg.attr_ttl)));
+        Ok(BbFs {
+            client,
+            cfg,
+            workers,
+            next_fh: AtomicU64::new(1),
+            dirs: Arc::default(),
+            page_gens: Arc::default(),
+            names,
+            notifier: Arc::default(),
+        })
+    }
+
+    /// Replies with an entry, noting the name told to the kernel.
+    fn entry_replier(&self, parent: u64, name: String) -> impl FnOnce(ReplyEntry, &Attr) + Send + 'static {
+        let (ttl, names) = (self.cfg.attr_ttl, self.names.clone());
+        move |reply, a| {
+            names.lock().told(parent, &name, a.ino, Instant::now());
+            reply.entry(&ttl, &file_attr(a), 0)
+        }
     }
 
     fn spawn(&self, f: impl FnOnce(&Arc<Client>) + Send + 'static) {
@@ -122,7 +161,7 @@ impl BbFs {
         if self.cfg.strict || flags & libc::O_ACCMODE == libc::O_WRONLY {
             fuser::consts::FOPEN_DIRECT_IO
         } else {
-            0 // no KEEP_CACHE: the kernel drops cached pages at every open
+            0 // without KEEP_CACHE the kernel drops the file's cached pages
         }
     }
 }
@@ -138,13 +177,13 @@ impl Filesystem for BbFs {
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        let ttl = self.cfg.attr_ttl;
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        let answer = self.entry_replier(parent, name.clone());
         self.spawn(move |c| match c.lookup(parent, &name) {
-            Ok(a) => reply.entry(&ttl, &file_attr(&a), 0),
+            Ok(a) => answer(reply, &a),
             Err(e) => reply.error(errno(&e)),
         });
     }
@@ -189,14 +228,14 @@ impl Filesystem for BbFs {
     }
 
     fn mkdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let ttl = self.cfg.attr_ttl;
         let (uid, gid) = (req.uid(), req.gid());
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        let answer = self.entry_replier(parent, name.clone());
         self.spawn(move |c| match c.create(parent, &name, Kind::Dir, mode & !umask & 0o7777, uid, gid) {
-            Ok(a) => reply.entry(&ttl, &file_attr(&a), 0),
+            Ok(a) => answer(reply, &a),
             Err(e) => reply.error(errno(&e)),
         });
     }
@@ -206,8 +245,12 @@ impl Filesystem for BbFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        let names = self.names.clone();
         self.spawn(move |c| match c.unlink(parent, &name) {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                names.lock().forget_name(parent, &name);
+                reply.ok()
+            }
             Err(e) => reply.error(errno(&e)),
         });
     }
@@ -217,8 +260,12 @@ impl Filesystem for BbFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        let names = self.names.clone();
         self.spawn(move |c| match c.rmdir(parent, &name) {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                names.lock().forget_name(parent, &name);
+                reply.ok()
+            }
             Err(e) => reply.error(errno(&e)),
         });
     }
@@ -232,16 +279,42 @@ impl Filesystem for BbFs {
             (Ok(a), Ok(b)) => (a, b),
             _ => return reply.error(libc::EINVAL),
         };
+        let names = self.names.clone();
         self.spawn(move |c| match c.rename(parent, &name, newparent, &newname) {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                names.lock().renamed(parent, &name, newparent, &newname, Instant::now());
+                reply.ok()
+            }
             Err(e) => reply.error(errno(&e)),
         });
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
         let oflags = self.open_flags(flags);
+        let (page_gens, names, notifier) = (self.page_gens.clone(), self.names.clone(), self.notifier.clone());
+        let (strict, attrs_cached) = (self.cfg.strict, !self.cfg.attr_ttl.is_zero());
         self.spawn(move |c| {
-            let r = c.open(ino).and_then(|fh| {
+            // Close-to-open: what metadata says now, not what the kernel cached.
+            let (a, dirs) = match c.fresh_attr_with_ancestors(ino) {
+                Ok(x) => x,
+                Err(e) if e.errno() == libc::ENOENT && names.lock().was_told(ino) => return reply.error(libc::ESTALE),
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if !names.lock().still_true(&a, &dirs) {
+                return reply.error(libc::ESTALE); // the kernel walks the path again
+            }
+            // Re-reading a file nobody changed (Montage reads each projected
+            // image many times) is served by the kernel.
+            let unchanged = page_gens.lock().reopened_unchanged(ino, a.gen);
+            if !unchanged && attrs_cached {
+                // Its cached size may be older than this open's: the next
+                // stat asks (answered from the open file, in memory).
+                if let Some(n) = notifier.get() {
+                    let _ = n.inval_inode(ino, -1, 0);
+                }
+            }
+            let keep = unchanged && !strict && flags & libc::O_TRUNC == 0;
+            let r = c.open_fresh(a).and_then(|fh| {
                 if flags & libc::O_TRUNC != 0 {
                     if let Err(e) = c.truncate(ino, 0) {
                         let _ = c.release(ino, fh);
@@ -251,14 +324,14 @@ impl Filesystem for BbFs {
                 Ok(fh)
             });
             match r {
-                Ok(fh) => reply.opened(fh, oflags),
+                Ok(fh) => reply.opened(fh, if keep { oflags | fuser::consts::FOPEN_KEEP_CACHE } else { oflags }),
                 Err(e) => reply.error(errno(&e)),
             }
         });
     }
 
     fn create(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
-        let ttl = self.cfg.attr_ttl;
+        let (ttl, names) = (self.cfg.attr_ttl, self.names.clone());
         let (uid, gid) = (req.uid(), req.gid());
         let oflags = self.open_flags(flags);
         let name = match name_str(name) {
@@ -268,7 +341,10 @@ impl Filesystem for BbFs {
         self.spawn(move |c| {
             let r = c.create(parent, &name, Kind::File, mode & !umask & 0o7777, uid, gid).and_then(|a| Ok((c.open_fresh(a.clone())?, a)));
             match r {
-                Ok((fh, a)) => reply.created(&ttl, &file_attr(&a), 0, fh, oflags),
+                Ok((fh, a)) => {
+                    names.lock().told(parent, &name, a.ino, Instant::now());
+                    reply.created(&ttl, &file_attr(&a), 0, fh, oflags)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -387,7 +463,9 @@ pub fn mount(client: Arc<Client>, dir: &std::path::Path, cfg: MountConfig, stop:
     use fuser::MountOption as O;
     let opts = [O::FSName("surge-bb".into()), O::Subtype("surge-bb".into()), O::DefaultPermissions, O::AllowOther, O::RW];
     let fs = BbFs::new(client, cfg)?;
+    let notifier = fs.notifier.clone();
     let session = fuser::spawn_mount2(fs, dir, &opts)?;
+    let _ = notifier.set(session.notifier());
     tracing::info!("burst buffer mounted at {}", dir.display());
     while !session.guard.is_finished() {
         if stop.load(Ordering::SeqCst) {

@@ -14,6 +14,7 @@ pub mod client;
 pub mod conn;
 pub mod drain;
 pub mod fuse;
+pub mod kcache;
 pub mod local;
 pub mod membership;
 pub mod meta;

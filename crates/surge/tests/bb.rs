@@ -220,6 +220,69 @@ fn read_after_write_between_two_mounts() {
     }
 }
 
+/// Default mounts cache names, attributes and pages in the kernel; an open
+/// after another mount's close must still see that close's bytes, whatever
+/// the reader's kernel held: pages of the same size, an older size, a name
+/// now leading to another file, a directory now elsewhere.
+#[test]
+fn close_to_open_holds_through_the_kernels_caches() {
+    let bb = Bb::new("c2o", "1MiB");
+    let _nodes: Vec<Node> = (0..2).map(|_| bb.node(&[])).collect();
+    let (w, r) = (bb.mount("w", &[]), bb.mount("r", &[]));
+    // Plain read(2)s: std's fs::read asks statx for btime first, which
+    // the kernel always forwards, refreshing the size on the way.
+    let read = |p: &str| {
+        let (mut f, mut out, mut buf) = (fs::File::open(r.dir.join(p)).unwrap(), Vec::new(), vec![0u8; 65536]);
+        loop {
+            match std::io::Read::read(&mut f, &mut buf).unwrap() {
+                0 => return out,
+                n => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let rewrite_in_place = |p: &str, data: &[u8]| {
+        let f = OpenOptions::new().write(true).open(w.dir.join(p)).unwrap();
+        f.write_all_at(data, 0).unwrap();
+    };
+    fs::write(w.dir.join("same"), pattern(1, 300_000)).unwrap();
+    assert!(read("same") == pattern(1, 300_000));
+    rewrite_in_place("same", &pattern(2, 300_000));
+    assert!(read("same") == pattern(2, 300_000), "pages cached by the reader's kernel were kept over a change");
+
+    fs::write(w.dir.join("grows"), pattern(3, 1000)).unwrap();
+    assert!(read("grows") == pattern(3, 1000));
+    rewrite_in_place("grows", &pattern(4, 500_000));
+    assert!(read("grows") == pattern(4, 500_000), "the reader's kernel kept an older size");
+
+    fs::write(w.dir.join("cfg"), b"old").unwrap();
+    assert_eq!(read("cfg"), b"old");
+    fs::write(w.dir.join("cfg.tmp"), b"new").unwrap();
+    fs::rename(w.dir.join("cfg.tmp"), w.dir.join("cfg")).unwrap();
+    assert_eq!(read("cfg"), b"new", "a name replaced by a rename");
+
+    fs::write(w.dir.join("log"), b"first").unwrap();
+    assert_eq!(read("log"), b"first");
+    fs::rename(w.dir.join("log"), w.dir.join("log.1")).unwrap();
+    fs::write(w.dir.join("log"), b"second").unwrap();
+    assert_eq!(read("log"), b"second", "a name whose file moved away");
+    assert_eq!(read("log.1"), b"first");
+
+    fs::create_dir(w.dir.join("out")).unwrap();
+    fs::write(w.dir.join("out/ckpt"), b"round 1").unwrap();
+    assert_eq!(read("out/ckpt"), b"round 1");
+    fs::rename(w.dir.join("out"), w.dir.join("out.old")).unwrap();
+    fs::create_dir(w.dir.join("out")).unwrap();
+    fs::write(w.dir.join("out/ckpt"), b"round 2").unwrap();
+    assert_eq!(read("out/ckpt"), b"round 2", "a directory replaced by another");
+    assert_eq!(read("out.old/ckpt"), b"round 1");
+
+    fs::write(w.dir.join("gone"), b"x").unwrap();
+    assert_eq!(read("gone"), b"x");
+    fs::remove_file(w.dir.join("gone")).unwrap();
+    let e = fs::read(r.dir.join("gone")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+}
+
 /// Dirty chunks are on two nodes when fsync returns; SIGKILL one node while
 /// write-back is held back: the survivors re-replicate and write back every
 /// acknowledged byte, which then reads back from S3 and from the mount.

@@ -108,6 +108,18 @@ pub struct ChunkUpdate {
     pub entry: ChunkEntry,
 }
 
+/// Where an inode is in the namespace: the name it has in its parent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub ino: Ino,
+    pub parent: Ino,
+    pub name: String,
+}
+
+/// Directories a walk up the tree visits at most (a cycle would be a
+/// corrupt store; this bounds the walk instead of hanging).
+pub const MAX_DEPTH: usize = 4096;
+
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SetAttr {
     pub mode: Option<u32>,
@@ -231,6 +243,21 @@ pub trait MetaStore: Send + Sync {
 
     fn lookup(&self, parent: Ino, name: &str) -> MetaResult<Attr>;
     fn getattr(&self, ino: Ino) -> MetaResult<Attr>;
+    /// An inode's attributes, and where each directory above it is now,
+    /// nearest first, up to the root's child: what a mount checks the names
+    /// its kernel has cached against. Stores with transactions across keys
+    /// should answer in one round trip.
+    fn getattr_with_ancestors(&self, ino: Ino) -> MetaResult<(Attr, Vec<Placement>)> {
+        let a = self.getattr(ino)?;
+        let mut up = Vec::new();
+        let mut dir = a.parent;
+        while dir != ROOT && dir != 0 && up.len() < MAX_DEPTH {
+            let d = self.getattr(dir)?;
+            up.push(Placement { ino: dir, parent: d.parent, name: d.name });
+            dir = d.parent;
+        }
+        Ok((a, up))
+    }
     fn setattr(&self, ino: Ino, set: &SetAttr, now_ns: i64) -> MetaResult<Attr>;
     #[allow(clippy::too_many_arguments)]
     fn create(&self, parent: Ino, name: &str, kind: Kind, mode: u32, uid: u32, gid: u32, now_ns: i64)

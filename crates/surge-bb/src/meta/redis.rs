@@ -74,6 +74,26 @@ return redis.error_reply('ENOENT')
     )
 });
 
+// ARGV: P, ino, max depth. Returns {HGETALL of the inode, then parent, name
+// of each directory above it up to the root's child}: one round trip.
+static GETATTR_WITH_ANCESTORS: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local out = {redis.call('HGETALL', P..'i:'..ARGV[2])}
+local dir = redis.call('HGET', P..'i:'..ARGV[2], 'par')
+local n = 0
+while dir and dir ~= '1' and dir ~= '0' and n < tonumber(ARGV[3]) do
+  local pn = redis.call('HMGET', P..'i:'..dir, 'par', 'name')
+  if not pn[1] then return redis.error_reply('ENOENT') end
+  table.insert(out, dir); table.insert(out, pn[1]); table.insert(out, pn[2] or '')
+  dir = pn[1]
+  n = n + 1
+end
+return out
+"#,
+    )
+});
+
 // ARGV: P, parent, name, ino, kind, mode, uid, gid, now_ns, now_ms. Returns the new inode (HGETALL).
 static CREATE: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -612,6 +632,26 @@ impl MetaStore for RedisMeta {
     fn getattr(&self, ino: Ino) -> MetaResult<Attr> {
         let h: HashMap<String, String> = self.with(|c| ::redis::cmd("HGETALL").arg(self.k(&format!("i:{ino}"))).query(c))?;
         self.parse_attr(ino, &h)
+    }
+
+    fn getattr_with_ancestors(&self, ino: Ino) -> MetaResult<(Attr, Vec<Placement>)> {
+        let v: Vec<Value> = self.run(&GETATTR_WITH_ANCESTORS, &[ino.to_string(), MAX_DEPTH.to_string()])?;
+        let mut it = v.into_iter();
+        let h: HashMap<String, String> = match it.next() {
+            Some(h) => ::redis::from_redis_value(&h).map_err(|e| MetaError::Corrupt(format!("inode {ino}: {e}")))?,
+            None => return Err(MetaError::NotFound),
+        };
+        let a = self.parse_attr(ino, &h)?;
+        let rest: Vec<String> = it
+            .map(|x| ::redis::from_redis_value(&x))
+            .collect::<Result<_, _>>()
+            .map_err(|e| MetaError::Corrupt(format!("ancestors of inode {ino}: {e}")))?;
+        let num = |s: &str| s.parse::<Ino>().map_err(|_| MetaError::Corrupt(format!("ancestors of inode {ino}: {s:?}")));
+        let up = rest
+            .chunks_exact(3)
+            .map(|t| Ok(Placement { ino: num(&t[0])?, parent: num(&t[1])?, name: t[2].clone() }))
+            .collect::<MetaResult<_>>()?;
+        Ok((a, up))
     }
 
     fn setattr(&self, ino: Ino, set: &SetAttr, now_ns: i64) -> MetaResult<Attr> {

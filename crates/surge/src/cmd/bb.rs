@@ -144,9 +144,11 @@ pub enum Action {
         /// Chunks prefetched ahead of sequential readers.
         #[arg(long, default_value_t = 4)]
         read_ahead: u64,
-        /// Kernel attribute cache lifetime.
-        #[arg(long, default_value = "0s", value_parser = parse_duration)]
-        attr_ttl: std::time::Duration,
+        /// How long the kernel caches names and attributes (a `stat` may be
+        /// this old; an open always checks them). Default 1s, and 0s with
+        /// --strict (every stat asks metadata).
+        #[arg(long, value_parser = parse_duration)]
+        attr_ttl: Option<std::time::Duration>,
         /// Import the bucket's existing objects into the namespace first.
         #[arg(long)]
         import: bool,
@@ -279,7 +281,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             let client = Client::new(tier, ccfg)?;
             let stop = stop_flag()?;
-            surge_bb::fuse::mount(client, &dir, MountConfig { strict, attr_ttl, ..Default::default() }, stop)
+            surge_bb::fuse::mount(client, &dir, MountConfig::new(strict, attr_ttl), stop)
                 .with_context(|| format!("mounting {}", dir.display()))
         }
         Action::Status { path, common, json } => {
