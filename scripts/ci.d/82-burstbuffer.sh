@@ -19,7 +19,8 @@
 # until the kernel kept names, attributes and unchanged files' pages (0.61
 # in the first quick run after); of three clean CIs in one session, two
 # missed one target each (Montage 11.6 vs 10.9 s; write 15.7x). The write
-# is the median of three 64 MiB writes per approach. The full run (3 rounds,
+# is the median of three 64 MiB writes per approach, the read the median of
+# three reads of the last (one read until 2026-11-29: it read 4.7-30.8x). The full run (3 rounds,
 # docs/results/burstbuffer.md) is the record.
 # A run that misses only what timing can move (the pool's growth and shrinking;
 # the targets too under BURSTBUFFER_STRICT=1) is retried once, both attempts in the log,
@@ -53,7 +54,7 @@ for a in ("surge", "s3fs", "juicefs"):
 rd = t["surge"]["read_mbps"] / t["s3fs"]["read_mbps"]
 wr = t["surge"]["write_mbps"] / t["s3fs"]["write_mbps"]
 cr = md["surge"]["create_ops"] / md["s3fs"]["create_ops"]
-check("read vs s3fs", rd >= 10, f"{rd:.1f}x (need >= 10x)", target=True)
+check("read vs s3fs", rd >= 10, f"{rd:.1f}x (need >= 10x; medians of 3 reads)", target=True)
 check("write vs s3fs", wr >= 16, f"{wr:.1f}x (need >= 16x; medians of 3 writes)", target=True)
 check("creates vs s3fs", cr >= 2.5, f"{cr:.1f}x (need >= 2.5x)", target=True)
 for o in ("s3fs", "juicefs"):

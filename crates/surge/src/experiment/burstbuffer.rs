@@ -45,7 +45,7 @@ pub struct Plan {
     /// Nodes of the surge-only checks (a node is killed in one).
     pub check_nodes: usize,
     pub seq_mib: u64,
-    /// Sequential writes per round (the median counts).
+    /// Sequential writes per round, and reads of the last (the medians count).
     pub seq_writes: usize,
     pub seq_bs_kib: u64,
     pub rand_ops: u64,
@@ -361,7 +361,18 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             let s = rig.round(k, round)?;
             let t = &s.throughput;
             let writes: Vec<String> = t.seq_write_samples_mbps.iter().map(|w| format!("{w:.0}")).collect();
-            eprintln!("  {} round {}: write {:.0} MB/s ({}), read {:.0} MB/s (fresh mount {:.0}), Montage {:.1} s", k.name(), round + 1, t.seq_write_mbps, writes.join(", "), t.seq_read_mbps, t.cold_read_mbps, s.montage_s);
+            let reads: Vec<String> = t.seq_read_samples_mbps.iter().map(|r| format!("{r:.0}")).collect();
+            eprintln!(
+                "  {} round {}: write {:.0} MB/s ({}), read {:.0} MB/s ({}; fresh mount {:.0}), Montage {:.1} s",
+                k.name(),
+                round + 1,
+                t.seq_write_mbps,
+                writes.join(", "),
+                t.seq_read_mbps,
+                reads.join(", "),
+                t.cold_read_mbps,
+                s.montage_s
+            );
             samples.push(s);
         }
     }

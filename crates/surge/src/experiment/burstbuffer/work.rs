@@ -46,7 +46,9 @@ pub struct Throughput {
     /// Median of the writes below.
     pub seq_write_mbps: f64,
     pub seq_write_samples_mbps: Vec<f64>,
+    /// Median of the reads below.
     pub seq_read_mbps: f64,
+    pub seq_read_samples_mbps: Vec<f64>,
     /// Sequential read through a fresh mount.
     pub cold_read_mbps: f64,
     pub rand_write_mbps: f64,
@@ -61,9 +63,10 @@ fn f(v: &Value, k: &str) -> f64 {
 /// `plan.seq_writes` times, each to a new file once the file system is quiet
 /// again (its write-back done); the median counts: a write of tens of
 /// milliseconds is at the mercy of one stall of a shared machine. The
-/// sequential read runs twice on the last file: on the mount that wrote it,
-/// then on a fresh mount (memory caches of the client cold); the random I/O on
-/// the fresh mount.
+/// sequential read of the last file runs as many times on the mount that
+/// wrote it, the page cache dropped before each (the median counts, for the
+/// same reason), then once on a fresh mount (memory caches of the client
+/// cold); the random I/O on the fresh mount.
 pub fn throughput(tool: &Tool, m: &mut dyn Mounted, plan: &Plan) -> anyhow::Result<Throughput> {
     let (bs, rbs) = (plan.seq_bs_kib.to_string(), plan.rand_bs_kib.to_string());
     let count = plan.rand_ops.to_string();
@@ -80,8 +83,11 @@ pub fn throughput(tool: &Tool, m: &mut dyn Mounted, plan: &Plan) -> anyhow::Resu
     }
     let file = files.last().expect("one write at least").to_str().context("path")?.to_string();
     let file = file.as_str();
-    drop_caches();
-    let r = tool.run(&["seq-read", file, &bs])?;
+    let mut reads = vec![];
+    for _ in 0..plan.seq_writes.max(1) {
+        drop_caches();
+        reads.push(f(&tool.run(&["seq-read", file, &bs])?, "mbps"));
+    }
     m.remount()?;
     drop_caches();
     let cold = tool.run(&["seq-read", file, &bs])?;
@@ -94,7 +100,8 @@ pub fn throughput(tool: &Tool, m: &mut dyn Mounted, plan: &Plan) -> anyhow::Resu
     Ok(Throughput {
         seq_write_mbps: super::report::stats(writes.iter().copied()).0,
         seq_write_samples_mbps: writes,
-        seq_read_mbps: f(&r, "mbps"),
+        seq_read_mbps: super::report::stats(reads.iter().copied()).0,
+        seq_read_samples_mbps: reads,
         cold_read_mbps: f(&cold, "mbps"),
         rand_write_mbps: f(&rw, "mbps"),
         rand_read_mbps: f(&rr, "mbps"),
