@@ -10,7 +10,7 @@
 //! close-to-open all the same: each reads the file's attributes and its
 //! directories' places from metadata, fails with ESTALE when a name the
 //! kernel cached has moved (the kernel walks the path again, asking afresh),
-//! and drops the kernel's attributes of a changed file (see [`crate::kcache`]).
+//! and drops the kernel's attributes of the file (see [`crate::kcache`]).
 //! Without `strict`, file pages stay in the kernel page cache while a file
 //! is open, and across an open that finds the file's content generation
 //! unchanged since its last open here; any other open drops them. With
@@ -306,9 +306,10 @@ impl Filesystem for BbFs {
             // Re-reading a file nobody changed (Montage reads each projected
             // image many times) is served by the kernel.
             let unchanged = page_gens.lock().reopened_unchanged(ino, a.gen);
-            if !unchanged && attrs_cached {
-                // Its cached size may be older than this open's: the next
-                // stat asks (answered from the open file, in memory).
+            if attrs_cached {
+                // The kernel's attributes may be older than this open's (a
+                // size, a mode another mount set): the next stat asks, and
+                // is answered from the open file, in memory.
                 if let Some(n) = notifier.get() {
                     let _ = n.inval_inode(ino, -1, 0);
                 }

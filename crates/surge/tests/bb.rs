@@ -254,6 +254,15 @@ fn close_to_open_holds_through_the_kernels_caches() {
     rewrite_in_place("grows", &pattern(4, 500_000));
     assert!(read("grows") == pattern(4, 500_000), "the reader's kernel kept an older size");
 
+    // A mode set by another mount: an open's fstat (plain, as C programs
+    // call it) sees it.
+    fs::set_permissions(w.dir.join("same"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let f = fs::File::open(r.dir.join("same")).unwrap();
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&f), &mut st) }, 0);
+    assert_eq!(st.st_mode & 0o777, 0o600, "an open kept the kernel's older mode");
+    drop(f);
+
     fs::write(w.dir.join("cfg"), b"old").unwrap();
     assert_eq!(read("cfg"), b"old");
     fs::write(w.dir.join("cfg.tmp"), b"new").unwrap();
