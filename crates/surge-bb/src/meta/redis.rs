@@ -986,6 +986,35 @@ mod tests {
         assert_eq!(a.create(ROOT, "a0", Kind::File, 0o644, 0, 0, 1).unwrap_err(), MetaError::Exists);
     }
 
+    /// The one-script walk answers as the trait's walk of getattrs does,
+    /// after a rename of a directory too, and a gone inode is NotFound.
+    #[test]
+    fn getattr_with_ancestors_walks_up_to_the_root_in_one_script() {
+        let (_dir, redis) = redis();
+        let m = formatted(&redis.url());
+        let a = m.create(ROOT, "a", Kind::Dir, 0o755, 0, 0, 1).unwrap();
+        let b = m.create(a.ino, "b", Kind::Dir, 0o755, 0, 0, 1).unwrap();
+        let f = m.create(b.ino, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
+        let place = |ino, parent, name: &str| Placement { ino, parent, name: name.into() };
+        let (attr, up) = m.getattr_with_ancestors(f.ino).unwrap();
+        assert_eq!(attr, m.getattr(f.ino).unwrap());
+        assert_eq!(up, vec![place(b.ino, a.ino, "b"), place(a.ino, ROOT, "a")]);
+        m.rename(ROOT, "a", ROOT, "z", 2).unwrap();
+        // What a getattr per directory finds (the trait's default).
+        let mut walked = vec![];
+        let mut dir = m.getattr(f.ino).unwrap().parent;
+        while dir != ROOT {
+            let d = m.getattr(dir).unwrap();
+            walked.push(place(dir, d.parent, &d.name));
+            dir = d.parent;
+        }
+        assert_eq!(m.getattr_with_ancestors(f.ino).unwrap().1, walked);
+        assert_eq!(m.getattr_with_ancestors(f.ino).unwrap().1[1], place(a.ino, ROOT, "z"));
+        assert_eq!(m.getattr_with_ancestors(ROOT).unwrap().1, vec![]);
+        m.unlink(b.ino, "f", 3).unwrap();
+        assert_eq!(m.getattr_with_ancestors(f.ino).unwrap_err(), MetaError::NotFound);
+    }
+
     #[test]
     fn lookup_tells_a_missing_name_from_a_parent_that_is_not_a_directory() {
         let (_dir, redis) = redis();
