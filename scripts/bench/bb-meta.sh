@@ -11,6 +11,7 @@
 # Prints one line per run (ops/s of each phase, Montage seconds and the
 # mount process's CPU seconds during it) and the medians per binary.
 # Without -b, only SURGE_A (default: this checkout's release build) runs.
+# BB_MOUNT_ARGS adds options to `surge bb mount`, e.g. BB_MOUNT_ARGS="--attr-ttl 0s".
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 A="$REPO/${CARGO_TARGET_DIR:-target}/release/surge"

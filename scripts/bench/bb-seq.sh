@@ -16,6 +16,7 @@
 # the nodes and moto during the read) and the medians per binary. Root (drops
 # the page cache). Without -b, only SURGE_A (default: this checkout's
 # release build) runs.
+# BB_MOUNT_ARGS adds options to `surge bb mount`, e.g. BB_MOUNT_ARGS="--attr-ttl 0s".
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 A="$REPO/${CARGO_TARGET_DIR:-target}/release/surge"
