@@ -6,16 +6,22 @@
 # as in the experiment, bb mount; no emulated link), for one or two surge
 # binaries, alternating, ROUNDS times each. With -c, a fresh mount reads the
 # file (the client's chunk cache is cold: the bytes come from the nodes).
-# -p adds an argument to `surge bb pool` (repeat), e.g.
+# -n WRITES writes that many files in turn, each once the last is in S3 (as
+# the experiment does; the read is of the last); -m MIN starts the pool at MIN
+# nodes (default 2; the experiment's pool has grown to 6 by its throughput
+# phase), -M MAX lets it grow to MAX (default 6), -g SIZE gives each node SIZE
+# of memory (default 256MiB, as in the experiment). -p adds an argument to `surge bb pool` (repeat), e.g.
 # `-p --node-arg=--writeback-delay=60s` keeps write-back (and the S3 server's
 # CPU) out of the measurement.
 #
-#   scripts/bench/bb-seq.sh [-a SURGE_A] [-b SURGE_B] [-r ROUNDS] [-s MIB] [-w KIB] [-c] [-p POOL_ARG]...
+#   scripts/bench/bb-seq.sh [-a SURGE_A] [-b SURGE_B] [-r ROUNDS] [-s MIB] [-w KIB] [-n WRITES] [-m MIN] [-M MAX] [-g SIZE] [-c] [-p POOL_ARG]...
 #
-# Prints one line per run (MB/s, and the CPU seconds of the mount, Redis,
+# Prints one line per run (MB/s of each write, and the CPU seconds of the mount, Redis,
 # the nodes and moto during the read) and the medians per binary. Root (drops
 # the page cache). Without -b, only SURGE_A (default: this checkout's
 # release build) runs.
+# The pool's and nodes' log ($W/pool.log) gets a line at each write's start and
+# end, to set beside the nodes' (`-p --node-arg=--log=surge_bb=info`).
 # BB_MOUNT_ARGS adds options to `surge bb mount`, e.g. BB_MOUNT_ARGS="--attr-ttl 0s".
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -25,17 +31,25 @@ ROUNDS=3
 MIB=64
 WRITE_KIB=1024
 COLD=""
+WRITES=1
+MIN=2
+MAX=6
+NODE_MEM=256MiB
 POOL_ARGS=()
-while getopts "a:b:r:s:w:cp:" o; do
+while getopts "a:b:r:s:w:n:m:M:g:cp:" o; do
   case $o in
     a) A=$(realpath "$OPTARG") ;;
     b) B=$(realpath "$OPTARG") ;;
     r) ROUNDS=$OPTARG ;;
     s) MIB=$OPTARG ;;
     w) WRITE_KIB=$OPTARG ;;
+    n) WRITES=$OPTARG ;;
+    m) MIN=$OPTARG ;;
+    M) MAX=$OPTARG ;;
+    g) NODE_MEM=$OPTARG ;;
     c) COLD=1 ;;
     p) POOL_ARGS+=("$OPTARG") ;;
-    *) sed -n 2,17p "$0"; exit 2 ;;
+    *) sed -n 2,22p "$0"; exit 2 ;;
   esac
 done
 . "$REPO/scripts/lib/bb-local.sh"
@@ -46,6 +60,15 @@ MOTO=${PIDS[0]}
 cpu_all() { echo "$(cpu_s "$MOUNT") $(cpu_s "$1") $(cpu_s $(nodes)) $(cpu_s "$MOTO")"; }
 nodes() { pgrep -f "bb node" | paste -sd' '; }
 
+# Until `surge bb status` finds every file in S3.
+wait_persisted() {
+  for _ in $(seq 1500); do
+    "$1" --log error bb status --json / | python3 -c 'import json,sys; sys.exit(0 if all(f["persisted"] for f in json.load(sys.stdin)) else 1)' && return
+    sleep 0.2
+  done
+  echo "files not in S3 after 300 s" >&2; return 1
+}
+
 umount_bb() { fusermount3 -u "$W/mnt"; wait "$MOUNT" || true; }
 
 run() {
@@ -53,31 +76,37 @@ run() {
   bb_bucket "seq-$tag"
   bb_start_redis "$bin" "$W/redis-$tag"
   redis=$(pgrep -f "redis-server.*$(echo "$SURGE_BB_REDIS" | sed 's|.*:\([0-9]*\)/|\1|')" | head -1)
-  "$bin" --log warn bb pool --min 2 --max 6 --interval 1s --node-memory 256MiB "${POOL_ARGS[@]}" 2>>"$W/pool.log" &
+  "$bin" --log warn bb pool --min "$MIN" --max "$MAX" --interval 1s --node-memory "$NODE_MEM" "${POOL_ARGS[@]}" 2>>"$W/pool.log" &
   pool=$!
   PIDS+=($pool)
-  for _ in $(seq 100); do [ "$("$bin" --log error bb status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["nodes"]))')" -ge 2 ] && break; sleep 0.2; done
+  for _ in $(seq 100); do [ "$("$bin" --log error bb status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["nodes"]))')" -ge "$MIN" ] && break; sleep 0.2; done
   bb_mount "$bin"
-  python3 "$FSBENCH" seq-write "$W/mnt/seq.dat" "$MIB" "$WRITE_KIB" >"$W/$tag.w.json"
+  for i in $(seq "$WRITES"); do
+    [ "$i" = 1 ] || wait_persisted "$bin"
+    echo "write $i starts $(date -u +%T.%N)" >>"$W/pool.log"
+    python3 "$FSBENCH" seq-write "$W/mnt/seq.dat.$i" "$MIB" "$WRITE_KIB" >"$W/$tag.w$i.json"
+    echo "write $i ends $(date -u +%T.%N)" >>"$W/pool.log"
+  done
   if [ -n "$COLD" ]; then umount_bb; bb_mount "$bin"; fi
   sync; echo 3 >/proc/sys/vm/drop_caches
   c0=$(cpu_all "$redis")
-  python3 "$FSBENCH" seq-read "$W/mnt/seq.dat" 1024 >"$W/$tag.r.json"
+  python3 "$FSBENCH" seq-read "$W/mnt/seq.dat.$WRITES" 1024 >"$W/$tag.r.json"
   c1=$(cpu_all "$redis")
   umount_bb
   kill "$pool" 2>/dev/null || true
   wait "$pool" 2>/dev/null || true
   pkill -f "bb node" 2>/dev/null || true
   bb_stop_from "$first"
-  python3 - "$W" "$tag" "$c0" "$c1" <<'PY'
-import json, sys
+  python3 - "$W" "$tag" "$c0" "$c1" "$WRITES" <<'PY'
+import json, statistics, sys
 w, tag = sys.argv[1], sys.argv[2]
 c0, c1 = [list(map(float, a.split())) for a in sys.argv[3:5]]
 cpu = [b - a for a, b in zip(c0, c1)]
-r = {"write_mbps": json.load(open(f"{w}/{tag}.w.json"))["mbps"], "read_mbps": json.load(open(f"{w}/{tag}.r.json"))["mbps"],
+writes = [json.load(open(f"{w}/{tag}.w{i}.json"))["mbps"] for i in range(1, int(sys.argv[5]) + 1)]
+r = {"write_mbps": statistics.median(writes), "writes_mbps": writes, "read_mbps": json.load(open(f"{w}/{tag}.r.json"))["mbps"],
      "read_cpu": dict(zip(["mount", "redis", "nodes", "moto"], cpu))}
 json.dump(r, open(f"{w}/{tag}.res.json", "w"))
-print(f"{tag}: write {r['write_mbps']:.0f} MB/s, read {r['read_mbps']:.0f} MB/s; CPU s during the read: " + ", ".join(f"{k} {v:.2f}" for k, v in r["read_cpu"].items()))
+print(f"{tag}: write {' '.join(f'{x:.0f}' for x in writes)} MB/s, read {r['read_mbps']:.0f} MB/s; CPU s during the read: " + ", ".join(f"{k} {v:.2f}" for k, v in r["read_cpu"].items()))
 PY
 }
 

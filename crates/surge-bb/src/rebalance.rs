@@ -18,8 +18,17 @@
 //! while chunks are left (dirty, or their target failed: a failed target is
 //! skipped for the rest of the pass). Copying is paced to `rate` bytes per
 //! second in a thread of its own: client I/O never waits for it.
+//!
+//! Nor does client I/O share the node with it: a pass starts, and each copy
+//! goes, only once the node has taken no write for `quiet`; otherwise the
+//! pass stops and the next one (after `retry`) looks again. A rebalance only
+//! saves later reads a trip to S3, while its copies take the CPU and network
+//! a write burst needs; and a pool grows during exactly such bursts.
+//! (Measured, 3 rounds each: `scripts/bench/bb-seq.sh -s 256 -n 3 -m 2`, where the pool
+//! grows during the first write, wrote the next two at 670-1027 MB/s with
+//! rebalancing copying beside them, 1071-1306 MB/s with it off.)
 
-use crate::meta::{ChunkEntry, DrainProgress};
+use crate::meta::{ChunkEntry, DrainProgress, MetaError};
 use crate::placement;
 use crate::proto::ChunkId;
 use crate::store::ChunkStore;
@@ -34,12 +43,19 @@ pub struct RebalanceConfig {
     pub rate: u64,
     /// While chunks are left to move, look again this often.
     pub retry: Duration,
+    /// Copy only once the node has taken no write for this long.
+    pub quiet: Duration,
 }
 
 impl Default for RebalanceConfig {
     fn default() -> Self {
-        RebalanceConfig { rate: 128 << 20, retry: Duration::from_secs(2) }
+        RebalanceConfig { rate: 128 << 20, retry: Duration::from_secs(2), quiet: Duration::from_secs(1) }
     }
+}
+
+/// The node has taken no write (last at `last_write`) for `quiet` by `now`.
+pub fn writes_quiet(last_write: Option<Instant>, now: Instant, quiet: Duration) -> bool {
+    last_write.map_or(true, |t| now.saturating_duration_since(t) >= quiet)
 }
 
 /// How long to wait so that `moved` bytes in `elapsed` stay within `rate` bytes/s.
@@ -63,6 +79,14 @@ enum Step {
     Dropped,
     /// Not now: dirty, its target failed, or its entry changed.
     Wait,
+}
+
+/// A file deleted since its chunks were listed: nothing of it to move.
+fn gone<T>(r: Result<T, MetaError>) -> Result<Option<T>, MetaError> {
+    match r {
+        Err(MetaError::NotFound) => Ok(None),
+        r => r.map(Some),
+    }
 }
 
 /// A rebalance in progress: from the first pass with something to move until
@@ -122,7 +146,7 @@ impl Rebalancer {
     fn to_move(&self, misplaced: Vec<(ChunkId, u64)>) -> Result<Vec<Move>, DataError> {
         let mut v = Vec::new();
         for (c, len) in misplaced {
-            let (_, e) = self.tier.meta.chunks(c.ino, &[c.idx])?;
+            let Some((_, e)) = gone(self.tier.meta.chunks(c.ino, &[c.idx]))? else { continue };
             if let Some(e) = e.into_iter().flatten().find(|e| e.ver == c.ver && e.holders.contains(&self.me)) {
                 v.push(Move { c, len, e });
             }
@@ -137,7 +161,7 @@ impl Rebalancer {
         let top: Vec<&str> = placement::rank(nodes, &m.c).into_iter().take(self.tier.replicas).collect();
         if top.iter().all(|t| m.e.holders.iter().any(|h| h == t)) {
             // In S3, so dropping this holder never leaves it without a copy.
-            self.tier.meta.drop_holder(&m.c, &self.me)?;
+            gone(self.tier.meta.drop_holder(&m.c, &self.me))?;
             self.store.delete(&m.c);
             return Ok(Step::Dropped);
         }
@@ -153,15 +177,24 @@ impl Rebalancer {
         }
     }
 
+    fn quiet(&self) -> bool {
+        writes_quiet(self.store.last_dirty_put(), Instant::now(), self.cfg.quiet)
+    }
+
     /// One pass over the placement nodes `nodes` (sorted, this node among
     /// them): moves what it can, paced, publishing progress (None once
-    /// nothing is left) and stopping early when `stop` says so.
+    /// nothing is left) and stopping early when `stop` says so or the node
+    /// takes writes (see the module comment).
     pub fn pass(&self, st: &mut State, nodes: &[String], publish: &mut dyn FnMut(Option<DrainProgress>), stop: &dyn Fn() -> bool) -> Result<(), DataError> {
         let added: Vec<&String> = nodes.iter().filter(|n| !st.nodes.contains(n)).collect();
         let added = if st.nodes.is_empty() { String::new() } else { format!(" ({added:?} joined)") };
         st.nodes = nodes.to_vec();
         st.last = Some(Instant::now());
         st.left = true; // until this pass says otherwise: an error retries
+        if !self.quiet() {
+            tracing::debug!("rebalance: this node is taking writes; looking again in {:?}", self.cfg.retry);
+            return Ok(());
+        }
         let work = self.to_move(self.misplaced(nodes))?;
         let total: u64 = work.iter().map(|m| m.len).sum();
         if work.is_empty() {
@@ -188,7 +221,7 @@ impl Rebalancer {
         let mut failed = HashSet::new();
         let (start, mut moved, mut published) = (Instant::now(), 0u64, Instant::now());
         for m in &work {
-            if stop() {
+            if stop() || !self.quiet() {
                 break;
             }
             match self.move_one(m, nodes, &mut failed)? {
@@ -241,6 +274,16 @@ mod tests {
         assert_eq!(pace(20 * mib, Duration::from_millis(500), 10 * mib), Duration::from_millis(1500));
         assert_eq!(pace(20 * mib, Duration::from_secs(5), 10 * mib), Duration::ZERO, "never a negative wait");
         assert_eq!(pace(u64::MAX, Duration::ZERO, 0), Duration::ZERO, "rate 0: not paced");
+    }
+
+    #[test]
+    fn copies_wait_until_the_node_has_taken_no_write_for_the_quiet_time() {
+        let t0 = Instant::now();
+        let quiet = Duration::from_secs(1);
+        assert!(writes_quiet(None, t0, quiet), "a node that never took a write");
+        assert!(!writes_quiet(Some(t0), t0 + Duration::from_millis(999), quiet));
+        assert!(writes_quiet(Some(t0), t0 + quiet, quiet));
+        assert!(!writes_quiet(Some(t0 + quiet), t0, quiet), "a write stamped after `now` (another thread's clock read)");
     }
 
     #[test]

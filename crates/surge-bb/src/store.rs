@@ -46,6 +46,8 @@ struct Inner {
     spilled: HashMap<ChunkId, u64>,
     spill_used: u64,
     spare: Spare,
+    /// When the last dirty chunk (a write) arrived.
+    last_dirty_put: Option<Instant>,
 }
 
 /// Memory for incoming chunks of one size (the file system's chunk size),
@@ -154,8 +156,12 @@ impl ChunkStore {
 
     fn insert(&self, chunk: ChunkId, data: Vec<u8>, dirty: bool, evicted: &mut Vec<(ChunkId, Arc<Vec<u8>>)>) -> Result<(), PutError> {
         let len = data.len() as u64;
+        let now = Instant::now();
         let mut g = self.inner.lock();
         let inner = &mut *g;
+        if dirty {
+            inner.last_dirty_put = Some(now);
+        }
         if let Some(old) = inner.mem.get(&chunk) {
             // Same version again (a retried put): keep the stronger flag.
             if old.dirty || !dirty {
@@ -178,7 +184,7 @@ impl ChunkStore {
             inner.dirty_bytes += len;
         }
         inner.used += len;
-        inner.mem.insert(chunk, Entry { data: Arc::new(data), dirty, stored: Instant::now(), stamp });
+        inner.mem.insert(chunk, Entry { data: Arc::new(data), dirty, stored: now, stamp });
         inner.trim_spare(self.cfg.capacity);
         Ok(())
     }
@@ -326,6 +332,11 @@ impl ChunkStore {
                 let _ = std::fs::remove_file(p);
             }
         }
+    }
+
+    /// When a dirty chunk (a write) last came in, taken or refused as full.
+    pub fn last_dirty_put(&self) -> Option<Instant> {
+        self.inner.lock().last_dirty_put
     }
 
     /// The chunk is now in S3: it may be evicted from here on.

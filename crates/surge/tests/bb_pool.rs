@@ -549,3 +549,52 @@ fn dirty_chunks_move_to_an_added_node_only_once_written_back() {
     drop(m);
     assert_reads_back(&bb, "m2", &acked);
 }
+
+/// A node joins while a client keeps writing: the old nodes, taking the
+/// writes, leave their clean chunks where they are (their copies would take
+/// the CPU and network the writes need), and move the new node's share
+/// once the writes stop. (Before, the copies ran beside the writes.)
+#[test]
+fn a_rebalance_waits_until_its_node_takes_no_writes() {
+    let mut bb = Bb::new("rebalance-quiet", "256KiB");
+    let nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    let acked = write_acked(&m, 12, 700_000);
+    bb.wait_persisted("/", Duration::from_secs(60));
+    let meta = surge_bb::meta::redis::RedisMeta::connect(&bb.redis.url(), "default").unwrap();
+    let before = chunks_of(&meta, &acked);
+
+    // Files of 2-3 chunks every ~50 ms: every node takes a write far more
+    // often than once a second (the default --rebalance-quiet).
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (dir, stop) = (m.dir.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let mut f = fs::File::create(dir.join(format!("w{}", i % 20))).unwrap();
+                f.write_all(&pattern(i, 600_000)).unwrap();
+                f.sync_all().unwrap();
+                i += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            i
+        })
+    };
+    let added = bb.node(&[]);
+    let mut all: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    all.push(added.addr.clone());
+    assert!(before.iter().any(|(c, _)| top2(&all, c).contains(&added.addr)), "some chunk must belong to the new node");
+    std::thread::sleep(Duration::from_secs(5)); // passes are due every 2 s
+    let during = chunks_of(&meta, &acked);
+    stop.store(true, Ordering::SeqCst);
+    let written = writer.join().unwrap();
+    assert!(written >= 20, "the writer must have kept writing: {written} files");
+    assert_eq!(before, during, "clean chunks moved while their nodes took writes\n{}", bb.logs());
+    assert!(!bb.logs().contains("rebalance started"), "a rebalance started during the writes:\n{}", bb.logs());
+
+    wait_placed(&bb, &meta, &acked, &all, Duration::from_secs(60));
+    assert!(bb.logs().contains("rebalance done: moved"), "the share must move once the writes stop:\n{}", bb.logs());
+    drop(m);
+    assert_reads_back(&bb, "m2", &acked);
+}

@@ -121,6 +121,10 @@ pub enum Action {
         /// (rebalancing its clean chunks); 0 turns rebalancing off.
         #[arg(long, default_value = "128MiB", value_parser = parse_size)]
         rebalance_rate: u64,
+        /// Rebalance only once this node has taken no write for this long: its
+        /// copies would take the CPU and network a write burst needs.
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        rebalance_quiet: std::time::Duration,
         /// Do not map the memory budget at start. By default a node maps it
         /// (at idle CPU priority) so that a write burst's chunks land in
         /// memory already mapped instead of faulting in fresh pages.
@@ -244,13 +248,13 @@ fn wait_for(stop: &AtomicBool) {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.action {
-        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline, rebalance_rate, no_prefault } => {
+        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline, rebalance_rate, rebalance_quiet, no_prefault } => {
             let tier = common.tier()?;
             let cfg = NodeConfig {
                 listen,
                 store: StoreConfig { capacity: memory, spill_dir, spill_capacity: spill_size },
                 writeback: WritebackConfig { delay: writeback_delay, deadline: writeback_deadline, ..Default::default() },
-                rebalance: RebalanceConfig { rate: rebalance_rate, ..Default::default() },
+                rebalance: RebalanceConfig { rate: rebalance_rate, quiet: rebalance_quiet, ..Default::default() },
                 prefault: !no_prefault,
             };
             let stop = stop_flag()?;

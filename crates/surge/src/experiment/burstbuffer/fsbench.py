@@ -36,13 +36,18 @@ def seq_write(path, mib, bs_kib):
     total = mib << 20
     t0 = time.monotonic()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    t1 = time.monotonic()
     done = 0
     while done < total:
         done += os.write(fd, buf[: min(bs, total - done)])
+    t2 = time.monotonic()
     os.fsync(fd)
+    t3 = time.monotonic()
     os.close(fd)
     dt = time.monotonic() - t0
-    return {"bytes": total, "seconds": dt, "mbps": total / dt / 1e6}
+    # Where the time went: open, the writes, fsync, close.
+    phases = {"open": t1 - t0, "write": t2 - t1, "fsync": t3 - t2, "close": t0 + dt - t3}
+    return {"bytes": total, "seconds": dt, "mbps": total / dt / 1e6, "phases_s": phases}
 
 
 def seq_read(path, bs_kib):
