@@ -116,6 +116,16 @@ pub fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The kernel refused to drop its cached attributes of `ino`: ENOENT means
+/// it holds none (nothing to drop); anything else means a stat may show
+/// attributes older than the open's, said once per mount.
+fn inval_refused(ino: u64, e: &std::io::Error) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if e.raw_os_error() != Some(libc::ENOENT) && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!("the kernel refused to drop its cached attributes of inode {ino} at open ({e}): a stat may show older ones for up to --attr-ttl (said once)");
+    }
+}
+
 fn errno(e: &DataError) -> i32 {
     e.errno()
 }
@@ -310,8 +320,8 @@ impl Filesystem for BbFs {
                 // The kernel's attributes may be older than this open's (a
                 // size, a mode another mount set): the next stat asks, and
                 // is answered from the open file, in memory.
-                if let Some(n) = notifier.get() {
-                    let _ = n.inval_inode(ino, -1, 0);
+                if let Some(Err(e)) = notifier.get().map(|n| n.inval_inode(ino, -1, 0)) {
+                    inval_refused(ino, &e);
                 }
             }
             let keep = unchanged && !strict && flags & libc::O_TRUNC == 0;

@@ -51,12 +51,18 @@ struct Shared {
 impl NodeHandle {
     /// Leaves the membership and stops the background loops (the listener
     /// thread ends with the process).
+    /// Leaves the pool and stops serving: the listener closes (a connect
+    /// wakes its accept to see the flag), and each open connection closes
+    /// at its next request, so clients go to other holders.
     pub fn stop(&self) {
         {
             let _g = self.shared.info.lock(); // no heartbeat in flight past this point
             self.shared.stop.store(true, Ordering::SeqCst);
         }
         let _ = self.tier.members.leave(&self.addr);
+        if let Ok(a) = self.addr.parse() {
+            let _ = TcpStream::connect_timeout(&a, Duration::from_secs(1));
+        }
     }
 
     /// Starts leaving the pool (as `surge bb drain` does).
@@ -152,6 +158,7 @@ fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
     let mut r = BufReader::with_capacity(1 << 20, stream);
     loop {
         let (id, reply) = match proto::read_request_into(&mut r, |n| shared.store.buffer(n)) {
+            Ok(Some(_)) if shared.stop.load(Ordering::SeqCst) => return,
             Ok(Some((id, req))) => (id, handle(&shared, req)),
             Ok(None) => return,
             Err(proto::ReadError::Io(e)) => {
@@ -199,6 +206,9 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
     let s2 = shared.clone();
     std::thread::Builder::new().name("bb-listen".into()).spawn(move || {
         for conn in listener.incoming() {
+            if s2.stop.load(Ordering::SeqCst) {
+                break; // the listener closes with this thread
+            }
             match conn {
                 Ok(c) => {
                     let s = s2.clone();

@@ -506,3 +506,23 @@ fn readers_waiting_on_a_failed_fetch_get_the_error_not_a_hang() {
     assert!(reader.read(ino, 0, 10).is_err());
     assert!(reader.chunk_fetches() > before, "a failed fetch must not be remembered as done");
 }
+
+/// A stopped in-process node serves nothing more: a connection it had
+/// answered gets no answer to its next request, and a new one is refused.
+/// (Before, its listener kept accepting and serving after the stop.)
+#[test]
+fn a_stopped_node_closes_its_listener_and_connections() {
+    let s = setup(1);
+    let n = &s.nodes[0];
+    let pool = surge_bb::conn::NodePool::new(std::time::Duration::from_secs(2));
+    let c = surge_bb::proto::ChunkId { ino: 7, idx: 0, ver: 1 };
+    pool.put(&n.addr, c, &[5; 1000], false).unwrap();
+    assert!(pool.has(&n.addr, c).unwrap(), "the node serves before the stop");
+    n.stop();
+    assert!(pool.has(&n.addr, c).is_err(), "the open connection was served after the stop");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::net::TcpStream::connect(&n.addr).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "the listener still accepts 5 s after the stop");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
