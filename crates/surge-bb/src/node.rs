@@ -49,9 +49,7 @@ struct Shared {
 }
 
 impl NodeHandle {
-    /// Leaves the membership and stops the background loops (the listener
-    /// thread ends with the process).
-    /// Leaves the pool and stops serving: the listener closes (a connect
+    /// Leaves the pool, stops the background loops, and stops serving: the listener closes (a connect
     /// wakes its accept to see the flag), and each open connection closes
     /// at its next request, so clients go to other holders.
     pub fn stop(&self) {
