@@ -55,7 +55,7 @@ impl Default for RebalanceConfig {
 
 /// The node has taken no write (last at `last_write`) for `quiet` by `now`.
 pub fn writes_quiet(last_write: Option<Instant>, now: Instant, quiet: Duration) -> bool {
-    last_write.map_or(true, |t| now.saturating_duration_since(t) >= quiet)
+    !matches!(last_write, Some(t) if now.saturating_duration_since(t) < quiet)
 }
 
 /// How long to wait so that `moved` bytes in `elapsed` stay within `rate` bytes/s.
