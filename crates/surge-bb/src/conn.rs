@@ -57,7 +57,7 @@ impl Conn {
         let dead = Arc::new(AtomicBool::new(false));
         let (w2, d2, a2) = (waiters.clone(), dead.clone(), addr.to_string());
         std::thread::Builder::new().name(format!("bb-conn-{addr}")).spawn(move || {
-            let mut r = BufReader::with_capacity(1 << 20, reader);
+            let mut r = BufReader::with_capacity(proto::READ_BUF, reader);
             let why = loop {
                 let buffers = |id: u64| w2.lock().get(&id).and_then(|w| w.buffers.clone());
                 match proto::read_response_into(&mut r, |id, n| buffers(id).map_or_else(|| proto::new_buffer(n), |b| b(n))) {

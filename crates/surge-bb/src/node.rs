@@ -153,7 +153,7 @@ fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let Ok(w) = stream.try_clone() else { return };
     let writer = Mutex::new(BufWriter::with_capacity(1 << 20, w));
-    let mut r = BufReader::with_capacity(1 << 20, stream);
+    let mut r = BufReader::with_capacity(proto::READ_BUF, stream);
     loop {
         let (id, reply) = match proto::read_request_into(&mut r, |n| shared.store.buffer(n)) {
             Ok(Some(_)) if shared.stop.load(Ordering::SeqCst) => return,
