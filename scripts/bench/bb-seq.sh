@@ -14,12 +14,15 @@
 # `-p --node-arg=--writeback-delay=60s` keeps write-back (and the S3 server's
 # CPU) out of the measurement.
 #
-#   scripts/bench/bb-seq.sh [-a SURGE_A] [-b SURGE_B] [-r ROUNDS] [-s MIB] [-w KIB] [-n WRITES] [-m MIN] [-M MAX] [-g SIZE] [-c] [-p POOL_ARG]...
+#   scripts/bench/bb-seq.sh [-a SURGE_A] [-b SURGE_B] [-r ROUNDS] [-s MIB] [-w KIB] [-n WRITES] [-m MIN] [-M MAX] [-g SIZE] [-c] [-P] [-p POOL_ARG]...
 #
 # Prints one line per run (MB/s of each write, and the CPU seconds of the mount, Redis,
 # the nodes and moto during the read) and the medians per binary. Root (drops
 # the page cache). Without -b, only SURGE_A (default: this checkout's
 # release build) runs.
+# -P records the last write of each run with `perf record -a -g` (every
+# process on the machine) and prints each command's share of the samples
+# (perf.data kept in the work directory; needs Debian linux-perf).
 # The pool's and nodes' log ($W/pool.log) gets a line at each write's start and
 # end, to set beside the nodes' (`-p --node-arg=--log=surge_bb=info`).
 # BB_MOUNT_ARGS adds options to `surge bb mount`, e.g. BB_MOUNT_ARGS="--attr-ttl 0s".
@@ -35,8 +38,9 @@ WRITES=1
 MIN=2
 MAX=6
 NODE_MEM=256MiB
+PERF=""
 POOL_ARGS=()
-while getopts "a:b:r:s:w:n:m:M:g:cp:" o; do
+while getopts "a:b:r:s:w:n:m:M:g:cPp:" o; do
   case $o in
     a) A=$(realpath "$OPTARG") ;;
     b) B=$(realpath "$OPTARG") ;;
@@ -48,8 +52,9 @@ while getopts "a:b:r:s:w:n:m:M:g:cp:" o; do
     M) MAX=$OPTARG ;;
     g) NODE_MEM=$OPTARG ;;
     c) COLD=1 ;;
+    P) PERF=1 ;;
     p) POOL_ARGS+=("$OPTARG") ;;
-    *) sed -n 2,22p "$0"; exit 2 ;;
+    *) sed -n 2,25p "$0"; exit 2 ;;
   esac
 done
 . "$REPO/scripts/lib/bb-local.sh"
@@ -84,7 +89,12 @@ run() {
   for i in $(seq "$WRITES"); do
     [ "$i" = 1 ] || wait_persisted "$bin"
     echo "write $i starts $(date -u +%T.%N)" >>"$W/pool.log"
-    python3 "$FSBENCH" seq-write "$W/mnt/seq.dat.$i" "$MIB" "$WRITE_KIB" >"$W/$tag.w$i.json"
+    if [ -n "$PERF" ] && [ "$i" = "$WRITES" ]; then
+      perf record -q -F 4000 -a -g -o "$W/$tag.perf.data" -- python3 "$FSBENCH" seq-write "$W/mnt/seq.dat.$i" "$MIB" "$WRITE_KIB" >"$W/$tag.w$i.json"
+      perf report -i "$W/$tag.perf.data" --no-children --sort comm -g none --stdio 2>/dev/null | grep '%' | head -12 | sed "s/^/  $tag perf: /"
+    else
+      python3 "$FSBENCH" seq-write "$W/mnt/seq.dat.$i" "$MIB" "$WRITE_KIB" >"$W/$tag.w$i.json"
+    fi
     echo "write $i ends $(date -u +%T.%N)" >>"$W/pool.log"
   done
   if [ -n "$COLD" ]; then umount_bb; bb_mount "$bin"; fi
