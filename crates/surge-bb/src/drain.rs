@@ -43,7 +43,7 @@ impl Drainer {
     /// What is left to move before the node may leave, without moving anything.
     pub fn left(&self) -> DrainProgress {
         let st = self.store.stat();
-        DrainProgress { total_bytes: st.dirty_bytes, left_bytes: st.dirty_bytes, left_chunks: st.dirty_chunks }
+        DrainProgress { total_bytes: st.dirty_bytes, left_bytes: st.dirty_bytes, left_chunks: st.dirty_chunks, paused: false }
     }
 
     /// One pass over this node's dirty chunks: hands over what it can.

@@ -193,6 +193,10 @@ impl Rebalancer {
         st.left = true; // until this pass says otherwise: an error retries
         if !self.quiet() {
             tracing::debug!("rebalance: this node is taking writes; looking again in {:?}", self.cfg.retry);
+            if let Some(run) = st.run.as_mut().filter(|r| !r.progress.paused) {
+                run.progress.paused = true;
+                publish(Some(run.progress));
+            }
             return Ok(());
         }
         let work = self.to_move(self.misplaced(nodes))?;
@@ -215,13 +219,18 @@ impl Rebalancer {
             Run { started: Instant::now(), chunks: 0, bytes: 0, progress: DrainProgress::default() }
         });
         run.progress.total_bytes = run.progress.total_bytes.max(run.bytes + total);
+        run.progress.paused = false;
         let (mut left, mut left_chunks) = (total, work.len() as u64);
         (run.progress.left_bytes, run.progress.left_chunks) = (left, left_chunks);
         publish(Some(run.progress));
         let mut failed = HashSet::new();
         let (start, mut moved, mut published) = (Instant::now(), 0u64, Instant::now());
         for m in &work {
-            if stop() || !self.quiet() {
+            if stop() {
+                break;
+            }
+            if !self.quiet() {
+                run.progress.paused = true;
                 break;
             }
             match self.move_one(m, nodes, &mut failed)? {

@@ -30,7 +30,8 @@ pub struct PoolStatus {
 #[derive(Debug, serde::Serialize)]
 pub struct PoolNode {
     pub addr: String,
-    /// `live`, `draining N%`, `rebalancing N%` or `unreachable`.
+    /// `live`, `draining N%`, `rebalancing N%` (`(paused: taking writes)`
+    /// while the node takes writes) or `unreachable`.
     pub state: String,
     pub chunks: u64,
     pub used_bytes: u64,
@@ -59,6 +60,7 @@ fn node_state(n: &crate::meta::NodeInfo, reachable: bool) -> String {
     match (&n.draining, &n.rebalancing) {
         (Some(p), _) => format!("draining {}%", p.percent()),
         _ if !reachable => "unreachable".into(),
+        (None, Some(p)) if p.paused => format!("rebalancing {}% (paused: taking writes)", p.percent()),
         (None, Some(p)) => format!("rebalancing {}%", p.percent()),
         (None, None) => "live".into(),
     }

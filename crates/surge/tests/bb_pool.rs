@@ -564,23 +564,8 @@ fn a_rebalance_waits_until_its_node_takes_no_writes() {
     let meta = surge_bb::meta::redis::RedisMeta::connect(&bb.redis.url(), "default").unwrap();
     let before = chunks_of(&meta, &acked);
 
-    // Files of 2-3 chunks every ~50 ms: every node takes a write far more
-    // often than once a second (the default --rebalance-quiet).
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (dir, stop) = (m.dir.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut i = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let mut f = fs::File::create(dir.join(format!("w{}", i % 20))).unwrap();
-                f.write_all(&pattern(i, 600_000)).unwrap();
-                f.sync_all().unwrap();
-                i += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            i
-        })
-    };
+    let writer = keep_writing(&m, &stop);
     let added = bb.node(&[]);
     let mut all: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     all.push(added.addr.clone());
@@ -595,6 +580,68 @@ fn a_rebalance_waits_until_its_node_takes_no_writes() {
 
     wait_placed(&bb, &meta, &acked, &all, Duration::from_secs(60));
     assert!(bb.logs().contains("rebalance done: moved"), "the share must move once the writes stop:\n{}", bb.logs());
+    drop(m);
+    assert_reads_back(&bb, "m2", &acked);
+}
+
+/// Writes files of 2-3 chunks every ~50 ms until `stop`: every node takes a
+/// write far more often than once a second (the default --rebalance-quiet).
+/// Joins to the number of files written.
+fn keep_writing(m: &Mount, stop: &Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    let (dir, stop) = (m.dir.clone(), stop.clone());
+    std::thread::spawn(move || {
+        let mut i = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            let mut f = fs::File::create(dir.join(format!("w{}", i % 20))).unwrap();
+            f.write_all(&pattern(i, 600_000)).unwrap();
+            f.sync_all().unwrap();
+            i += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        i
+    })
+}
+
+/// Node states in `surge bb status`.
+fn node_states(bb: &Bb) -> Vec<String> {
+    status(bb)["pool"]["nodes"].as_array().unwrap().iter().map(|n| n["state"].as_str().unwrap().to_string()).collect()
+}
+
+/// A rebalance under way stops when its node starts taking writes, status
+/// says so, and it finishes once the writes stop.
+#[test]
+fn a_rebalance_under_way_pauses_while_its_node_takes_writes() {
+    let mut bb = Bb::new("rebalance-pause", "256KiB");
+    bb.node_args = vec!["--rebalance-rate".into(), "256KiB".into()]; // seconds to move the share
+    let nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    let acked = write_acked(&m, 12, 700_000);
+    bb.wait_persisted("/", Duration::from_secs(60));
+    let meta = surge_bb::meta::redis::RedisMeta::connect(&bb.redis.url(), "default").unwrap();
+    let added = bb.node(&[]);
+    let mut all: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    all.push(added.addr.clone());
+
+    let start = Instant::now();
+    while !node_states(&bb).iter().any(|s| s.starts_with("rebalancing")) {
+        assert!(start.elapsed() < Duration::from_secs(20), "no rebalance started: {:?}\n{}", node_states(&bb), bb.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = keep_writing(&m, &stop);
+    let start = Instant::now();
+    let mut paused = false;
+    while !paused && start.elapsed() < Duration::from_secs(10) {
+        paused = node_states(&bb).iter().any(|s| s.ends_with("(paused: taking writes)"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let states = node_states(&bb);
+    stop.store(true, Ordering::SeqCst);
+    assert!(writer.join().unwrap() >= 5, "the writer must have kept writing");
+    assert!(paused, "status never showed a rebalance paused for writes: {states:?}\n{}", bb.logs());
+
+    wait_placed(&bb, &meta, &acked, &all, Duration::from_secs(90));
+    assert!(node_states(&bb).iter().all(|s| s == "live"), "{:?}", node_states(&bb));
     drop(m);
     assert_reads_back(&bb, "m2", &acked);
 }

@@ -223,6 +223,9 @@ pub struct DrainProgress {
     pub total_bytes: u64,
     pub left_bytes: u64,
     pub left_chunks: u64,
+    /// A rebalance waiting until its node takes no writes (`--rebalance-quiet`).
+    #[serde(default)]
+    pub paused: bool,
 }
 
 impl DrainProgress {
