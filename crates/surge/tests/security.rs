@@ -309,6 +309,10 @@ fn non_loopback_listeners_need_tls_require_or_insecure() {
     assert!(err.contains("bogus"), "{err}");
 
     // With TLS required, the same listener starts; clients reach it on loopback only.
+    // A port picked now, not at the start: tests running beside this one may
+    // have taken the first while the refusals above ran.
+    let port = free_port();
+    let public = format!("tcp:0.0.0.0:{port}");
     let sock_dir = tempfile::tempdir().unwrap();
     let sock = sock_dir.path().join("nbd.sock");
     let control = sock_dir.path().join("control.sock");
