@@ -1,10 +1,47 @@
-//! A local `redis-server` for a one-machine setup (and tests): append-only
-//! file with fsync on every write, so a restarted server loses no committed
-//! metadata.
+//! Local servers for a one-machine setup (and tests): a `redis-server` with
+//! an append-only file fsynced on every write, so a restarted server loses no
+//! committed metadata; and ports to start servers on.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+/// Where [`free_port`] starts looking: the ports below stay to well-known
+/// and registered services.
+const LOW_PORT: u32 = 10_000;
+
+/// A TCP port free on every address now, for a server the caller starts
+/// next (in another process, which is why it cannot bind port 0 itself).
+///
+/// A port from `bind(:0)`, released and bound again later, can be taken in
+/// between: by any outgoing connection, or by another `bind(:0)`, since both
+/// draw from the kernel's ephemeral range. These ports come from below that
+/// range, in a sequence of this process's own (starting at a point set by
+/// its pid), so only a server that names the port itself can take it.
+pub fn free_port() -> std::io::Result<u16> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let top = ephemeral_low().unwrap_or(32_768).min(u16::MAX as u32 + 1);
+    if top < LOW_PORT + 1_000 {
+        // No room below the ephemeral range: the kernel's pick.
+        return Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
+    }
+    let span = top - LOW_PORT;
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = (LOW_PORT + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("no free TCP port in {LOW_PORT}..{top}")))
+}
+
+/// The first port of the kernel's ephemeral range, if it says.
+fn ephemeral_low() -> Option<u32> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalRedisError {
@@ -88,5 +125,24 @@ impl LocalRedis {
 impl Drop for LocalRedis {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ports.len(), "a port handed out twice: {ports:?}");
+        let top = ephemeral_low().unwrap_or(32_768);
+        for p in ports {
+            assert!((p as u32) < top, "port {p} is in the ephemeral range (from {top})");
+            std::net::TcpListener::bind(("127.0.0.1", p)).unwrap_or_else(|e| panic!("port {p}: {e}"));
+        }
     }
 }

@@ -36,7 +36,7 @@ fn setup(nodes: usize) -> Setup {
 
 fn setup_with_capacity(nodes: usize, capacity: u64) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = surge_bb::local::free_port().unwrap();
     let redis = LocalRedis::start(&dir.path().join("redis"), port).expect("redis-server (scripts/test-all.sh installs it)");
     let cfg = TierConfig { redis: redis.url(), fs: "t".into(), membership: "redis".into(), s3: None, replicas: 2, chunk_size: 64 << 10 };
     let tier = cfg.open().unwrap();

@@ -556,7 +556,7 @@ fn dirty_chunks_move_to_an_added_node_only_once_written_back() {
 /// once the writes stop. (Before, the copies ran beside the writes.)
 #[test]
 fn a_rebalance_waits_until_its_node_takes_no_writes() {
-    let mut bb = Bb::new("rebalance-quiet", "256KiB");
+    let bb = Bb::new("rebalance-quiet", "256KiB");
     let nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
     let m = bb.mount("m", &[]);
     let acked = write_acked(&m, 12, 700_000);

@@ -33,8 +33,7 @@ fn serve_with_no_arguments_prints_how_to_connect_and_serves_a_sparse_default() {
 #[test]
 fn tcp_listeners_serve_the_same_exports_as_the_unix_socket() {
     let nbdinfo = require("nbdinfo", "libnbd-bin");
-    // A free port: bind port 0, read it, release it for surge.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let s = Surge::start(&["--listen", &format!("tcp:127.0.0.1:{port}"), "--export", "d=memory:3MiB"]);
     assert!(s.stdout().contains(&format!("nbdinfo 'nbd://127.0.0.1:{port}/d'")), "{}", s.stdout());
     let out = run_ok(Command::new(nbdinfo).arg("--size").arg(format!("nbd://127.0.0.1:{port}/d")));

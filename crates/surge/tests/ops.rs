@@ -12,10 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// GET /metrics with a bare HTTP/1.0 request.
 fn scrape(port: u16) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -12,11 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1 (bound, then released for the server).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Test PKI: `server/` (server-cert.pem, server-key.pem, as `--tls-certs`
 /// wants), `client/` (ca-cert.pem of the CA that signed it, as libnbd's
 /// tls-certificates= and qemu's tls-creds-x509 want) and `wrong/` (ca-cert.pem

@@ -953,7 +953,7 @@ mod tests {
 
     fn redis() -> (tempfile::TempDir, LocalRedis) {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = crate::local::free_port().unwrap();
         let redis = LocalRedis::start(&dir.path().join("redis"), port).expect("redis-server (scripts/test-all.sh installs it)");
         (dir, redis)
     }

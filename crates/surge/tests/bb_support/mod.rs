@@ -15,8 +15,9 @@ use surge_bb::s3::{S3Config, S3};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_surge");
 
+/// A port for a server a test starts (see `surge_bb::local::free_port`).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    surge_bb::local::free_port().expect("a free TCP port")
 }
 
 /// Children die with the test process, even when it panics or is killed.

@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 
 pub const SURGE: &str = env!("CARGO_BIN_EXE_surge");
 
+/// A port for a server a test starts (see `surge_bb::local::free_port`).
+pub fn free_port() -> u16 {
+    surge_bb::local::free_port().expect("a free TCP port")
+}
+
 /// Path of `tool`, or a panic that names the Debian package to install.
 pub fn require(tool: &str, package: &str) -> PathBuf {
     for dir in ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"] {

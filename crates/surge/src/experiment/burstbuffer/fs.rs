@@ -133,17 +133,13 @@ impl Drop for FuseMount {
 /// configured the same way.
 pub fn start_redis(surge: &Path, dir: &Path) -> anyhow::Result<(Proc, String)> {
     std::fs::create_dir_all(dir)?;
-    let port = free_port()?;
+    let port = surge_bb::local::free_port()?;
     let mut cmd = Command::new(surge);
     cmd.args(["--log", "warn", "bb", "redis", "--dir"]).arg(dir).args(["--port", &port.to_string()]);
     let mut p = Proc::spawn("redis", &mut cmd, &dir.join("redis.log"))?;
     proc::wait_until("redis", Duration::from_secs(30), || p.check_alive().is_ok() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())?;
     p.check_alive()?;
     Ok((p, format!("redis://127.0.0.1:{port}/")))
-}
-
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Where surge's I/O nodes come from.

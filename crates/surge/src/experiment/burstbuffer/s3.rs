@@ -42,7 +42,7 @@ impl S3Server {
     pub fn start(dir: &Path, link: Option<LinkSpec>) -> anyhow::Result<S3Server> {
         let log = dir.join("moto.log");
         let Some(spec) = link else {
-            let port = super::fs::free_port()?;
+            let port = surge_bb::local::free_port()?;
             let mut cmd = Command::new("moto_server");
             cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
             let mut p = Proc::spawn("moto_server", &mut cmd, &log)?;

@@ -9,7 +9,6 @@ use super::client::BenchOutcome;
 use crate::control::{self, Request};
 use anyhow::Context as _;
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -76,12 +75,6 @@ impl Drop for Proc {
     }
 }
 
-/// A free TCP port on loopback (bound and released: another process could
-/// take it in between, which the caller notices as a failed start).
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 fn surge() -> anyhow::Result<PathBuf> {
     std::env::current_exe().context("finding the surge binary")
 }
@@ -137,7 +130,7 @@ impl Store {
         let mut server_ports = Vec::new();
         for k in 0..spec.count {
             let d = dir.join(format!("server{k}"));
-            let port = free_port()?;
+            let port = surge_bb::local::free_port()?;
             let args = vec![
                 "--listen".into(),
                 format!("unix:{}", d.join("nbd.sock").display()),
@@ -154,7 +147,7 @@ impl Store {
         let mut proxy_ports = Vec::new();
         for k in 0..spec.count {
             let d = dir.join(format!("proxy{k}"));
-            let port = free_port()?;
+            let port = surge_bb::local::free_port()?;
             let pool = match backend {
                 Backend::Remote => format!("remote:nbd+unix:///disk?socket={}", dir.join(format!("server{k}")).join("nbd.sock").display()),
                 Backend::InProxy => volume.clone(),
