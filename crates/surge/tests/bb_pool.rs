@@ -521,6 +521,53 @@ fn an_added_node_takes_exactly_its_share_of_the_clean_chunks() {
     assert_eq!(node_s3_gets(&bb), gets, "a node fetched from S3");
 }
 
+/// A node that moves a chunk to a node that joined keeps the chunk's memory
+/// mapped, as a spare buffer for the next chunk it takes in: memory freed
+/// instead would be faulted in again, page by page, by the next write burst.
+/// The nodes map no memory ahead (`--no-prefault`), so their spares are
+/// exactly the memory of chunks that left. (Before, the rebalance freed it:
+/// a pool that had grown wrote measurably slower after its copies.)
+#[test]
+fn a_chunk_moved_to_an_added_node_leaves_its_memory_mapped_for_the_next_write() {
+    const CHUNK: u64 = 256 << 10;
+    let mut bb = Bb::new("rebalance-spares", "256KiB");
+    bb.node_args = vec!["--no-prefault".into()];
+    let nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
+    let m = bb.mount("m", &[]);
+    // Whole chunks only: spares are kept at the chunk size.
+    let acked: Vec<(String, Vec<u8>)> = (0..8u64)
+        .map(|i| {
+            let data = pattern(i + 500, 2 * CHUNK as usize);
+            let mut f = fs::File::create(m.dir.join(format!("w{i}"))).unwrap();
+            f.write_all(&data).unwrap();
+            f.sync_all().unwrap();
+            (format!("w{i}"), data)
+        })
+        .collect();
+    bb.wait_persisted("/", Duration::from_secs(60));
+    drop(m);
+    let meta = surge_bb::meta::redis::RedisMeta::connect(&bb.redis.url(), "default").unwrap();
+    let pool = surge_bb::conn::NodePool::default();
+    let spares = |n: &Node| pool.stat(&n.addr).unwrap().spare_bytes;
+    for n in &nodes {
+        assert_eq!(spares(n), 0, "{}: no chunk has left yet", n.addr);
+    }
+    let before = chunks_of(&meta, &acked);
+
+    let added = bb.node(&[]);
+    let mut all: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    all.push(added.addr.clone());
+    wait_placed(&bb, &meta, &acked, &all, Duration::from_secs(60));
+    let after = chunks_of(&meta, &acked);
+    for n in &nodes {
+        let left = before.iter().zip(&after).filter(|((_, b), (_, a))| b.holders.contains(&n.addr) && !a.holders.contains(&n.addr)).count() as u64;
+        assert_eq!(spares(n), left * CHUNK, "{}: {left} chunks left it; their memory must stay mapped", n.addr);
+    }
+    let moved: u64 = nodes.iter().map(spares).sum();
+    assert!(moved > 0, "some chunk must have moved to the new node");
+    assert_reads_back(&bb, "m2", &acked);
+}
+
 /// Chunks not yet written back stay where they are when a node joins (the
 /// holder lists and the new node do not change), and move to it once they
 /// are in S3. (Before, they never moved.)
