@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Where [`free_port`] starts looking: the ports below stay to well-known
-/// and registered services.
-const LOW_PORT: u32 = 10_000;
+/// and registered services, and to the defaults servers start on (NBD's
+/// 10809, an I/O node's 7400).
+const LOW_PORT: u32 = 20_000;
 
 /// A TCP port free on every address now, for a server the caller starts
 /// next (in another process, which is why it cannot bind port 0 itself).
