@@ -14,7 +14,7 @@
 use crate::meta::DrainProgress;
 use crate::placement;
 use crate::proto::ChunkId;
-use crate::store::ChunkStore;
+use crate::store::{ChunkData, ChunkStore};
 use crate::tier::{DataError, Handover, Tier};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -32,7 +32,7 @@ pub struct Drainer {
     /// Chunks handed over, with this node's copy: kept here (the store may
     /// evict clean copies) until the node leaves, in case the new holder dies
     /// before then and the chunk must be taken back.
-    handed: Mutex<HashMap<ChunkId, Arc<Vec<u8>>>>,
+    handed: Mutex<HashMap<ChunkId, Arc<ChunkData>>>,
 }
 
 impl Drainer {
@@ -100,7 +100,7 @@ impl Drainer {
     pub fn confirm_handed(&self) -> Result<u64, DataError> {
         self.tier.forget_live_cache();
         let live = self.tier.live_nodes();
-        let handed: Vec<(ChunkId, Arc<Vec<u8>>)> = self.handed.lock().iter().map(|(c, d)| (*c, d.clone())).collect();
+        let handed: Vec<(ChunkId, Arc<ChunkData>)> = self.handed.lock().iter().map(|(c, d)| (*c, d.clone())).collect();
         // A holder that does not answer is not asked again in this check (a
         // hung node would cost a timeout per chunk).
         let mut unresponsive: HashSet<String> = HashSet::new();

@@ -83,7 +83,7 @@ struct Reply {
 
 enum Body {
     Built(Vec<u8>),
-    Chunk(Arc<Vec<u8>>),
+    Chunk(Arc<crate::store::ChunkData>),
 }
 
 impl Reply {

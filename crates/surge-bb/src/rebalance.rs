@@ -166,12 +166,7 @@ impl Rebalancer {
             return Ok(Step::Dropped);
         }
         let Some(data) = self.store.get(&m.c) else { return Ok(Step::Dropped) };
-        let handed = self.tier.hand_over("rebalance", m.c, &m.e, &self.me, &data, false, &top, failed)?;
-        // Let go of the chunk before the store does: memory nothing else holds
-        // is kept mapped for the next incoming chunk, while memory freed here
-        // would be faulted in again, page by page, by the next write burst.
-        drop(data);
-        match handed {
+        match self.tier.hand_over("rebalance", m.c, &m.e, &self.me, &data, false, &top, failed)? {
             Handover::To(t) => {
                 tracing::debug!("rebalance: chunk {} moved to {t} (holders were {:?})", m.c.member(), m.e.holders);
                 // Readers that looked before the swap fall back to the other holders.

@@ -7,8 +7,48 @@ use crate::proto::ChunkId;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
+
+/// Memory given back by chunks whose last reference went, waiting to be
+/// kept as spares (see [`ChunkData`]).
+type Returned = Mutex<Vec<Vec<u8>>>;
+
+/// A chunk's bytes as the store holds and lends them. When the last
+/// reference goes (the store dropped the chunk, and no GET reply, upload or
+/// hand-over still sends it), the memory goes back to the store, which
+/// keeps it mapped for the next incoming chunk while the budget has room:
+/// whoever holds a chunk last, its memory is not freed to be faulted in
+/// again by the next write burst.
+pub struct ChunkData {
+    bytes: Vec<u8>,
+    home: Weak<Returned>,
+}
+
+impl ChunkData {
+    /// The memory, taken out of the return path.
+    fn into_vec(mut self) -> Vec<u8> {
+        self.home = Weak::new();
+        std::mem::take(&mut self.bytes)
+    }
+}
+
+impl std::ops::Deref for ChunkData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for ChunkData {
+    fn drop(&mut self) {
+        // Only the returned list's own lock is taken here: a chunk may go
+        // while the store's lock is held.
+        if let Some(home) = self.home.upgrade() {
+            home.lock().push(std::mem::take(&mut self.bytes));
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
@@ -27,7 +67,7 @@ pub enum PutError {
 }
 
 struct Entry {
-    data: Arc<Vec<u8>>,
+    data: Arc<ChunkData>,
     dirty: bool,
     /// When the chunk was stored dirty (for orphan detection).
     stored: Instant,
@@ -85,7 +125,7 @@ impl Inner {
     /// Evicts clean chunks, least recently used first, until `len` more
     /// bytes fit beside the memory in use, into `evicted` (to spill and
     /// free). `false` when they do not fit with every clean chunk gone.
-    fn evict_for(&mut self, len: u64, capacity: u64, evicted: &mut Vec<(ChunkId, Arc<Vec<u8>>)>) -> bool {
+    fn evict_for(&mut self, len: u64, capacity: u64, evicted: &mut Vec<(ChunkId, Arc<ChunkData>)>) -> bool {
         while self.used + len > capacity {
             let Some((&stamp, &victim)) = self.lru.iter().next() else { return false };
             self.lru.remove(&stamp);
@@ -129,6 +169,7 @@ pub struct StoreStat {
 pub struct ChunkStore {
     cfg: StoreConfig,
     inner: Mutex<Inner>,
+    returned: Arc<Returned>,
 }
 
 impl ChunkStore {
@@ -138,7 +179,21 @@ impl ChunkStore {
                 tracing::warn!("spill directory {}: {e}; spilling disabled", d.display());
             }
         }
-        ChunkStore { cfg, inner: Mutex::new(Inner::default()) }
+        ChunkStore { cfg, inner: Mutex::new(Inner::default()), returned: Arc::default() }
+    }
+
+    /// `v` as a chunk's bytes whose memory comes back here.
+    fn chunk_data(&self, v: Vec<u8>) -> ChunkData {
+        ChunkData { bytes: v, home: Arc::downgrade(&self.returned) }
+    }
+
+    /// Keeps the memory of chunks whose last reference went as spares,
+    /// where they fit the budget (the rest is freed).
+    fn reclaim(&self, inner: &mut Inner) {
+        let back = std::mem::take(&mut *self.returned.lock());
+        for v in back {
+            inner.keep_spare(v, self.cfg.capacity);
+        }
     }
 
     fn spill_path(&self, c: &ChunkId) -> Option<PathBuf> {
@@ -154,7 +209,7 @@ impl ChunkStore {
         r
     }
 
-    fn insert(&self, chunk: ChunkId, data: Vec<u8>, dirty: bool, evicted: &mut Vec<(ChunkId, Arc<Vec<u8>>)>) -> Result<(), PutError> {
+    fn insert(&self, chunk: ChunkId, data: Vec<u8>, dirty: bool, evicted: &mut Vec<(ChunkId, Arc<ChunkData>)>) -> Result<(), PutError> {
         let len = data.len() as u64;
         let now = Instant::now();
         let mut g = self.inner.lock();
@@ -184,25 +239,26 @@ impl ChunkStore {
             inner.dirty_bytes += len;
         }
         inner.used += len;
-        inner.mem.insert(chunk, Entry { data: Arc::new(data), dirty, stored: now, stamp });
+        inner.mem.insert(chunk, Entry { data: Arc::new(self.chunk_data(data)), dirty, stored: now, stamp });
         inner.trim_spare(self.cfg.capacity);
         Ok(())
     }
 
-    /// Spills evicted chunks, then frees their memory: the first one of
-    /// `take` bytes that nothing else holds is returned, the others kept
-    /// spare where they fit the budget.
-    fn spill_and_free(&self, evicted: Vec<(ChunkId, Arc<Vec<u8>>)>, take: Option<usize>) -> Option<Vec<u8>> {
+    /// Spills evicted chunks, then lets go of them: the first one of
+    /// `take` bytes that nothing else holds is returned, the others come
+    /// back as spares (at once, or when their last holder lets go).
+    fn spill_and_free(&self, evicted: Vec<(ChunkId, Arc<ChunkData>)>, take: Option<usize>) -> Option<Vec<u8>> {
         let mut taken = None;
         for (c, data) in evicted {
             self.spill(c, &data);
-            let Ok(v) = Arc::try_unwrap(data) else { continue };
-            if taken.is_none() && take == Some(v.len()) {
-                taken = Some(v);
-            } else {
-                self.inner.lock().keep_spare(v, self.cfg.capacity);
+            if taken.is_none() && take == Some(data.len()) {
+                match Arc::try_unwrap(data) {
+                    Ok(d) => taken = Some(d.into_vec()),
+                    Err(held) => drop(held),
+                }
             }
         }
+        self.reclaim(&mut self.inner.lock());
         taken
     }
 
@@ -234,10 +290,10 @@ impl ChunkStore {
             } else {
                 inner.lru.remove(&e.stamp);
             }
-            // Nothing else holds it (no reply or upload in flight): reuse it.
-            if let Ok(v) = Arc::try_unwrap(e.data) {
-                inner.keep_spare(v, self.cfg.capacity);
-            }
+            // Its memory comes back once nothing else holds it (no reply or
+            // upload in flight): now, or when the last holder lets go.
+            drop(e.data);
+            self.reclaim(inner);
         }
     }
 
@@ -249,6 +305,7 @@ impl ChunkStore {
         let mut evicted = Vec::new();
         {
             let mut g = self.inner.lock();
+            self.reclaim(&mut g);
             if g.spare.bufs.is_empty() {
                 // Keep what comes back at the size chunks arrive in.
                 g.spare.size = n;
@@ -288,14 +345,18 @@ impl ChunkStore {
     /// full, or when spares are no longer kept at that size (a chunk of
     /// another size arrived while the spares ran out: see [`Self::buffer`]).
     fn prefault_one(&self, size: usize) -> bool {
-        if self.inner.lock().held() + size as u64 > self.cfg.capacity {
-            return false;
+        {
+            let mut g = self.inner.lock();
+            self.reclaim(&mut g);
+            if g.held() + size as u64 > self.cfg.capacity {
+                return false;
+            }
         }
         let v = crate::spare::faulted_in(size);
         self.inner.lock().keep_spare(v, self.cfg.capacity)
     }
 
-    pub fn get(&self, chunk: &ChunkId) -> Option<Arc<Vec<u8>>> {
+    pub fn get(&self, chunk: &ChunkId) -> Option<Arc<ChunkData>> {
         {
             let mut g = self.inner.lock();
             let inner = &mut *g;
@@ -314,7 +375,7 @@ impl ChunkStore {
             }
         }
         let path = self.spill_path(chunk)?;
-        std::fs::read(path).ok().map(Arc::new)
+        std::fs::read(path).ok().map(|v| Arc::new(self.chunk_data(v)))
     }
 
     pub fn delete(&self, chunk: &ChunkId) {
@@ -390,7 +451,8 @@ impl ChunkStore {
     }
 
     pub fn stat(&self) -> StoreStat {
-        let g = self.inner.lock();
+        let mut g = self.inner.lock();
+        self.reclaim(&mut g);
         StoreStat {
             chunks: g.mem.len() as u64,
             used_bytes: g.used,
@@ -446,7 +508,7 @@ mod tests {
         s.put(c(0), vec![7; 40], false).unwrap();
         s.put(c(1), vec![8; 40], false).unwrap();
         assert_eq!(s.stat().spilled_chunks, 1);
-        assert_eq!(*s.get(&c(0)).unwrap(), vec![7; 40]);
+        assert_eq!(s.get(&c(0)).unwrap()[..], [7; 40]);
         s.delete(&c(0));
         assert!(s.get(&c(0)).is_none());
     }
@@ -494,13 +556,18 @@ mod tests {
     }
 
     #[test]
-    fn a_chunk_still_being_sent_is_not_reused() {
+    fn a_chunk_still_being_sent_is_not_reused_until_its_sender_lets_go() {
         let s = store(100, None);
-        s.put(c(0), s.buffer(40), true).unwrap();
+        let b = s.buffer(40);
+        let p = b.as_ptr();
+        s.put(c(0), b, true).unwrap();
         let sending = s.get(&c(0)).unwrap();
         s.delete(&c(0));
         assert_eq!(s.stat().spare_bytes, 0);
         assert_eq!(sending.len(), 40);
+        drop(sending);
+        assert_eq!(s.stat().spare_bytes, 40, "the memory came back with the last reference");
+        assert_eq!(s.buffer(40).as_ptr(), p);
     }
 
     #[test]
@@ -526,19 +593,22 @@ mod tests {
         let mut b = s.buffer(40);
         b.fill(8);
         s.put(c(1), b, true).unwrap();
-        assert_eq!(*s.get(&c(0)).unwrap(), vec![7; 40], "read back from the spill directory");
-        assert_eq!(*s.get(&c(1)).unwrap(), vec![8; 40]);
+        assert_eq!(s.get(&c(0)).unwrap()[..], [7; 40], "read back from the spill directory");
+        assert_eq!(s.get(&c(1)).unwrap()[..], [8; 40]);
     }
 
     proptest::proptest! {
-        /// Whatever the order of puts, deletes, evictions and prefaults,
-        /// memory in use plus spare memory stays within the budget, and a
-        /// held chunk's bytes never change (no memory is reused while a
-        /// chunk still holds it). A chunk version has one length and content.
+        /// Whatever the order of puts, deletes, evictions, prefaults and
+        /// chunks lent out (as to a GET reply or an upload) and given back,
+        /// memory in use plus spare memory stays within the budget, and the
+        /// bytes of a chunk held by the store or lent out never change (no
+        /// memory is reused while anything still holds it). A chunk version
+        /// has one length and content.
         #[test]
-        fn spare_memory_stays_in_the_budget_and_held_bytes_never_change(ops in proptest::collection::vec((0u8..4, 0u64..8, proptest::bool::ANY, proptest::sample::select(vec![10usize, 20, 20, 20])), 1..80)) {
+        fn spare_memory_stays_in_the_budget_and_held_bytes_never_change(ops in proptest::collection::vec((0u8..6, 0u64..8, proptest::bool::ANY, proptest::sample::select(vec![10usize, 20, 20, 20])), 1..80)) {
             let s = store(100, None);
             let mut held: HashMap<ChunkId, u8> = HashMap::new();
+            let mut lent: Vec<(Arc<ChunkData>, u8)> = Vec::new();
             let len_of = |i: u64| if i % 3 == 0 { 10 } else { 20 };
             for (op, i, dirty, prefault_len) in ops {
                 match op {
@@ -553,9 +623,15 @@ mod tests {
                         s.delete(&c(i));
                         held.remove(&c(i));
                     }
-                    _ => {
+                    3 => {
                         s.prefault(prefault_len);
                     }
+                    4 => {
+                        if let Some(d) = s.get(&c(i)) {
+                            lent.push((d, i as u8 + 1));
+                        }
+                    }
+                    _ => lent.clear(),
                 }
                 let st = s.stat();
                 proptest::prop_assert!(st.used_bytes + st.spare_bytes <= 100, "{st:?}");
@@ -563,6 +639,9 @@ mod tests {
                     if let Some(d) = s.get(ch) {
                         proptest::prop_assert!(d.iter().all(|x| x == v));
                     }
+                }
+                for (d, v) in &lent {
+                    proptest::prop_assert!(d.iter().all(|x| x == v), "a lent chunk's memory was reused");
                 }
             }
         }

@@ -41,7 +41,7 @@ impl Default for WritebackConfig {
 }
 
 /// A chunk as the store holds it, lent to an upload.
-struct StoredChunk(Arc<Vec<u8>>);
+struct StoredChunk(Arc<crate::store::ChunkData>);
 
 impl AsRef<[u8]> for StoredChunk {
     fn as_ref(&self) -> &[u8] {
