@@ -9,7 +9,7 @@ use bb_support::*;
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use surge_bb::meta::{ChunkEntry, MetaStore};
@@ -600,10 +600,15 @@ fn dirty_chunks_move_to_an_added_node_only_once_written_back() {
 /// A node joins while a client keeps writing: the old nodes, taking the
 /// writes, leave their clean chunks where they are (their copies would take
 /// the CPU and network the writes need), and move the new node's share
-/// once the writes stop. (Before, the copies ran beside the writes.)
+/// once the writes stop. (Before, the copies ran beside the writes.) The
+/// quiet time is 3 s here, not the default 1 s, and the node joins once
+/// the writer has written 10 files: a writer stalled for a second on a
+/// loaded CI machine, or one that had not reached every node yet, is not
+/// a node free of writes.
 #[test]
 fn a_rebalance_waits_until_its_node_takes_no_writes() {
-    let bb = Bb::new("rebalance-quiet", "256KiB");
+    let mut bb = Bb::new("rebalance-quiet", "256KiB");
+    bb.node_args = vec!["--rebalance-quiet".into(), "3s".into()];
     let nodes: Vec<Node> = (0..3).map(|_| bb.node(&[])).collect();
     let m = bb.mount("m", &[]);
     let acked = write_acked(&m, 12, 700_000);
@@ -612,7 +617,13 @@ fn a_rebalance_waits_until_its_node_takes_no_writes() {
     let before = chunks_of(&meta, &acked);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = keep_writing(&m, &stop);
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = keep_writing(&m, &stop, &written);
+    let start = Instant::now();
+    while written.load(Ordering::SeqCst) < 10 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the writer wrote {} files in 30 s", written.load(Ordering::SeqCst));
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let added = bb.node(&[]);
     let mut all: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     all.push(added.addr.clone());
@@ -633,9 +644,9 @@ fn a_rebalance_waits_until_its_node_takes_no_writes() {
 
 /// Writes files of 2-3 chunks every ~50 ms until `stop`: every node takes a
 /// write far more often than once a second (the default --rebalance-quiet).
-/// Joins to the number of files written.
-fn keep_writing(m: &Mount, stop: &Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
-    let (dir, stop) = (m.dir.clone(), stop.clone());
+/// Counts the files written in `written`; joins to the number.
+fn keep_writing(m: &Mount, stop: &Arc<AtomicBool>, written: &Arc<AtomicU64>) -> std::thread::JoinHandle<u64> {
+    let (dir, stop, written) = (m.dir.clone(), stop.clone(), written.clone());
     std::thread::spawn(move || {
         let mut i = 0u64;
         while !stop.load(Ordering::SeqCst) {
@@ -643,6 +654,7 @@ fn keep_writing(m: &Mount, stop: &Arc<AtomicBool>) -> std::thread::JoinHandle<u6
             f.write_all(&pattern(i, 600_000)).unwrap();
             f.sync_all().unwrap();
             i += 1;
+            written.store(i, Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(50));
         }
         i
@@ -675,7 +687,7 @@ fn a_rebalance_under_way_pauses_while_its_node_takes_writes() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = keep_writing(&m, &stop);
+    let writer = keep_writing(&m, &stop, &Arc::default());
     let start = Instant::now();
     let mut paused = false;
     while !paused && start.elapsed() < Duration::from_secs(10) {
