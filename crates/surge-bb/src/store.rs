@@ -252,10 +252,7 @@ impl ChunkStore {
         for (c, data) in evicted {
             self.spill(c, &data);
             if taken.is_none() && take == Some(data.len()) {
-                match Arc::try_unwrap(data) {
-                    Ok(d) => taken = Some(d.into_vec()),
-                    Err(held) => drop(held),
-                }
+                taken = Arc::try_unwrap(data).ok().map(ChunkData::into_vec);
             }
         }
         self.reclaim(&mut self.inner.lock());

@@ -304,8 +304,7 @@ fn non_loopback_listeners_need_tls_require_or_insecure() {
     assert!(err.contains("bogus"), "{err}");
 
     // With TLS required, the same listener starts; clients reach it on loopback only.
-    // A port picked now, not at the start: tests running beside this one may
-    // have taken the first while the refusals above ran.
+    // A port picked just before it is served, not before the refusals above.
     let port = free_port();
     let public = format!("tcp:0.0.0.0:{port}");
     let sock_dir = tempfile::tempdir().unwrap();
