@@ -340,7 +340,7 @@ pub(crate) fn serve<R: Read + Send>(
     let export = &shared.exports[neg.export];
     // Zero copy needs the bare socket (not TLS) and a device that is a plain file.
     let zero_copy = match (&control, plain) {
-        (Some(sock), true) => dev.file_span().map(|span| ZeroCopy::new(std::os::unix::io::AsRawFd::as_raw_fd(sock), span)),
+        (Some(sock), true) => dev.file_span().map(|span| ZeroCopy::new(std::os::unix::io::AsRawFd::as_raw_fd(sock), span, dev.size())),
         _ => None,
     };
     let max = shared.max_in_flight;
@@ -738,7 +738,7 @@ fn spliced_write(export: &ExportState, conn: &Conn, req: &Req, msg: &mut OutMsg,
     let mut moved = None;
     let written = {
         let mut fill = || {
-            let r = zerocopy::pwrite_all(span.fd, &msg.buf[..sp.prefix], at).and_then(|_| sp.pipe.drain_to(span.fd, at + sp.prefix as u64, sp.rest));
+            let r = zerocopy::pwrite_all(span.fd, &msg.buf[..sp.prefix], at).and_then(|_| zc.drain(&sp.pipe, at + sp.prefix as u64, sp.rest));
             moved = Some(r.is_ok());
             r
         };

@@ -2,7 +2,9 @@
 //! connections to file exports: byte-exact in every reply style, counted by the
 //! layer above the file, a client leaving mid-payload changes nothing, and a
 //! file that fails while being sent gives an error chunk, not bad data; a
-//! copy-on-write volume takes these paths only for ranges in its overlay.
+//! copy-on-write volume takes these paths only for ranges in its overlay. A
+//! file on tmpfs takes write payloads through a mapping, with the same
+//! guarantees, and falls back to splice where the mapping cannot take them.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,9 +30,30 @@ fn connect(sock: &Path, structured: bool) -> Client {
     Client::connect_unix(sock, &ClientOptions { structured_replies: structured, block_status: structured, ..Default::default() }).unwrap()
 }
 
+/// A directory on tmpfs, where file exports take payloads through a mapping.
+fn tmpfs_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm").expect("/dev/shm (tmpfs) is needed for the mapped write path")
+}
+
+/// Whether this process maps `path` (the server runs in it).
+fn mapped(path: &Path) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().any(|l| l.ends_with(path.to_str().unwrap()))
+}
+
 #[test]
 fn large_reads_and_writes_of_a_file_export_skip_the_copy_and_stay_byte_exact() {
-    let dir = tempfile::tempdir().unwrap();
+    large_io_round_trip(&tempfile::tempdir().unwrap());
+}
+
+#[test]
+fn large_writes_to_a_file_on_tmpfs_go_through_a_mapping_and_stay_byte_exact() {
+    let dir = tmpfs_dir();
+    large_io_round_trip(&dir);
+    assert!(!mapped(&dir.path().join("img")), "the mapping outlives its connection");
+}
+
+fn large_io_round_trip(dir: &tempfile::TempDir) {
     let size = 80u64 << 20;
     let file: Arc<dyn BlockDev> = Arc::new(FileDev::create(dir.path().join("img"), size).unwrap());
     let counted = Arc::new(Counted::new(file));
@@ -55,6 +78,8 @@ fn large_reads_and_writes_of_a_file_export_skip_the_copy_and_stay_byte_exact() {
         for k in cookies {
             c.wait(k).unwrap().into_result().unwrap();
         }
+        let on_tmpfs = dir.path().starts_with("/dev/shm");
+        assert_eq!(mapped(&dir.path().join("img")), on_tmpfs, "a file export is mapped exactly when its file is on tmpfs");
         c.write(5 << 20, b"small, copied", true).unwrap();
         model[5 << 20..(5 << 20) + 13].copy_from_slice(b"small, copied");
         for &(off, len) in &writes {
@@ -97,7 +122,15 @@ fn memory_exports_keep_the_copying_path() {
 
 #[test]
 fn a_client_leaving_mid_payload_changes_nothing_on_the_spliced_path() {
-    let dir = tempfile::tempdir().unwrap();
+    client_leaving_mid_payload_changes_nothing(&tempfile::tempdir().unwrap());
+}
+
+#[test]
+fn a_client_leaving_mid_payload_changes_nothing_on_the_mapped_path() {
+    client_leaving_mid_payload_changes_nothing(&tmpfs_dir());
+}
+
+fn client_leaving_mid_payload_changes_nothing(dir: &tempfile::TempDir) {
     let (server, sock) = serve(Arc::new(FileDev::create(dir.path().join("img"), 8 << 20).unwrap()), dir.path());
     {
         let mut c = connect(&sock, true);
@@ -139,6 +172,82 @@ fn a_file_that_fails_while_being_sent_gives_an_error_not_wrong_data() {
     let mut simple = connect(&sock, false);
     let k = simple.submit(CMD_READ, 0, 0, 2 << 20, &[]).unwrap();
     assert!(simple.wait(k).is_err(), "a simple reply with wrong data must not be delivered");
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_tmpfs_file_cut_short_behind_the_server_still_takes_large_writes_whole() {
+    let dir = tmpfs_dir();
+    let path = dir.path().join("img");
+    let (server, sock) = serve(Arc::new(FileDev::create(&path, 8 << 20).unwrap()), dir.path());
+    let mut c = connect(&sock, true);
+    c.write(0, &pattern(1 << 20, 3), false).unwrap();
+    assert!(mapped(&path), "the first large write maps the file");
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(1 << 20).unwrap();
+    // Mapped pages past the new end cannot be had: the kernel fails the copy
+    // into them, and the rest of the payload goes by splice, which extends the file.
+    let data = pattern(1 << 20, 4);
+    c.write(512 << 10, &data, false).unwrap();
+    let mut back = vec![0u8; data.len()];
+    c.read(512 << 10, &mut back).unwrap();
+    assert!(back == data, "a write across the file's new end lost bytes");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), (512 << 10) + (1 << 20));
+    c.disconnect().unwrap();
+    server.shutdown().unwrap();
+}
+
+/// A tmpfs of a few MiB mounted on a fresh directory (root only), unmounted on drop.
+struct SmallTmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallTmpfs {
+    fn mount(bytes: u64) -> Option<SmallTmpfs> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"]).arg(dir.path()).status().is_ok_and(|s| s.success());
+        ok.then_some(SmallTmpfs { dir })
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn a_full_tmpfs_answers_large_writes_with_enospc_and_keeps_what_it_took() {
+    let Some(fs) = SmallTmpfs::mount((3 << 20) + (512 << 10)) else {
+        eprintln!("skipped: mounting a small tmpfs needs root and mount(8)");
+        return;
+    };
+    let path = fs.dir.path().join("img");
+    let (server, sock) = serve(Arc::new(FileDev::create(&path, 8 << 20).unwrap()), fs.dir.path());
+    let mut c = connect(&sock, true);
+    let mut took = Vec::new();
+    for i in 0..8u32 {
+        match c.write(u64::from(i) << 20, &pattern(1 << 20, i), false) {
+            Ok(()) => took.push(i),
+            Err(e) => {
+                // The mapping's page faults fail inside the kernel's copy; the
+                // splice that takes over reports the file system's own error.
+                assert_eq!(e.errno(), Some(ENOSPC), "{e}");
+                break;
+            }
+        }
+    }
+    assert!((1..8).contains(&took.len()), "a 3.5 MiB tmpfs took {} MiB", took.len());
+    assert!(mapped(&path), "the writes went through the mapping");
+    let mut back = vec![0u8; 1 << 20];
+    for &i in &took {
+        c.read(u64::from(i) << 20, &mut back).unwrap();
+        assert!(back == pattern(1 << 20, i), "MiB {i} changed after the device filled up");
+    }
+    c.disconnect().unwrap();
     server.shutdown().unwrap();
 }
 

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""CPU per MiB of the ways a write payload can reach a file, as surge's NBD
+server moves it: a sender process streams 1 MiB messages over a unix socket;
+the receiver splices each into a pipe (as the server does) and then moves it
+into a file
+
+  splice  pipe -> file with splice (the page-cache write path),
+  mapped  read(2) from the pipe into a shared mapping of the file,
+
+or, for reference, `recv` receives into one reused buffer and keeps nothing
+(what nbdkit's null plugin costs). Prints the receiver's CPU time (user +
+system) per MiB, per round and the median.
+
+  scripts/bench/pipe-drain.py [DIR] [ROUNDS] [SYNC_EVERY_MIB]
+
+DIR holds the 1 GiB test file (default /dev/shm, tmpfs). On a file system that
+writes pages back (ext4), SYNC_EVERY_MIB > 0 calls fdatasync every so many MiB,
+as a guest's FLUSHes would, so pages are written back and written again.
+"""
+import fcntl
+import mmap
+import os
+import socket
+import statistics
+import sys
+
+MIB = 1 << 20
+MESSAGES = 3000
+FILE_BYTES = 1 << 30
+F_SETPIPE_SZ = 1031
+
+
+def run(mode, path, sync_every):
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        b.close()
+        payload = os.urandom(MIB)
+        for _ in range(MESSAGES):
+            a.sendall(payload)
+        os._exit(0)
+    a.close()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    os.ftruncate(fd, FILE_BYTES)
+    fill = b"\1" * MIB
+    for i in range(FILE_BYTES // MIB):
+        os.pwrite(fd, fill, i * MIB)
+    os.fdatasync(fd)
+    r, w = os.pipe()
+    fcntl.fcntl(w, F_SETPIPE_SZ, MIB)
+    view = None
+    if mode == "mapped":
+        m = mmap.mmap(fd, FILE_BYTES)
+        view = memoryview(m)
+        for i in range(0, FILE_BYTES, 4096):  # map every page first, as a long-lived mapping would be
+            m[i] = 2
+    buf = memoryview(bytearray(MIB))
+    t0 = os.times()
+    for i in range(MESSAGES):
+        off = (i * MIB) % FILE_BYTES
+        if mode == "recv":
+            got = 0
+            while got < MIB:
+                got += b.recv_into(buf[got:], MIB - got)
+            continue
+        got = 0
+        while got < MIB:
+            got += os.splice(b.fileno(), w, MIB - got)
+        put = 0
+        while put < MIB:
+            if mode == "splice":
+                put += os.splice(r, fd, MIB - put, offset_dst=off + put)
+            else:
+                put += os.readv(r, [view[off + put:off + MIB]])
+        if sync_every and i % sync_every == sync_every - 1:
+            os.fdatasync(fd)
+    t1 = os.times()
+    os.waitpid(pid, 0)
+    if view is not None:
+        view.release()
+        m.close()
+    os.close(fd)
+    os.unlink(path)
+    return ((t1.user - t0.user) + (t1.system - t0.system)) / MESSAGES * 1e6
+
+
+def main():
+    where = sys.argv[1] if len(sys.argv) > 1 else "/dev/shm"
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    sync_every = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    path = os.path.join(where, f"pipe-drain.{os.getpid()}.img")
+    runs = {m: [] for m in ("splice", "mapped", "recv")}
+    for _ in range(rounds):
+        for mode in runs:
+            runs[mode].append(run(mode, path, sync_every))
+    print(f"{where}, {MESSAGES} x 1 MiB, fdatasync every {sync_every or 'never'} MiB; receiver CPU us per MiB:")
+    for mode, v in runs.items():
+        print(f"  {mode:7} median {statistics.median(v):7.1f}   runs {' '.join(f'{x:.0f}' for x in v)}")
+
+
+if __name__ == "__main__":
+    main()
