@@ -156,12 +156,15 @@ unsafe impl Sync for FileMap {}
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 impl FileMap {
-    /// A mapping of the first `len` bytes of `fd`, if it is a file on tmpfs and
-    /// the mapping can be made; `None` otherwise (splice instead).
+    /// A mapping of the first `len` bytes of `fd`, if it is a regular file on
+    /// tmpfs and the mapping can be made; `None` otherwise (splice instead).
+    /// Device nodes are not mapped: /dev is often a tmpfs too, but a block
+    /// device's pages are written back like a disk file's.
     pub(crate) fn of_tmpfs(fd: BorrowedFd, len: u64) -> Option<FileMap> {
-        // SAFETY: a zeroed statfs is valid; fstatfs fills it for a valid descriptor.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 || st.f_type as i64 != TMPFS_MAGIC {
+        // SAFETY: zeroed stat and statfs are valid; fstat and fstatfs fill them for a valid descriptor.
+        let (mut st, mut fs): (libc::stat, libc::statfs) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        let regular = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG;
+        if !regular || unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) } != 0 || fs.f_type as i64 != TMPFS_MAGIC {
             return None;
         }
         let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
@@ -385,6 +388,20 @@ mod tests {
         let mut back = vec![0u8; data.len()];
         file.read_exact_at(&mut back, 4096).unwrap();
         assert_eq!(back, data);
+    }
+
+    #[test]
+    fn only_regular_files_on_tmpfs_are_mapped() {
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(shm.path().join("f")).unwrap();
+        file.set_len(1 << 20).unwrap();
+        assert!(FileMap::of_tmpfs(file.as_fd(), 1 << 20).is_some(), "a file on tmpfs");
+        assert!(FileMap::of_tmpfs(file.as_fd(), 0).is_none(), "nothing to map");
+        // /dev is a tmpfs on most systems, but a device node is no tmpfs file.
+        let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").unwrap();
+        assert!(FileMap::of_tmpfs(dev.as_fd(), 1 << 20).is_none(), "a device node");
+        let map = FileMap::of_tmpfs(file.as_fd(), 1 << 20).unwrap();
+        assert!(map.range(0, 1 << 20).is_some() && map.range(1, 1 << 20).is_none() && map.range(u64::MAX, 1).is_none());
     }
 
     #[test]
