@@ -480,7 +480,7 @@ fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -
             _ => None,
         };
         let read = match pipe {
-            Some((zc, pipe)) => read_payload_into_pipe(reader, &mut buf, zc, pipe, payload).map(|s| spliced = Some(s)),
+            Some((zc, pipe)) => read_payload_into_pipe(reader, &mut buf, zc, pipe, payload).map(|s| spliced = s),
             None => read_payload(reader, sized(&mut buf, payload)),
         };
         if let Err(e) = read {
@@ -494,20 +494,35 @@ fn next_request<R: Read>(conn: &Conn, reader: &mut BufReader<R>, pools: Pools) -
 }
 
 /// Zero-copy payload: what is already buffered goes to `buf`, the rest is
-/// spliced from the socket into `pipe` (which must hold it). On failure the
-/// pipe is discarded with whatever it got.
-fn read_payload_into_pipe<R: Read>(reader: &mut BufReader<R>, buf: &mut Vec<u8>, zc: &ZeroCopy, pipe: Pipe, payload: usize) -> io::Result<Spliced> {
+/// spliced from the socket into `pipe` (which must hold it). `None` when the
+/// pipe ran out of slots first: then what it took and the rest of the payload
+/// are in `buf`, for the copying path. On failure the pipe is discarded with
+/// whatever it got.
+fn read_payload_into_pipe<R: Read>(reader: &mut BufReader<R>, buf: &mut Vec<u8>, zc: &ZeroCopy, pipe: Pipe, payload: usize) -> io::Result<Option<Spliced>> {
     let prefix = reader.buffer().len().min(payload);
     sized(buf, prefix).copy_from_slice(&reader.buffer()[..prefix]);
     reader.consume(prefix);
     let rest = payload - prefix;
-    match pipe.fill_from(zc.sock, rest) {
-        Ok(()) => Ok(Spliced { pipe, prefix, rest }),
+    let moved = match pipe.fill_from(zc.sock, rest) {
+        Ok(n) if n == rest => return Ok(Some(Spliced { pipe, prefix, rest })),
+        Ok(n) => n,
         Err(e) => {
             zc.discard_pipe(pipe);
-            Err(e)
+            return Err(e);
         }
+    };
+    if buf.len() < payload {
+        buf.resize(payload, 0);
     }
+    let took = pipe.drain_into(&mut buf[prefix..prefix + moved]);
+    match took {
+        Ok(()) => zc.put_pipe(pipe),
+        Err(_) => zc.discard_pipe(pipe),
+    }
+    took?;
+    // The reader's buffer is empty (its bytes were the prefix): read on from the socket.
+    reader.get_mut().read_exact(&mut buf[prefix + moved..payload])?;
+    Ok(None)
 }
 
 /// Bytes of payload that follow the request header: compact headers carry one

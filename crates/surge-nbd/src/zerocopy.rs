@@ -61,10 +61,18 @@ impl Pipe {
         Ok(Pipe { r, w, capacity: capacity.max(0) as usize })
     }
 
-    /// Moves exactly `len` bytes (at most the capacity) from `sock` into the pipe.
-    pub(crate) fn fill_from(&self, sock: RawFd, len: usize) -> io::Result<()> {
+    /// Moves up to `len` bytes (at most the capacity) from `sock` into the
+    /// pipe and says how many it moved: all of them, or fewer once the pipe
+    /// has no slot left. A pipe holds a fixed number of slots, one per socket
+    /// buffer piece, so a sender that wrote in small pieces (or a TCP peer whose
+    /// packets each fill a slot) can fill it long before `len` bytes; waiting
+    /// for room then would wait forever, as nothing drains the pipe meanwhile.
+    pub(crate) fn fill_from(&self, sock: RawFd, len: usize) -> io::Result<usize> {
         let mut left = len;
         while left > 0 {
+            if left < len && !self.has_room() {
+                break;
+            }
             // SAFETY: splice between two valid descriptors, no offsets (socket, pipe).
             let r = unsafe { libc::splice(sock, std::ptr::null_mut(), self.w.as_raw_fd(), std::ptr::null_mut(), left, libc::SPLICE_F_MOVE) };
             match cvt(r) {
@@ -74,7 +82,14 @@ impl Pipe {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(len - left)
+    }
+
+    /// Whether the pipe has a free slot (a splice into it would not wait for one).
+    fn has_room(&self) -> bool {
+        let mut p = libc::pollfd { fd: self.w.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+        // SAFETY: poll on one valid descriptor, without waiting.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLOUT != 0 }
     }
 
     /// Moves exactly `len` bytes from the pipe into `file` at `offset`.
@@ -382,7 +397,7 @@ mod tests {
         };
         let pipe = Pipe::new(PIPE_SIZE).unwrap();
         assert!(pipe.capacity >= data.len(), "capacity {}", pipe.capacity);
-        pipe.fill_from(b.as_raw_fd(), data.len()).unwrap();
+        assert_eq!(pipe.fill_from(b.as_raw_fd(), data.len()).unwrap(), data.len());
         writer.join().unwrap();
         pipe.drain_to(file.as_fd(), 4096, data.len()).unwrap();
         let mut back = vec![0u8; data.len()];
@@ -402,6 +417,26 @@ mod tests {
         assert!(FileMap::of_tmpfs(dev.as_fd(), 1 << 20).is_none(), "a device node");
         let map = FileMap::of_tmpfs(file.as_fd(), 1 << 20).unwrap();
         assert!(map.range(0, 1 << 20).is_some() && map.range(1, 1 << 20).is_none() && map.range(u64::MAX, 1).is_none());
+    }
+
+    #[test]
+    fn a_pipe_out_of_slots_stops_filling_instead_of_waiting_for_room() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        // 300 sends of 100 bytes: one slot each, more than the 256 slots of a
+        // 1 MiB pipe. (The socket's send buffer cannot hold them all at once.)
+        let writer = std::thread::spawn(move || {
+            for _ in 0..300 {
+                a.write_all(&[7u8; 100]).unwrap();
+            }
+        });
+        let pipe = Pipe::new(PIPE_SIZE).unwrap();
+        let moved = pipe.fill_from(b.as_raw_fd(), 30_000).unwrap();
+        assert!(moved < 30_000 && moved >= 100, "moved {moved}");
+        let mut got = vec![0u8; 30_000];
+        pipe.drain_into(&mut got[..moved]).unwrap();
+        (&b).read_exact(&mut got[moved..]).unwrap();
+        writer.join().unwrap();
+        assert!(got.iter().all(|&x| x == 7));
     }
 
     #[test]

@@ -196,6 +196,39 @@ fn a_tmpfs_file_cut_short_behind_the_server_still_takes_large_writes_whole() {
     server.shutdown().unwrap();
 }
 
+#[test]
+fn a_payload_sent_in_small_pieces_is_taken_whole_though_it_fills_no_pipe() {
+    // Each small send is a socket buffer of its own, and each becomes a pipe
+    // slot holding a part of a page: 1 MiB in 1,000-byte sends needs 1,049
+    // slots, a 1 MiB pipe has 256 (a TCP peer on a real network does the same
+    // with one slot per packet). The server once waited forever for room.
+    let dir = tempfile::tempdir().unwrap();
+    let (server, sock) = serve(Arc::new(FileDev::create(dir.path().join("img"), 8 << 20).unwrap()), dir.path());
+    let data = pattern(1 << 20, 8);
+    let mut c = connect(&sock, true);
+    c.send_raw(&encode_request(&Request { flags: 0, cmd: CMD_WRITE, cookie: 9, offset: 1 << 20, len: 1 << 20 })).unwrap();
+    for piece in data.chunks(1000) {
+        c.send_raw(piece).unwrap();
+    }
+    // The raw write's reply is not this client's to read: watch for the data
+    // from a second connection instead.
+    let mut other = connect(&sock, true);
+    let mut back = vec![0u8; 1 << 20];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        other.read(1 << 20, &mut back).unwrap();
+        if back == data {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the payload sent in pieces never landed: the server is stuck on a full pipe");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    other.disconnect().unwrap();
+    drop(c);
+    assert_eq!(server.stats().exports[0].writes, 1);
+    server.shutdown().unwrap();
+}
+
 /// A tmpfs of a few MiB mounted on a fresh directory (root only), unmounted on drop.
 struct SmallTmpfs {
     dir: tempfile::TempDir,
