@@ -5,7 +5,10 @@ the receiver splices each into a pipe (as the server does) and then moves it
 into a file
 
   splice  pipe -> file with splice (the page-cache write path),
-  mapped  read(2) from the pipe into a shared mapping of the file,
+  mapped  read(2) from the pipe into a shared mapping of the file whose
+          pages are all in it already (data written again and again),
+  cold    the same into a fresh mapping, each MiB once (one pass: every
+          page is faulted in by the copy),
 
 or, for reference, `recv` receives into one reused buffer and keeps nothing
 (what nbdkit's null plugin costs). Prints the receiver's CPU time (user +
@@ -31,12 +34,13 @@ F_SETPIPE_SZ = 1031
 
 
 def run(mode, path, sync_every):
+    messages = FILE_BYTES // MIB if mode == "cold" else MESSAGES
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:
         b.close()
         payload = os.urandom(MIB)
-        for _ in range(MESSAGES):
+        for _ in range(messages):
             a.sendall(payload)
         os._exit(0)
     a.close()
@@ -49,14 +53,15 @@ def run(mode, path, sync_every):
     r, w = os.pipe()
     fcntl.fcntl(w, F_SETPIPE_SZ, MIB)
     view = None
-    if mode == "mapped":
+    if mode in ("mapped", "cold"):
         m = mmap.mmap(fd, FILE_BYTES)
         view = memoryview(m)
+    if mode == "mapped":
         for i in range(0, FILE_BYTES, 4096):  # map every page first, as a long-lived mapping would be
             m[i] = 2
     buf = memoryview(bytearray(MIB))
     t0 = os.times()
-    for i in range(MESSAGES):
+    for i in range(messages):
         off = (i * MIB) % FILE_BYTES
         if mode == "recv":
             got = 0
@@ -81,7 +86,7 @@ def run(mode, path, sync_every):
         m.close()
     os.close(fd)
     os.unlink(path)
-    return ((t1.user - t0.user) + (t1.system - t0.system)) / MESSAGES * 1e6
+    return ((t1.user - t0.user) + (t1.system - t0.system)) / messages * 1e6
 
 
 def main():
@@ -89,11 +94,11 @@ def main():
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     sync_every = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     path = os.path.join(where, f"pipe-drain.{os.getpid()}.img")
-    runs = {m: [] for m in ("splice", "mapped", "recv")}
+    runs = {m: [] for m in ("splice", "mapped", "cold", "recv")}
     for _ in range(rounds):
         for mode in runs:
             runs[mode].append(run(mode, path, sync_every))
-    print(f"{where}, {MESSAGES} x 1 MiB, fdatasync every {sync_every or 'never'} MiB; receiver CPU us per MiB:")
+    print(f"{where}, {MESSAGES} x 1 MiB (cold: {FILE_BYTES // MIB}), fdatasync every {sync_every or 'never'} MiB; receiver CPU us per MiB:")
     for mode, v in runs.items():
         print(f"  {mode:7} median {statistics.median(v):7.1f}   runs {' '.join(f'{x:.0f}' for x in v)}")
 

@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use surge_block::FileSpan;
 
@@ -150,9 +150,10 @@ impl Pipe {
 }
 
 /// A shared writable mapping of an export's file on tmpfs, which write
-/// payloads are read into from their pipes: one copy straight into the file's
-/// pages, without the page-cache write path's work for every page (`splice`
-/// into a tmpfs file costs about a third more CPU per MiB). Only for tmpfs: on
+/// payloads that rewrite data ([`Rewrites`]) are read into from their pipes:
+/// one copy straight into the file's pages, without the page-cache write
+/// path's work for every page (`splice` into a tmpfs file costs about a third
+/// more CPU per MiB once the mapping's pages are in). Only for tmpfs: on
 /// a file system that writes pages back, each write after a writeback faults
 /// every page again (`scripts/bench/pipe-drain.py` measured 7x the CPU on
 /// ext4). Nothing in this process reads or writes through the mapping; only
@@ -161,6 +162,7 @@ impl Pipe {
 pub(crate) struct FileMap {
     ptr: NonNull<u8>,
     len: usize,
+    written: Rewrites,
 }
 
 // SAFETY: the mapping is only ever handed to the kernel as a read(2) target;
@@ -182,13 +184,19 @@ impl FileMap {
         if !regular || unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) } != 0 || fs.f_type as i64 != TMPFS_MAGIC {
             return None;
         }
-        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
+        let len = usize::try_from(len).ok().filter(|&l| l > 0 && len <= MAP_MAX)?;
         // SAFETY: a new shared mapping of a valid descriptor; the kernel picks the address.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return None;
         }
-        NonNull::new(p.cast()).map(|ptr| FileMap { ptr, len })
+        NonNull::new(p.cast()).map(|ptr| FileMap { ptr, len, written: Rewrites::new(len) })
+    }
+
+    /// Whether a write of `[offset, offset+len)` should go through the
+    /// mapping: only where it rewrites blocks written before (see [`Rewrites`]).
+    pub(crate) fn takes(&self, offset: u64, len: usize) -> bool {
+        self.written.rewrites(offset, len)
     }
 
     /// The mapped bytes `[offset, offset+len)`, if the mapping covers them.
@@ -198,6 +206,47 @@ impl FileMap {
             // SAFETY: `start` lies within the mapping (checked above).
             unsafe { self.ptr.add(start) }
         })
+    }
+}
+
+/// Which 64 KiB blocks of a mapping the connection has written before (64 KiB:
+/// the smallest payload spliced, so a single pass of writes of any size that
+/// zero copy takes writes no block twice, unless it is unaligned, where the
+/// boundary blocks are not rewrites: the next write touches blocks not seen).
+/// A block's first write goes by splice and later ones through the mapping:
+/// the first write through a mapping faults each of its pages in, which costs
+/// more than the splice it replaces (`scripts/bench/pipe-drain.py cold`), so a
+/// single pass (an image copied in) never pays for it, and data written again
+/// and again pays once.
+struct Rewrites {
+    blocks: u64,
+    bits: Vec<AtomicU64>,
+}
+
+const REWRITE_BLOCK_SHIFT: u32 = 16;
+/// Files larger than this are not mapped (the map of rewrites would pass 2 MiB).
+const MAP_MAX: u64 = 1 << 40;
+
+impl Rewrites {
+    fn new(len: usize) -> Rewrites {
+        let blocks = len.div_ceil(1 << REWRITE_BLOCK_SHIFT);
+        Rewrites { blocks: blocks as u64, bits: (0..blocks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// Whether every block of `[offset, offset+len)` was written before;
+    /// marks them all written.
+    fn rewrites(&self, offset: u64, len: usize) -> bool {
+        let Some(end) = offset.checked_add(len as u64).filter(|_| len > 0) else { return false };
+        let (first, last) = (offset >> REWRITE_BLOCK_SHIFT, (end - 1) >> REWRITE_BLOCK_SHIFT);
+        if last >= self.blocks {
+            return false;
+        }
+        let mut all = true;
+        for block in first..=last {
+            let bit = 1u64 << (block % 64);
+            all &= self.bits[(block / 64) as usize].fetch_or(bit, Ordering::Relaxed) & bit != 0;
+        }
+        all
     }
 }
 
@@ -219,6 +268,7 @@ pub(crate) struct ZeroCopy<'a> {
     /// The device's size: how far into the span payloads may land.
     size: u64,
     /// The span's file mapped, once the first payload needs it (tmpfs only).
+    /// Per connection: a client's rewrites are mostly its own.
     map: OnceLock<Option<FileMap>>,
     free: Mutex<Vec<Pipe>>,
     made: AtomicUsize,
@@ -235,8 +285,8 @@ impl<'a> ZeroCopy<'a> {
     pub(crate) fn drain(&self, pipe: &Pipe, at: u64, len: usize) -> io::Result<()> {
         let map = self.map.get_or_init(|| FileMap::of_tmpfs(self.span.fd, self.span.base + self.size));
         let moved = match map {
-            Some(m) => pipe.drain_into_map(m, at, len)?,
-            None => 0,
+            Some(m) if m.takes(at, len) => pipe.drain_into_map(m, at, len)?,
+            _ => 0,
         };
         if moved == len {
             return Ok(());
@@ -417,6 +467,21 @@ mod tests {
         assert!(FileMap::of_tmpfs(dev.as_fd(), 1 << 20).is_none(), "a device node");
         let map = FileMap::of_tmpfs(file.as_fd(), 1 << 20).unwrap();
         assert!(map.range(0, 1 << 20).is_some() && map.range(1, 1 << 20).is_none() && map.range(u64::MAX, 1).is_none());
+    }
+
+    #[test]
+    fn only_blocks_written_before_are_rewrites() {
+        let r = Rewrites::new(8 << 20);
+        assert!(!r.rewrites(0, 1 << 20) && r.rewrites(0, 1 << 20), "a block's second write");
+        assert!(!r.rewrites((1 << 20) - 1, 2), "reaches a block not written before");
+        assert!(r.rewrites((1 << 20) - 1, 2) && r.rewrites(100, 5000));
+        assert!(!r.rewrites(3 << 20, 0) && !r.rewrites(3 << 20, 1), "empty writes are none");
+        assert!(!r.rewrites(8 << 20, 1) && !r.rewrites(8 << 20, 1), "past the mapping: never");
+        // A single pass of 256 KiB writes rewrites nothing, aligned or not.
+        let r = Rewrites::new(8 << 20);
+        assert!((0..16u64).all(|i| !r.rewrites(i << 18, 1 << 18)));
+        let r = Rewrites::new(8 << 20);
+        assert!((0..16u64).all(|i| !r.rewrites((i << 18) + 4096, 1 << 18)));
     }
 
     #[test]

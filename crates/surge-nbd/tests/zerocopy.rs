@@ -41,6 +41,16 @@ fn mapped(path: &Path) -> bool {
     maps.lines().any(|l| l.ends_with(path.to_str().unwrap()))
 }
 
+/// KiB of `path`'s mapping in this process that are in memory (its pages
+/// faulted in through the mapping), or `None` if it is not mapped.
+fn mapped_kib(path: &Path) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut lines = smaps.lines().skip_while(|l| !l.ends_with(path.to_str().unwrap()));
+    lines.next()?;
+    let rss = lines.find(|l| l.starts_with("Rss:"))?;
+    rss.split_whitespace().nth(1)?.parse().ok()
+}
+
 #[test]
 fn large_reads_and_writes_of_a_file_export_skip_the_copy_and_stay_byte_exact() {
     large_io_round_trip(&tempfile::tempdir().unwrap());
@@ -65,21 +75,28 @@ fn large_io_round_trip(dir: &tempfile::TempDir) {
     let writes: [(u64, usize); 5] = [(0, 1 << 20), ((1 << 20) + 4096 + 3, 200_000), ((8 << 20) - 100, 64 * 1024), (20 << 20, 40 << 20), (size - (1 << 20), 1 << 20)];
     for (i, structured) in [true, false].into_iter().enumerate() {
         let mut c = connect(&sock, structured);
+        // Twice each (on tmpfs the second time goes through the mapping).
         // Pipelined, so the next headers often sit in the read buffer with part of a payload.
-        let cookies: Vec<u64> = writes
-            .iter()
-            .enumerate()
-            .map(|(j, &(off, len))| {
-                let data = pattern(len, (i * 10 + j) as u32);
-                model[off as usize..off as usize + len].copy_from_slice(&data);
-                c.submit(CMD_WRITE, 0, off, len as u32, &data).unwrap()
-            })
-            .collect();
-        for k in cookies {
-            c.wait(k).unwrap().into_result().unwrap();
+        for pass in 0..2 {
+            let cookies: Vec<u64> = writes
+                .iter()
+                .enumerate()
+                .map(|(j, &(off, len))| {
+                    let data = pattern(len, (i * 10 + j + 100 * pass) as u32);
+                    model[off as usize..off as usize + len].copy_from_slice(&data);
+                    c.submit(CMD_WRITE, 0, off, len as u32, &data).unwrap()
+                })
+                .collect();
+            for k in cookies {
+                c.wait(k).unwrap().into_result().unwrap();
+            }
         }
         let on_tmpfs = dir.path().starts_with("/dev/shm");
         assert_eq!(mapped(&dir.path().join("img")), on_tmpfs, "a file export is mapped exactly when its file is on tmpfs");
+        if on_tmpfs {
+            let kib = mapped_kib(&dir.path().join("img")).unwrap();
+            assert!(kib >= 1 << 10, "the rewrites did not go through the mapping ({kib} KiB of it in memory)");
+        }
         c.write(5 << 20, b"small, copied", true).unwrap();
         model[5 << 20..(5 << 20) + 13].copy_from_slice(b"small, copied");
         for &(off, len) in &writes {
@@ -181,11 +198,12 @@ fn a_tmpfs_file_cut_short_behind_the_server_still_takes_large_writes_whole() {
     let path = dir.path().join("img");
     let (server, sock) = serve(Arc::new(FileDev::create(&path, 8 << 20).unwrap()), dir.path());
     let mut c = connect(&sock, true);
-    c.write(0, &pattern(1 << 20, 3), false).unwrap();
+    c.write(512 << 10, &pattern(1 << 20, 3), false).unwrap();
     assert!(mapped(&path), "the first large write maps the file");
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(1 << 20).unwrap();
-    // Mapped pages past the new end cannot be had: the kernel fails the copy
-    // into them, and the rest of the payload goes by splice, which extends the file.
+    // The rewrite goes through the mapping, whose pages past the new end
+    // cannot be had: the kernel fails the copy into them, and the rest of the
+    // payload goes by splice, which extends the file.
     let data = pattern(1 << 20, 4);
     c.write(512 << 10, &data, false).unwrap();
     let mut back = vec![0u8; data.len()];
@@ -261,25 +279,42 @@ fn a_full_tmpfs_answers_large_writes_with_enospc_and_keeps_what_it_took() {
     let path = fs.dir.path().join("img");
     let (server, sock) = serve(Arc::new(FileDev::create(&path, 8 << 20).unwrap()), fs.dir.path());
     let mut c = connect(&sock, true);
-    let mut took = Vec::new();
-    for i in 0..8u32 {
-        match c.write(u64::from(i) << 20, &pattern(1 << 20, i), false) {
-            Ok(()) => took.push(i),
-            Err(e) => {
-                // The mapping's page faults fail inside the kernel's copy; the
-                // splice that takes over reports the file system's own error.
-                assert_eq!(e.errno(), Some(ENOSPC), "{e}");
-                break;
-            }
-        }
+    // MiB 0 is written, then trimmed (its pages freed), so that writing it
+    // again is a rewrite, through the mapping, into pages that must be had anew.
+    c.write(0, &pattern(1 << 20, 0), false).unwrap();
+    c.trim(0, 1 << 20, false).unwrap();
+    for i in 1..4u32 {
+        c.write(u64::from(i) << 20, &pattern(1 << 20, i), false).unwrap();
     }
-    assert!((1..8).contains(&took.len()), "a 3.5 MiB tmpfs took {} MiB", took.len());
-    assert!(mapped(&path), "the writes went through the mapping");
+    let e = c.write(0, &pattern(1 << 20, 9), false).unwrap_err();
+    // The mapping's page faults fail inside the kernel's copy; the splice
+    // that takes over reports the file system's own error.
+    assert_eq!(e.errno(), Some(ENOSPC), "{e}");
     let mut back = vec![0u8; 1 << 20];
-    for &i in &took {
+    for i in 1..4u32 {
         c.read(u64::from(i) << 20, &mut back).unwrap();
         assert!(back == pattern(1 << 20, i), "MiB {i} changed after the device filled up");
     }
+    c.disconnect().unwrap();
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_single_pass_of_writes_leaves_the_mapping_untouched_and_rewrites_use_it() {
+    let dir = tmpfs_dir();
+    let path = dir.path().join("img");
+    let (server, sock) = serve(Arc::new(FileDev::create(&path, 16 << 20).unwrap()), dir.path());
+    let mut c = connect(&sock, true);
+    for i in 0..16u32 {
+        c.write(u64::from(i) << 20, &pattern(1 << 20, i), false).unwrap();
+    }
+    assert_eq!(mapped_kib(&path), Some(0), "a first write of each MiB went through the mapping");
+    c.write(5 << 20, &pattern(1 << 20, 99), false).unwrap();
+    let kib = mapped_kib(&path).unwrap();
+    assert!(kib > 0 && kib <= 1024, "a rewrite of 1 MiB brought {kib} KiB of the mapping in");
+    let mut back = vec![0u8; 1 << 20];
+    c.read(5 << 20, &mut back).unwrap();
+    assert!(back == pattern(1 << 20, 99));
     c.disconnect().unwrap();
     server.shutdown().unwrap();
 }
