@@ -70,4 +70,4 @@ print(f"{sys.argv[3]:6} {iops:7.0f} IOPS, {busy:.2f} CPUs busy; server {per_requ
 PY
   done
 done
-[ "$MODE" = perf ] && echo "perf data: $(dirname "$WORK")/write-cpu-split.perf.data"
+if [ "$MODE" = perf ]; then echo "perf data: $(dirname "$WORK")/write-cpu-split.perf.data"; fi
