@@ -7,6 +7,12 @@
 //! while neighbouring groups of different threads still share metadata words,
 //! members and flushes. A sector's content is `pattern(seed, offset, 512)`;
 //! seed 0 stands for the initial contents, [`ZEROES`] for zeroes.
+//!
+//! A failed FLUSH may undo what was written since the last good one (the
+//! device below may have dropped it, and a layer must not map a block to
+//! bytes that may not be there), so after it every such sector may read its
+//! durable content or any write since; a read that overlaps a FLUSH which
+//! fails is judged the same way.
 
 use crate::conformance::pattern;
 use crate::dev::{BlockDev, ZeroMode};
@@ -23,6 +29,8 @@ struct Sector {
     now: Vec<u8>,
     durable: Vec<u8>,
     since: Vec<u8>,
+    /// `Flushes::failed` when it was last written.
+    written_at: u64,
 }
 
 pub struct Workload {
@@ -45,14 +53,36 @@ pub struct Outcome {
 pub struct SectorModel {
     sectors: Mutex<Vec<Sector>>,
     initial: Vec<u8>,
+    flushes: Flushes,
+}
+
+/// FLUSHes in flight, and FLUSHes that failed so far.
+#[derive(Default)]
+struct Flushes {
+    running: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
+}
+
+impl Sector {
+    /// What it may read once what was written since its durable content is
+    /// undone, or not.
+    fn undone(&self) -> Vec<u8> {
+        let mut v = self.now.clone();
+        for &x in self.durable.iter().chain(&self.since) {
+            if !v.contains(&x) {
+                v.push(x);
+            }
+        }
+        v
+    }
 }
 
 impl SectorModel {
     /// A device of `initial.len()` bytes (a multiple of the sector) holding `initial`.
     pub fn new(initial: Vec<u8>) -> Self {
         let n = initial.len() as u64 / SECTOR;
-        let sectors = (0..n).map(|_| Sector { now: vec![0], durable: vec![0], since: vec![] }).collect();
-        SectorModel { sectors: Mutex::new(sectors), initial }
+        let sectors = (0..n).map(|_| Sector { now: vec![0], durable: vec![0], since: vec![], written_at: 0 }).collect();
+        SectorModel { sectors: Mutex::new(sectors), initial, flushes: Flushes::default() }
     }
 
     fn content(&self, seed: u8, sector: u64) -> Vec<u8> {
@@ -71,6 +101,13 @@ impl SectorModel {
     /// groups, and flushes, recording each result. `check` sees every write's range and
     /// result, write-zeroes included (for layer-specific assertions on which calls must fail).
     pub fn run(&self, dev: &dyn BlockDev, w: &Workload, check: &(dyn Fn(u64, u64, bool) + Sync)) -> Result<Outcome, String> {
+        self.run_with(dev, w, check, &|| {})
+    }
+
+    /// As [`SectorModel::run`]; `after_failed_flush` runs after each FLUSH that
+    /// failed (a test acknowledges a loss there, as a user would).
+    pub fn run_with(&self, dev: &dyn BlockDev, w: &Workload, check: &(dyn Fn(u64, u64, bool) + Sync), after_failed_flush: &(dyn Fn() + Sync)) -> Result<Outcome, String> {
+        use std::sync::atomic::Ordering::SeqCst;
         let groups = dev.size() / SECTOR / w.group;
         let outcomes: Vec<Outcome> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..w.threads)
@@ -87,21 +124,29 @@ impl SectorModel {
                             if pick < 15 {
                                 // Reads may fail (copy-on-read writes below); what they return must fit.
                                 let mut buf = vec![0u8; ((end - start) * SECTOR) as usize];
+                                let flushing = self.flushes.running.load(SeqCst) > 0;
                                 if dev.read_at(&mut buf, start * SECTOR).is_ok() {
-                                    self.check_range(start, &buf, |s| s.now.clone(), "read during the faults")?;
+                                    let flushing = flushing || self.flushes.running.load(SeqCst) > 0;
+                                    let failed = self.flushes.failed.load(SeqCst);
+                                    self.check_range(start, &buf, |s| if flushing || failed > s.written_at { s.undone() } else { s.now.clone() }, "read during the faults")?;
                                 }
                                 continue;
                             }
                             if pick < 30 {
+                                self.flushes.running.fetch_add(1, SeqCst);
                                 let ok = dev.flush().is_ok();
                                 if ok {
                                     o.flushes_ok += 1;
                                     self.settle(&owned, w.group);
                                 } else {
                                     o.flushes_failed += 1;
+                                    self.flush_failed();
+                                    after_failed_flush();
                                 }
+                                self.flushes.running.fetch_sub(1, SeqCst);
                                 continue;
                             }
+                            let failed_before = self.flushes.failed.load(SeqCst);
                             let (seed, fua, ok) = if pick < 40 {
                                 let ok = dev.write_zeroes(start * SECTOR, (end - start) * SECTOR, ZeroMode::default()).is_ok();
                                 (ZEROES, false, ok)
@@ -109,10 +154,22 @@ impl SectorModel {
                                 let seed: u8 = rng.gen_range(1..ZEROES);
                                 let fua = rng.gen_bool(0.1);
                                 let data: Vec<u8> = (start..end).flat_map(|p| self.content(seed, p)).collect();
-                                (seed, fua, dev.write_at(&data, start * SECTOR, fua).is_ok())
+                                // A FUA write flushes: judged as a FLUSH too.
+                                if fua {
+                                    self.flushes.running.fetch_add(1, SeqCst);
+                                }
+                                let ok = dev.write_at(&data, start * SECTOR, fua).is_ok();
+                                if fua {
+                                    if !ok {
+                                        self.flush_failed();
+                                        after_failed_flush();
+                                    }
+                                    self.flushes.running.fetch_sub(1, SeqCst);
+                                }
+                                (seed, fua, ok)
                             };
                             check(start * SECTOR, (end - start) * SECTOR, ok);
-                            self.wrote(start..end, seed, ok);
+                            self.wrote(start..end, seed, ok, failed_before);
                             if ok {
                                 o.writes_ok += 1;
                                 if fua {
@@ -136,17 +193,34 @@ impl SectorModel {
         }))
     }
 
-    /// An acknowledged write shows alone; a failed one may show or not.
-    fn wrote(&self, range: std::ops::Range<u64>, seed: u8, ok: bool) {
+    /// A FLUSH failed: whatever was written since a sector's durable content
+    /// may be undone.
+    fn flush_failed(&self) {
         let mut s = self.sectors.lock();
+        self.flushes.failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        for sec in s.iter_mut().filter(|s| !s.since.is_empty()) {
+            sec.now = sec.undone();
+        }
+    }
+
+    /// An acknowledged write shows alone; a failed one may show or not.
+    /// `failed_before`: FLUSHes failed when the write was issued (one failing
+    /// meanwhile may have undone it already).
+    fn wrote(&self, range: std::ops::Range<u64>, seed: u8, ok: bool, failed_before: u64) {
+        let mut s = self.sectors.lock();
+        let failed = self.flushes.failed.load(std::sync::atomic::Ordering::SeqCst);
         for p in range {
             let sec = &mut s[p as usize];
+            sec.written_at = failed_before;
             if ok {
                 sec.now = vec![seed];
             } else {
                 sec.now.push(seed);
             }
             sec.since.push(seed);
+            if failed > failed_before {
+                sec.now = sec.undone();
+            }
         }
     }
 

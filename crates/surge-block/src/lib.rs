@@ -18,6 +18,7 @@ pub mod error;
 pub mod fairq;
 pub mod fault;
 pub mod file;
+pub mod ledger;
 pub mod memory;
 pub mod mirror;
 pub mod model;

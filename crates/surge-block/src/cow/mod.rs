@@ -37,9 +37,11 @@ pub mod readahead;
 pub mod stream;
 #[cfg(test)]
 mod tests;
+mod unsynced;
 
 use crate::dev::{check_range, BlockDev, Caps, Extent, ExtentKind, FileSpan, ZeroMode};
 use crate::error::{BlockError, Result};
+use crate::ledger::FlushLedger;
 use locks::RangeLocks;
 use map::AllocMap;
 pub use meta::{DecodeError, Layout, State};
@@ -50,6 +52,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use unsynced::Unsynced;
 pub use stream::{StreamConfig, StreamJob, StreamProgress, StreamState, StreamWatch};
 
 /// How a copy-on-write volume is made and behaves.
@@ -110,6 +113,9 @@ pub struct CowStats {
     pub commits: u64,
     pub checkpoints: u64,
     pub independent: bool,
+    /// Why every FLUSH fails until the loss is acknowledged, if it does: an
+    /// overlay flush failed after guest writes it should have made durable.
+    pub loss: Option<String>,
 }
 
 #[derive(Default)]
@@ -148,6 +154,15 @@ pub struct CowDev {
     /// The overlay zeroes ranges cheaply, so committed `Zero` blocks are kept
     /// zero on disk and most commits need one flush.
     single_flush: bool,
+    /// Guest writes of data, against overlay flushes: what a failed one may
+    /// have lost (copies from the base and zeroings are redone instead).
+    ledger: FlushLedger,
+    /// Held shared by every change of the data area together with its map
+    /// update (taken before any range lock); exclusively to undo what a
+    /// failed overlay flush may have dropped.
+    io: RwLock<()>,
+    /// Blocks whose state changed since the last good overlay flush began.
+    unsynced: Unsynced,
     counters: Counters,
 }
 
@@ -173,22 +188,26 @@ impl CowDev {
         if cfg.learn_base_holes {
             mark_base_holes(base.as_ref(), &layout, &mut words)?;
         }
-        // Forget any earlier overlay: both checkpoint headers and the first
-        // journal record go, the data area is released (advisory).
+        // Forget any earlier overlay: both checkpoint headers and the whole
+        // journal go (a volume must never replay another's records), and the
+        // new epoch is above any the old checkpoints carry, so a crash before
+        // the final flush cannot bring the old map back over the new one. The
+        // data area is released (advisory).
+        let epoch = old_epoch(overlay.as_ref()).saturating_add(1);
         for copy in 0..2 {
             overlay.write_at(&[0u8; meta::HEADER_LEN], layout.copy_offset(copy), false)?;
         }
-        overlay.write_at(&[0u8; meta::RECORD_HEADER_LEN], layout.journal_start(), false)?;
+        zero_range(overlay.as_ref(), layout.journal_start(), layout.journal_len)?;
         if overlay.caps().fast_zero {
             overlay.write_zeroes(layout.data_start, size, ZeroMode { may_trim: true, fast_only: false })?;
         } else {
             let _ = overlay.discard(layout.data_start, size);
         }
         overlay.write_at(&layout.encode_super(), 0, false)?;
-        let cp = checkpoint_of(&layout, 1, 0, words);
-        overlay.write_at(&cp.encode(), layout.copy_offset(1), false)?;
+        let cp = checkpoint_of(&layout, epoch, 0, words);
+        overlay.write_at(&cp.encode(), layout.copy_offset(epoch), false)?;
         overlay.flush()?;
-        let journal = Journal { epoch: 1, flags: 0, tail: 0, next_seq: 1, committed: cp.words.clone() };
+        let journal = Journal { epoch, flags: 0, tail: 0, next_seq: 1, committed: cp.words.clone() };
         Ok(Self::assemble(Some(base), overlay, layout, &cp.words, journal, cfg))
     }
 
@@ -260,6 +279,9 @@ impl CowDev {
             journal: Mutex::new(journal),
             copy_on_read: AtomicBool::new(cfg.copy_on_read),
             readahead: Readahead::new(cfg.readahead),
+            ledger: FlushLedger::new(),
+            io: RwLock::new(()),
+            unsynced: Unsynced::default(),
             counters: Counters::default(),
         }
     }
@@ -327,11 +349,38 @@ impl CowDev {
             commits: c.commits.load(Relaxed),
             checkpoints: c.checkpoints.load(Relaxed),
             independent: self.journal.lock().flags & FLAG_INDEPENDENT != 0,
+            loss: self.ledger.loss(),
         }
+    }
+
+    /// Why acknowledged writes may have been lost, if they may (every FLUSH
+    /// fails until [`CowDev::acknowledge_loss`]).
+    pub fn loss(&self) -> Option<String> {
+        self.ledger.loss()
+    }
+
+    /// The user accepts that writes acknowledged before a failed FLUSH are
+    /// gone (their blocks read what the overlay or the base holds): FLUSH
+    /// works again. Returns the loss acknowledged, if there was one.
+    pub fn acknowledge_loss(&self) -> Option<String> {
+        self.ledger.acknowledge()
     }
 
     fn base(&self) -> Result<Arc<dyn BlockDev>> {
         self.base.read().clone().ok_or_else(|| BlockError::Gone("the base was detached but a block still needs it".into()))
+    }
+
+    /// The base, to read block `b` that the map said is `Base`; `None` if
+    /// the base is detached because `b` has left it meanwhile (read the map
+    /// again). The base only goes once no block needs it.
+    fn base_for(&self, b: u64) -> Result<Option<Arc<dyn BlockDev>>> {
+        if let Some(base) = self.base.read().clone() {
+            return Ok(Some(base));
+        }
+        match self.map.get(b) {
+            State::Base => Err(BlockError::Gone("the base was detached but a block still needs it".into())),
+            _ => Ok(None),
+        }
     }
 
     fn g(&self) -> u64 {
@@ -351,8 +400,8 @@ impl CowDev {
 
     /// A guest read of base data, through the read-ahead cache; `limit` is
     /// the end of the run of `Base` blocks it belongs to.
-    fn read_base_for_guest(&self, buf: &mut [u8], offset: u64, limit: u64) -> Result<()> {
-        let fetched = self.readahead.read(self.base()?.as_ref(), buf, offset, limit)?;
+    fn read_base_for_guest(&self, base: &dyn BlockDev, buf: &mut [u8], offset: u64, limit: u64) -> Result<()> {
+        let fetched = self.readahead.read(base, buf, offset, limit)?;
         if fetched > 0 {
             self.counters.base_read_bytes.fetch_add(fetched, Relaxed);
             self.counters.guest_fetches.fetch_add(1, Relaxed);
@@ -369,6 +418,7 @@ impl CowDev {
     /// into the overlay, for the blocks still `Base` once the lock is held.
     /// Returns the bytes written.
     pub(crate) fn copy_up(&self, b0: u64, b1: u64, data: &[u8]) -> Result<u64> {
+        let _io = self.io.read();
         let _held = self.locks.lock(b0..b1);
         let origin = b0 * self.g();
         let mut written = 0;
@@ -378,6 +428,7 @@ impl CowDev {
             if state == State::Base {
                 let (lo, hi) = self.byte_range(b, end);
                 self.overlay.write_at(&data[(lo - origin) as usize..(hi - origin) as usize], self.layout.data_start + lo, false)?;
+                self.unsynced.note(b..end);
                 self.map.set_range(b..end, State::Data);
                 written += hi - lo;
             }
@@ -393,7 +444,8 @@ impl CowDev {
         let mut v = vec![0u8; (hi - lo) as usize];
         match state {
             State::Base => {
-                self.read_base_for_guest(&mut v, lo, hi)?;
+                // Under the block's range lock: it stays `Base`, so the base stays.
+                self.read_base_for_guest(self.base()?.as_ref(), &mut v, lo, hi)?;
                 self.counters.fill_bytes.fetch_add(v.len() as u64, Relaxed);
             }
             State::Data => self.overlay.read_at(&mut v, self.layout.data_start + lo)?,
@@ -432,7 +484,31 @@ impl CowDev {
             ext[(offset - lo) as usize..(end - lo) as usize].copy_from_slice(buf);
             self.overlay.write_at(&ext, self.layout.data_start + lo, false)?;
         }
+        self.unsynced.note(b0..b1);
         self.map.set_range(b0..b1, State::Data);
+        Ok(())
+    }
+
+    /// A write to blocks already `Data` takes no range lock, so a discard of
+    /// them may have run meanwhile and cleared their area before the write's
+    /// data landed there: clear again what is `Zero` now, so the data area of
+    /// a `Zero` block reads zeroes (one-flush commits rely on it). The caller
+    /// holds the I/O gate shared.
+    fn clear_raced_zeroes(&self, b0: u64, b1: u64) -> Result<()> {
+        if self.map.all(b0..b1, State::Data) {
+            return Ok(());
+        }
+        let _held = self.locks.lock(b0..b1);
+        let mut b = b0;
+        while b < b1 {
+            let (state, end) = self.map.run(b, b1);
+            if state == State::Zero {
+                let (lo, hi) = self.byte_range(b, end);
+                self.clear_area(lo, hi)?;
+                self.unsynced.note(b..end);
+            }
+            b = end;
+        }
         Ok(())
     }
 
@@ -451,10 +527,13 @@ impl CowDev {
         if b0 >= b1 {
             return Ok(());
         }
+        let _io = self.io.read();
         let _held = self.locks.lock(b0..b1);
         self.map.set_range(b0..b1, State::Zero);
         let (lo, hi) = self.byte_range(b0, b1);
-        self.clear_area(lo, hi)
+        self.clear_area(lo, hi)?;
+        self.unsynced.note(b0..b1);
+        Ok(())
     }
 
     /// Make the data area of `[lo, hi)` read zeroes (with one-flush commits,
@@ -508,7 +587,7 @@ impl CowDev {
         let mut j = self.journal.lock();
         let dirty = self.map.take_dirty();
         if dirty.is_empty() {
-            return self.overlay.flush();
+            return self.flush_overlay(&j.committed);
         }
         let fits = j.tail + Record::footprint(dirty.len()) <= self.layout.journal_len;
         // Read the words before the data flush: each state in them had its data
@@ -519,11 +598,64 @@ impl CowDev {
             Pending::Full(_) => false,
         };
         let flags = j.flags;
-        let result = if one_flush { self.persist(&mut j, pending, flags) } else { self.overlay.flush().and_then(|_| self.persist(&mut j, pending, flags)) };
+        let result = if one_flush { self.persist(&mut j, pending, flags) } else { self.flush_overlay(&j.committed).and_then(|_| self.persist(&mut j, pending, flags)) };
         if result.is_err() {
             self.map.restore_dirty(dirty);
         }
         result
+    }
+
+    /// Flush the overlay, settling what the flush covered: on success every
+    /// change finished before it is durable; on failure the overlay may have
+    /// dropped any change since the last good flush, so those are undone
+    /// (see [`CowDev::undo_unsynced`]) and lost guest writes become the
+    /// ledger's loss. `committed` is the map as it is on disk.
+    fn flush_overlay(&self, committed: &[u64]) -> Result<()> {
+        let covered = self.unsynced.flip();
+        match self.ledger.flush("an overlay flush", || self.overlay.flush()) {
+            Ok(()) => {
+                self.unsynced.synced(covered);
+                Ok(())
+            }
+            Err(e) => {
+                self.undo_unsynced(committed);
+                Err(e)
+            }
+        }
+    }
+
+    /// After a failed overlay flush, no block may be mapped to bytes that may
+    /// not be there: a block made `Data` since the last good flush goes back
+    /// to its state on disk (its base, or zeroes: a copy from the base is made
+    /// again when next needed), and a block made `Zero` has its data area
+    /// cleared again (the clearing may have been dropped, and a one-flush
+    /// commit relies on it). Runs with no change of the data area in flight.
+    fn undo_unsynced(&self, committed: &[u64]) {
+        let _no_changes = self.io.write();
+        let mut reclear: Vec<std::ops::Range<u64>> = Vec::new();
+        for r in self.unsynced.take_all().iter() {
+            for b in r.clone() {
+                match (self.map.get(b), state_in(committed, b)) {
+                    (State::Data, State::Base) => self.map.set(b, State::Base),
+                    (State::Data, State::Zero) | (State::Zero, _) => {
+                        self.map.set(b, State::Zero);
+                        match reclear.last_mut() {
+                            Some(last) if last.end == b => last.end = b + 1,
+                            _ => reclear.push(b..b + 1),
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for r in reclear {
+            let (lo, hi) = self.byte_range(r.start, r.end);
+            if let Err(e) = self.clear_area(lo, hi) {
+                self.ledger.flag(format!("clearing discarded blocks again after a failed overlay flush failed ({e})"));
+            }
+            // The clearing waits for the next flush like any other change.
+            self.unsynced.note(r);
+        }
     }
 
     fn persist(&self, j: &mut Journal, pending: Pending, flags: u32) -> Result<()> {
@@ -531,7 +663,7 @@ impl CowDev {
             Pending::Words(entries) => {
                 let r = Record { epoch: j.epoch, seq: j.next_seq, entries };
                 self.overlay.write_at(&r.encode(), self.layout.journal_start() + j.tail, false)?;
-                self.overlay.flush()?;
+                self.flush_overlay(&j.committed)?;
                 j.tail += Record::footprint(r.entries.len());
                 j.next_seq += 1;
                 for &(i, w) in &r.entries {
@@ -542,7 +674,7 @@ impl CowDev {
             Pending::Full(words) => {
                 let cp = checkpoint_of(&self.layout, j.epoch + 1, flags, words);
                 self.overlay.write_at(&cp.encode(), self.layout.copy_offset(cp.epoch), false)?;
-                self.overlay.flush()?;
+                self.flush_overlay(&j.committed)?;
                 *j = Journal { epoch: cp.epoch, flags, tail: 0, next_seq: 1, committed: cp.words };
                 self.counters.checkpoints.fetch_add(1, Relaxed);
             }
@@ -562,7 +694,7 @@ impl CowDev {
         let dirty = self.map.take_dirty();
         let words = self.map.snapshot();
         let flags = j.flags | FLAG_INDEPENDENT;
-        let result = self.overlay.flush().and_then(|_| self.persist(&mut j, Pending::Full(words), flags));
+        let result = self.flush_overlay(&j.committed).and_then(|_| self.persist(&mut j, Pending::Full(words), flags));
         if result.is_err() {
             self.map.restore_dirty(dirty);
         }
@@ -597,8 +729,40 @@ fn safe_without_data_flush(old: u64, new: u64) -> bool {
     })
 }
 
+/// State of block `b` in map words `words`.
+fn state_in(words: &[u64], b: u64) -> State {
+    let w = words[(b / meta::BLOCKS_PER_WORD) as usize];
+    State::from_bits((w >> (2 * (b % meta::BLOCKS_PER_WORD))) & 3).unwrap_or(State::Data)
+}
+
 fn checkpoint_of(l: &Layout, epoch: u64, flags: u32, words: Vec<u64>) -> Checkpoint {
     Checkpoint { epoch, flags, granularity: l.granularity as u32, size: l.size, journal_len: l.journal_len, data_start: l.data_start, words }
+}
+
+/// The newest epoch of a valid checkpoint an earlier volume left on `overlay`
+/// (0 if none).
+fn old_epoch(overlay: &dyn BlockDev) -> u64 {
+    let Ok(old) = read_layout(overlay) else { return 0 };
+    if overlay.size() < old.journal_start() {
+        return 0;
+    }
+    (0..2)
+        .filter_map(|copy| {
+            let mut b = vec![0u8; old.copy_len as usize];
+            overlay.read_at(&mut b, old.copy_offset(copy)).ok()?;
+            meta::decode_checkpoint(&b).ok().map(|cp| cp.epoch)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Make `[offset, offset+len)` read zeroes, quickly where the device can.
+fn zero_range(dev: &dyn BlockDev, offset: u64, len: u64) -> Result<()> {
+    if dev.caps().fast_zero {
+        dev.write_zeroes(offset, len, ZeroMode { may_trim: false, fast_only: false })
+    } else {
+        crate::dev::write_zero_buffers(dev, offset, len)
+    }
 }
 
 fn read_layout(overlay: &dyn BlockDev) -> Result<Layout, CowError> {
@@ -667,15 +831,21 @@ impl BlockDev for CowDev {
             match state {
                 State::Data => self.overlay.read_at(dst, self.layout.data_start + pos)?,
                 State::Zero => dst.fill(0),
-                State::Base if self.copy_on_read() => {
-                    let (b0, b1) = (pos / g, run_end);
-                    let (lo, hi) = self.byte_range(b0, b1);
-                    let mut whole = vec![0u8; (hi - lo) as usize];
-                    self.read_base_for_guest(&mut whole, lo, self.base_run_end(b1))?;
-                    dst.copy_from_slice(&whole[(pos - lo) as usize..(stop - lo) as usize]);
-                    self.copy_up(b0, b1, &whole)?;
+                State::Base => {
+                    // The stream job may have copied the run and detached the
+                    // base since the map was read: then read the map again.
+                    let Some(base) = self.base_for(pos / g)? else { continue };
+                    if self.copy_on_read() {
+                        let (b0, b1) = (pos / g, run_end);
+                        let (lo, hi) = self.byte_range(b0, b1);
+                        let mut whole = vec![0u8; (hi - lo) as usize];
+                        self.read_base_for_guest(base.as_ref(), &mut whole, lo, self.base_run_end(b1))?;
+                        dst.copy_from_slice(&whole[(pos - lo) as usize..(stop - lo) as usize]);
+                        self.copy_up(b0, b1, &whole)?;
+                    } else {
+                        self.read_base_for_guest(base.as_ref(), dst, pos, self.base_run_end(run_end))?;
+                    }
                 }
-                State::Base => self.read_base_for_guest(dst, pos, self.base_run_end(run_end))?,
             }
             pos = stop;
         }
@@ -685,11 +855,14 @@ impl BlockDev for CowDev {
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
         check_range(self.layout.size, offset, buf.len() as u64)?;
         if !buf.is_empty() {
+            let _counted = self.ledger.begin();
+            let _io = self.io.read();
             let g = self.g();
             let (b0, b1) = (offset / g, (offset + buf.len() as u64).div_ceil(g));
             if self.map.all(b0..b1, State::Data) {
                 // In the overlay already: no state changes, no lock.
                 self.overlay.write_at(buf, self.layout.data_start + offset, false)?;
+                self.clear_raced_zeroes(b0, b1)?;
             } else {
                 self.write_allocating(buf, offset)?;
             }
@@ -700,8 +873,11 @@ impl BlockDev for CowDev {
         Ok(())
     }
 
+    /// Commit, and fail while an earlier failed flush may have lost
+    /// acknowledged writes.
     fn flush(&self) -> Result<()> {
-        self.commit()
+        self.commit()?;
+        self.ledger.check()
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
@@ -757,8 +933,11 @@ impl BlockDev for CowDev {
         let g = self.g();
         let (b0, b1) = (offset / g, (offset + len).div_ceil(g));
         let mut fill = || fill().map_err(|e| BlockError::io("write", offset, len, e));
+        let _counted = self.ledger.begin();
+        let _io = self.io.read();
         if self.map.all(b0..b1, State::Data) {
             fill()?;
+            self.clear_raced_zeroes(b0, b1)?;
             return Ok(true);
         }
         let _held = self.locks.lock(b0..b1);
@@ -766,6 +945,7 @@ impl BlockDev for CowDev {
             return Ok(false);
         }
         fill()?;
+        self.unsynced.note(b0..b1);
         self.map.set_range(b0..b1, State::Data);
         Ok(true)
     }
@@ -810,8 +990,9 @@ impl BlockDev for CowDev {
                 State::Zero => push(stop - pos, ExtentKind::Hole),
                 State::Base => {
                     // Not in the overlay: the base says what it holds.
+                    let Some(base) = self.base_for(pos / g)? else { continue };
                     let mut at = pos;
-                    for e in self.base()?.block_status(pos, stop - pos)? {
+                    for e in base.block_status(pos, stop - pos)? {
                         let n = e.len.min(stop - at);
                         if n == 0 {
                             break;

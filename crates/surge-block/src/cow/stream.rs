@@ -2,8 +2,8 @@
 //! base into the overlay, rate-limited, until the volume no longer needs the
 //! base.
 //!
-//! Resumable by construction: progress *is* the allocation map (blocks leave
-//! the `Base` state and never return), committed every `commit_every` bytes or
+//! Resumable by construction: progress *is* the allocation map (committed
+//! blocks leave the `Base` state and never return), committed every `commit_every` bytes or
 //! `commit_interval`, so after a restart the job starts over from block 0 and
 //! skips, a map word at a time, whatever was copied or written before.
 //! Guest writes win: each chunk is read from the base without locks and then
@@ -205,7 +205,17 @@ impl Shared {
                     // Pay for what was copied before the next step.
                     self.pace(&mut bucket, copied);
                 }
-                None => break,
+                None => {
+                    self.dev.commit()?;
+                    // Blocks leave the base for good once committed, but a
+                    // failed flush of the guest's may have sent uncommitted
+                    // copies back to it: then go round again.
+                    if self.dev.is_independent() {
+                        break;
+                    }
+                    from = 0;
+                    continue;
+                }
             }
             let now = self.clock.now();
             if since_commit >= self.cfg.commit_every || now.saturating_sub(last_commit) >= self.cfg.commit_interval {
@@ -214,8 +224,6 @@ impl Shared {
                 last_commit = now;
             }
         }
-        // Blocks only ever leave the base, so one pass copied everything.
-        self.dev.commit()?;
         if self.cfg.detach_base {
             self.dev.detach_base()?;
         } else {
