@@ -13,9 +13,13 @@
 //! Each member slot has a read-write lock held (shared) for the duration of an
 //! I/O on it, so `replace` waits for in-flight requests on the old member and
 //! returns it idle.
+//!
+//! A member flush that fails may have dropped acknowledged writes (see
+//! [`crate::ledger`]): every later FLUSH fails until the loss is acknowledged.
 
 use crate::dev::{check_range, BlockDev, Caps, Extent, ExtentKind, ZeroMode};
 use crate::error::{BlockError, Result};
+use crate::ledger::FlushLedger;
 use parking_lot::RwLock;
 use std::ops::Range;
 use std::sync::Arc;
@@ -62,6 +66,8 @@ pub struct Stripe {
     /// Usable bytes of every member (a whole number of chunks).
     member_size: u64,
     slots: Vec<RwLock<Arc<dyn BlockDev>>>,
+    /// Writes, against member flushes.
+    ledger: FlushLedger,
 }
 
 impl Stripe {
@@ -79,7 +85,7 @@ impl Stripe {
             return Err(StripeError::MemberTooSmall { index, size: m.size(), chunk: cfg.chunk });
         }
         let member_size = smallest / cfg.chunk * cfg.chunk;
-        Ok(Stripe { cfg, member_size, slots: members.into_iter().map(RwLock::new).collect() })
+        Ok(Stripe { cfg, member_size, slots: members.into_iter().map(RwLock::new).collect(), ledger: FlushLedger::new() })
     }
 
     pub fn config(&self) -> StripeConfig {
@@ -109,6 +115,30 @@ impl Stripe {
         }
         let mut g = slot.write();
         Ok(std::mem::replace(&mut *g, dev))
+    }
+
+    /// Decide what goes in slot `index` with no I/O in flight on it: `decide`
+    /// sees the member there and runs while requests to the slot wait (for
+    /// checks and records that must happen atomically with the switch);
+    /// `Some(dev)` puts `dev` in the slot and returns the old member.
+    pub fn replace_with<E: From<StripeError>>(&self, index: usize, decide: impl FnOnce(&Arc<dyn BlockDev>) -> std::result::Result<Option<Arc<dyn BlockDev>>, E>) -> std::result::Result<Option<Arc<dyn BlockDev>>, E> {
+        let slot = self.slots.get(index).ok_or(StripeError::NoSuchMember { index, members: self.slots.len() })?;
+        let mut g = slot.write();
+        let Some(dev) = decide(&g)? else { return Ok(None) };
+        if dev.size() < self.member_size {
+            return Err(StripeError::ReplacementTooSmall { index, need: self.member_size, got: dev.size() }.into());
+        }
+        Ok(Some(std::mem::replace(&mut *g, dev)))
+    }
+
+    /// Why acknowledged writes may have been lost (a member flush failed), if they may.
+    pub fn loss(&self) -> Option<String> {
+        self.ledger.loss()
+    }
+
+    /// The user accepts the loss: FLUSH works again.
+    pub fn acknowledge_loss(&self) -> Option<String> {
+        self.ledger.acknowledge()
     }
 
     /// Where `[offset, offset+len)` of the striped device lives, chunk by chunk.
@@ -212,18 +242,22 @@ impl BlockDev for Stripe {
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
         check_range(self.size(), offset, buf.len() as u64)?;
         let pieces = self.map(offset, buf.len() as u64);
+        let _counted = self.ledger.begin();
         self.each_piece(&pieces, |m, p| m.write_at(&buf[p.buf.clone()], p.member_offset, fua))
     }
 
     fn flush(&self) -> Result<()> {
-        let mut first_err = None;
-        for s in &self.slots {
-            let m = s.read().clone();
-            if let Err(e) = m.flush() {
-                first_err.get_or_insert(e);
+        self.ledger.flush("a member flush", || {
+            let mut first_err = None;
+            for s in &self.slots {
+                let m = s.read().clone();
+                if let Err(e) = m.flush() {
+                    first_err.get_or_insert(e);
+                }
             }
-        }
-        first_err.map_or(Ok(()), Err)
+            first_err.map_or(Ok(()), Err)
+        })?;
+        self.ledger.check()
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
@@ -238,6 +272,7 @@ impl BlockDev for Stripe {
             return Err(BlockError::NotSupported("fast zeroing"));
         }
         let pieces = self.map(offset, len);
+        let _counted = self.ledger.begin();
         self.each_piece(&pieces, |m, p| m.write_zeroes(p.member_offset, p.buf.len() as u64, mode))
     }
 
@@ -525,6 +560,9 @@ mod tests {
             members[1] = faulty.clone();
             let stripe = Stripe::new(members, StripeConfig { chunk, parallel: true }).unwrap();
             let model = SectorModel::new(vec![0u8; stripe.size() as usize]);
+            let ack = || {
+                stripe.acknowledge_loss();
+            };
             // Group of 24 sectors: writes inside one span up to 3 members.
             let w = Workload { threads: 4, ops_per_thread: 300, group: 24, seed };
 
@@ -532,13 +570,13 @@ mod tests {
             faulty.set_rules(rules(&format!("volatile,write.fail_every=1,flush.fail_every=1,zeroes.fail_every=1,seed={seed}")));
             let touches = |off: u64, len: u64| stripe.map(off, len).iter().any(|p| p.member == 1);
             let always = Workload { ops_per_thread: 40, ..w };
-            let o = model.run(&stripe, &always, &|off, len, ok| assert_eq!(ok, !touches(off, len), "write at {off}+{len}: ok={ok}")).unwrap();
+            let o = model.run_with(&stripe, &always, &|off, len, ok| assert_eq!(ok, !touches(off, len), "write at {off}+{len}: ok={ok}"), &ack).unwrap();
             assert_eq!(o.flushes_ok, 0, "a FLUSH over a failing member was acknowledged");
             assert!(o.writes_failed > 0 && o.flushes_failed > 0, "{o:?}");
 
             // Random failures under concurrency, widened races.
             faulty.set_rules(rules(&format!("volatile,write.fail_prob=0.1,zeroes.fail_prob=0.1,flush.fail_prob=0.3,write.spin=20us,seed={seed}")));
-            let o = model.run(&stripe, &w, &|_, _, _| {}).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            let o = model.run_with(&stripe, &w, &|_, _, _| {}, &ack).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
             let st = faulty.stats();
             assert!(st.injected[1] > 0 && st.injected[2] > 0 && o.flushes_ok > 0 && o.writes_ok > 0, "faults did not happen: {o:?} {st:?}");
 
@@ -550,5 +588,34 @@ mod tests {
             let after = Stripe::new(raw, StripeConfig { chunk, parallel: true }).unwrap();
             model.check_after_crash(&after).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         }
+    }
+
+    /// A member's flush fails and drops the writes it held: no later FLUSH
+    /// may be acknowledged until the loss is acknowledged.
+    #[test]
+    fn a_member_flush_that_dropped_writes_fails_every_later_flush_until_acknowledged() {
+        use crate::clock::VirtualClock;
+        use crate::fault::FaultDev;
+        let raw = mem(2, 1 << 20);
+        let faulty = Arc::new(FaultDev::new(raw[1].clone(), "volatile".parse().unwrap(), Arc::new(VirtualClock::new())));
+        let s = Stripe::new(vec![raw[0].clone(), faulty.clone()], StripeConfig { chunk: 4096, parallel: false }).unwrap();
+        s.write_at(&[5u8; 4096], 4096, false).unwrap(); // member 1
+        faulty.set_rules("volatile,flush.fail_nth=1,flush.fail_loses".parse().unwrap());
+        assert!(s.flush().is_err());
+        assert!(s.flush().is_err(), "FLUSH acknowledged after a member dropped an acknowledged write");
+        assert!(s.acknowledge_loss().is_some());
+        s.flush().unwrap();
+    }
+
+    #[test]
+    fn replace_with_decides_with_no_io_in_flight_and_may_keep_the_member() {
+        let s = Stripe::new(mem(2, 1 << 20), StripeConfig { chunk: 4096, parallel: false }).unwrap();
+        let kept = s.replace_with::<StripeError>(0, |_| Ok(None)).unwrap();
+        assert!(kept.is_none());
+        let fresh: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(1 << 20));
+        let old = s.replace_with::<StripeError>(0, |_| Ok(Some(fresh.clone()))).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&s.member(0).unwrap(), &fresh) && !Arc::ptr_eq(&old, &fresh));
+        let small: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(4096));
+        assert!(matches!(s.replace_with::<StripeError>(1, |_| Ok(Some(small))), Err(StripeError::ReplacementTooSmall { .. })));
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod attachment;
 pub mod cost;
+pub mod faulty;
 pub mod gc;
 pub mod local;
 pub mod plan;
@@ -20,6 +21,7 @@ pub mod provider;
 pub mod spec;
 
 pub use attachment::Attachment;
+pub use faulty::FaultyProvider;
 pub use cost::{CostMeter, CostReport, PriceTable, S3Price, S3Usage, VolumeCost, WallClock};
 pub use local::{Delays, LocalConfig, LocalProvider, ModifyRules};
 pub use provider::{Action, CloudError, CreateRequest, Provider, VolumeInfo, VolumeState};

@@ -19,8 +19,14 @@
 //! disagree on (a write in flight on one leg only) is known and re-copied from
 //! the source before either leg serves it: reads never flip between old and new
 //! data. Idle dirty regions are cleared lazily after both legs are flushed.
-//! If the target fails, the record says so before the failing write is
-//! acknowledged, and the mirror continues on the source alone.
+//! If the target fails, the mirror continues on the source alone, and writes
+//! that reach the source alone wait until a record says the target failed
+//! (until then a restart would trust the target): such a write fails, and so
+//! does every FLUSH, while the record cannot be written; it is tried again
+//! each time. The write that found the failure had its region's intent bit
+//! durable first, so a restart that still trusts the target re-copies it.
+//! A failed flush of the source that may have dropped acknowledged writes
+//! fails every later FLUSH until the loss is acknowledged ([`FlushLedger`]).
 //!
 //! The rebuild is driven by [`Mirror::rebuild_step`]; [`spawn_rebuild`] runs it on
 //! a thread, rate-limited in bytes/s on a [`Clock`], so simulations on a
@@ -31,6 +37,7 @@ pub mod meta;
 use crate::clock::{Clock, ClockThread};
 use crate::dev::{check_range, BlockDev, Caps, Extent, ExtentKind, ZeroMode};
 use crate::error::{BlockError, Result};
+use crate::ledger::FlushLedger;
 use meta::{decode, Record, FLAG_COMPLETE, FLAG_FAILED};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use serde::Serialize;
@@ -180,6 +187,10 @@ pub struct Mirror {
     /// Regions below this are on the target (in memory; the record may lag).
     copied: AtomicU64,
     failed: AtomicBool,
+    /// The record generation that carries the failure (valid once `failed`).
+    failed_gen: AtomicU64,
+    /// Writes to the source, against its flushes.
+    ledger: FlushLedger,
     /// Per region: writes started and finished (dirty regions are cleared only
     /// when no write touched them since a flush of both legs).
     started: Vec<AtomicU64>,
@@ -234,6 +245,8 @@ impl Mirror {
             locks: (0..nregions.clamp(1, MAX_LOCKS)).map(|_| RwLock::new(())).collect(),
             copied: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            failed_gen: AtomicU64::new(0),
+            ledger: FlushLedger::new(),
             started: (0..nregions).map(|_| AtomicU64::new(0)).collect(),
             done: (0..nregions).map(|_| AtomicU64::new(0)).collect(),
             st: Mutex::new(St {
@@ -391,6 +404,33 @@ impl Mirror {
         self.failed.load(SeqCst)
     }
 
+    /// Why acknowledged writes may have been lost (a source flush failed), if they may.
+    pub fn loss(&self) -> Option<String> {
+        self.ledger.loss()
+    }
+
+    /// The user accepts the loss: FLUSH works again.
+    pub fn acknowledge_loss(&self) -> Option<String> {
+        self.ledger.acknowledge()
+    }
+
+    /// Before the target takes the source's place: with no I/O in flight
+    /// (the caller holds off every request), flush both legs. `Ok(true)` if
+    /// the rebuild is complete and the target holds every acknowledged write,
+    /// durably; `Ok(false)` if the target failed (the source is the one to keep).
+    pub fn seal(&self) -> Result<bool> {
+        self.ledger.flush("a source flush", || self.source.flush())?;
+        self.ledger.check()?;
+        if self.failed.load(SeqCst) {
+            return Ok(false);
+        }
+        if let Err(e) = self.target.flush() {
+            self.fail_target(&e);
+            return Ok(false);
+        }
+        Ok(self.is_complete() && !self.failed.load(SeqCst))
+    }
+
     pub fn progress(&self) -> MirrorProgress {
         let (resync, dirty, complete, failed) = {
             let st = self.st.lock();
@@ -437,15 +477,41 @@ impl Mirror {
         ids.into_iter().map(|i| self.locks[i].read()).collect()
     }
 
-    /// The target failed: remember it durably (so a restart abandons the
-    /// rebuild instead of trusting the target), then go on with the source alone.
-    fn fail_target(&self, cause: &BlockError) -> Result<()> {
-        if self.failed.swap(true, SeqCst) {
+    /// The target failed: go on with the source alone, and record it (so a
+    /// restart abandons the rebuild instead of trusting the target). A record
+    /// that cannot be written now is tried again by the next write or FLUSH
+    /// ([`Mirror::failure_recorded`]).
+    fn fail_target(&self, cause: &BlockError) {
+        let gen = {
+            let mut st = self.st.lock();
+            if st.failed {
+                return;
+            }
+            st.failed = true;
+            st.gen += 1;
+            st.gen
+        };
+        self.failed_gen.store(gen, SeqCst);
+        self.failed.store(true, SeqCst);
+        tracing::error!(%cause, "mirror target failed; continuing on the source alone");
+        if let Err(e) = self.wait_durable(gen) {
+            tracing::error!("recording the mirror target's failure: {e}; writes and FLUSHes fail until it is recorded");
+        }
+    }
+
+    /// After a target failure, `Ok` once a record says so (writing it if
+    /// needed): only then may a write reach the source alone or a FLUSH be
+    /// acknowledged, or a crash would bring back a target that lacks them.
+    fn failure_recorded(&self) -> Result<()> {
+        if !self.failed.load(SeqCst) {
             return Ok(());
         }
-        tracing::error!(%cause, "mirror target failed; continuing on the source alone");
-        self.st.lock().failed = true;
-        self.commit_now()
+        self.wait_durable(self.failed_gen.load(SeqCst))
+    }
+
+    /// Flush the source, settling its writes in the ledger.
+    fn flush_source(&self) -> Result<()> {
+        self.ledger.flush("a source flush", || self.source.flush())
     }
 
     /// A mutation: source always, target for the part in copied regions (after
@@ -454,7 +520,9 @@ impl Mirror {
         check_range(self.size, offset, len)?;
         let regions = self.region_range(offset, len);
         let _guards = self.share(regions.clone());
+        let _counted = self.ledger.begin();
         if self.failed.load(SeqCst) {
+            self.failure_recorded()?;
             return op(self.source.as_ref(), offset, len);
         }
         let copied = self.copied.load(SeqCst);
@@ -487,7 +555,9 @@ impl Mirror {
         if !both.is_empty() && !self.failed.load(SeqCst) {
             let end = (offset + len).min(both.end * self.cfg.region);
             if let Err(e) = op(self.target.as_ref(), offset, end - offset) {
-                self.fail_target(&e)?;
+                // The region's intent bit is durable: a restart that still
+                // trusts the target copies this region again.
+                self.fail_target(&e);
             }
         }
         Ok(())
@@ -516,7 +586,7 @@ impl Mirror {
                 return Ok(0);
             }
             if let Err(e) = self.target.write_zeroes(off, len, ZeroMode { may_trim: true, fast_only: false }) {
-                self.fail_target(&e)?;
+                self.fail_target(&e);
                 return Err(MirrorError::TargetFailed);
             }
             self.clocking.lock().moved += len;
@@ -525,7 +595,7 @@ impl Mirror {
         let mut buf = vec![0u8; len as usize];
         self.source.read_at(&mut buf, off)?;
         if let Err(e) = self.target.write_at(&buf, off, false) {
-            self.fail_target(&e)?;
+            self.fail_target(&e);
             return Err(MirrorError::TargetFailed);
         }
         self.clocking.lock().moved += len;
@@ -539,9 +609,9 @@ impl Mirror {
     /// would then differ in a region the record calls clean.
     fn persist_position(&self) -> std::result::Result<(), MirrorError> {
         let c = self.copied.load(SeqCst);
-        self.source.flush()?;
+        self.flush_source()?;
         if let Err(e) = self.target.flush() {
-            self.fail_target(&e)?;
+            self.fail_target(&e);
             return Err(MirrorError::TargetFailed);
         }
         {
@@ -570,9 +640,9 @@ impl Mirror {
         if candidates.is_empty() || self.failed.load(SeqCst) {
             return Ok(());
         }
-        self.source.flush()?;
+        self.flush_source()?;
         if let Err(e) = self.target.flush() {
-            self.fail_target(&e)?;
+            self.fail_target(&e);
             return Err(MirrorError::TargetFailed);
         }
         {
@@ -651,7 +721,7 @@ impl BlockDev for Mirror {
         if use_target {
             match self.target.read_at(buf, offset) {
                 Ok(()) => return Ok(()),
-                Err(e) => self.fail_target(&e)?,
+                Err(e) => self.fail_target(&e),
             }
         }
         self.source.read_at(buf, offset)
@@ -662,13 +732,14 @@ impl BlockDev for Mirror {
     }
 
     fn flush(&self) -> Result<()> {
-        self.source.flush()?;
+        self.flush_source()?;
         if !self.failed.load(SeqCst) {
             if let Err(e) = self.target.flush() {
-                self.fail_target(&e)?;
+                self.fail_target(&e);
             }
         }
-        Ok(())
+        self.failure_recorded()?;
+        self.ledger.check()
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {

@@ -306,6 +306,72 @@ fn a_failing_target_is_recorded_and_the_source_carries_on() {
     assert!(matches!(e, MirrorError::TargetFailed), "a restart must not trust the target: {e}");
 }
 
+/// The target fails while the record cannot be written (the metadata device
+/// fails writes). Until a record says the target failed, a restart would trust
+/// it: no write may reach the source alone and no FLUSH may be acknowledged.
+/// Once the metadata device heals, the failure is recorded by the next FLUSH
+/// (never given up), and a restart refuses the target.
+#[test]
+fn no_flush_is_acknowledged_after_a_target_failure_until_the_failure_is_recorded() {
+    use crate::fault::{FaultDev, FaultRules};
+    let size = 16 * 4096;
+    let source: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(size));
+    let target_raw: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(size));
+    let target = Arc::new(FaultDev::new(target_raw.clone(), FaultRules::default(), vclock()));
+    let meta_raw: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(meta::required_size(size, 4096)));
+    let meta = Arc::new(FaultDev::new(meta_raw.clone(), FaultRules::default(), vclock()));
+    let m = Mirror::create(source.clone(), target.clone(), meta.clone(), cfg(4096), TAG, vclock()).unwrap();
+    finish(&m);
+    m.write_at(&[1u8; 4096], 0, false).unwrap(); // regions 0 and 3 dirty, durable
+    m.write_at(&[1u8; 4096], 3 * 4096, false).unwrap();
+    meta.set_rule("write.fail_prob", Some("1")).unwrap();
+    target.set_rule("write.fail_prob", Some("1")).unwrap();
+    let _ = m.write_at(&[2u8; 4096], 0, false); // the target fails here
+    assert!(m.is_failed());
+    let second = m.write_at(&[3u8; 4096], 3 * 4096, false).is_ok();
+    let flushed = m.flush().is_ok();
+    assert!(!flushed, "FLUSH acknowledged while no record says the target failed (second write acknowledged: {second})");
+    // A crash now: the restart trusts the target, and must find it consistent
+    // with the source wherever a write may have reached the source alone.
+    {
+        let copy = |d: &Arc<dyn BlockDev>| -> Arc<dyn BlockDev> {
+            let m = MemoryDev::new(d.size());
+            m.write_at(&read_all(d.as_ref()), 0, false).unwrap();
+            Arc::new(m)
+        };
+        let (s, t) = (copy(&source), copy(&target_raw));
+        let r = Mirror::open(s.clone(), t.clone(), copy(&meta_raw), cfg(4096), TAG, vclock()).unwrap();
+        finish(&r);
+        assert!(read_all(s.as_ref()) == read_all(t.as_ref()), "after the restart the legs differ: reads alternate between old and new data");
+    }
+    // The metadata device heals: the record is written by the next FLUSH.
+    meta.set_rules(FaultRules::default());
+    m.write_at(&[4u8; 4096], 5 * 4096, false).unwrap();
+    m.flush().expect("the failure is recorded now");
+    let e = Mirror::open(source, target_raw, meta_raw, cfg(4096), TAG, vclock()).err().unwrap();
+    assert!(matches!(e, MirrorError::TargetFailed), "the failure record was never written: {e}");
+}
+
+/// The source's flush fails and drops the writes it held (a writeback error):
+/// no later FLUSH may be acknowledged until the loss is acknowledged.
+#[test]
+fn a_source_flush_that_dropped_writes_fails_every_later_flush_until_acknowledged() {
+    use crate::fault::FaultDev;
+    let size = 16 * 4096;
+    let source_raw: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(size));
+    let source = Arc::new(FaultDev::new(source_raw.clone(), "volatile".parse().unwrap(), vclock()));
+    let target: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(size));
+    let meta: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(meta::required_size(size, 4096)));
+    let m = Mirror::create(source.clone(), target, meta, cfg(4096), TAG, vclock()).unwrap();
+    m.write_at(&[9u8; 4096], 8 * 4096, false).unwrap(); // not yet copied: source only
+    source.set_rules("volatile,flush.fail_nth=1,flush.fail_loses".parse().unwrap());
+    assert!(m.flush().is_err());
+    assert!(m.flush().is_err(), "FLUSH acknowledged after the source dropped an acknowledged write");
+    assert!(m.loss().is_some());
+    m.acknowledge_loss();
+    m.flush().unwrap();
+}
+
 // ---- crash consistency ----
 
 const CR: u64 = 4096;

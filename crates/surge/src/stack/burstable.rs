@@ -19,8 +19,10 @@
 //!    the next start deletes);
 //! 2. write the mirror record, then record the swap in the state, then put the
 //!    mirror in the stripe slot (a restart resumes the rebuild from the record);
-//! 3. when the mirror is complete: record the new member in the state, then put
-//!    it in the slot (writes reached both legs until then), then delete the old.
+//! 3. when the mirror is complete: with requests to the slot held off, check
+//!    that the target never failed and flush both legs, record the new member
+//!    in the state, then put it in the slot (writes reached both legs until
+//!    then), then delete the old.
 //!
 //! Spec: `burstable:MODE,size=SIZE,members=N[,type=gp2][,chunk=64KiB (cache: the block size)][,strategy=all|one]
 //! [,swap_below=auto|PCT][,margin=1.5][,rebuild_rate=64MiB/s][,region=1MiB][,tick=5s]
@@ -443,14 +445,14 @@ impl BurstableVolume {
 
     /// Persistent: complete the swaps whose mirror is done, abandon failed ones.
     fn finish_swaps(&self) -> anyhow::Result<()> {
-        let ready: Vec<(usize, bool)> = self
+        let ready: Vec<usize> = self
             .slots
             .lock()
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.swap.as_ref().and_then(|w| (w.mirror.is_complete() || w.mirror.is_failed()).then(|| (i, w.mirror.is_failed()))))
+            .filter_map(|(i, s)| s.swap.as_ref().and_then(|w| (w.mirror.is_complete() || w.mirror.is_failed()).then_some(i)))
             .collect();
-        for (slot, failed) in ready {
+        for slot in ready {
             let (old, w) = {
                 let mut s = self.slots.lock();
                 let w = s[slot].swap.take().expect("swapping");
@@ -458,7 +460,19 @@ impl BurstableVolume {
             };
             let now = self.clock.now();
             let moved = w.mirror.progress().moved_bytes;
-            if failed {
+            let switched = if w.mirror.is_failed() {
+                false
+            } else {
+                match self.switch_to_target(slot, &w, &old) {
+                    Ok(switched) => switched,
+                    Err(e) => {
+                        // Nothing changed: the mirror stays in the slot, tried again next step.
+                        self.slots.lock()[slot].swap = Some(w);
+                        return Err(e);
+                    }
+                }
+            };
+            if !switched {
                 tracing::error!(slot, target = %w.target, "abandoning a swap: the new member failed");
                 {
                     let mut s = self.saved.lock();
@@ -471,13 +485,6 @@ impl BurstableVolume {
                 drop(w.rebuilder);
                 self.retire(std::slice::from_ref(&w.target))?;
             } else {
-                {
-                    let mut s = self.saved.lock();
-                    s.slots[slot] = SavedSlot { member: w.target.clone(), swap: None };
-                    s.retired.push(old.clone());
-                    self.save(&s)?;
-                }
-                self.stripe.read().replace(slot, w.target_dev.clone())?;
                 if let Some(r) = w.rebuilder {
                     let _ = r.stop();
                 }
@@ -491,9 +498,28 @@ impl BurstableVolume {
                 self.policy.lock().swapped(now, slot);
                 tracing::info!(slot, member = %w.target, "swap complete");
             }
-            self.history.lock().push(SwapRecord { slots: vec![slot], started_s: secs(w.started), finished_s: secs(now), kind: "rebuild", bytes_moved: moved, ok: !failed });
+            self.history.lock().push(SwapRecord { slots: vec![slot], started_s: secs(w.started), finished_s: secs(now), kind: "rebuild", bytes_moved: moved, ok: switched });
         }
         Ok(())
+    }
+
+    /// Put a finished mirror's target in its slot, atomically with respect to
+    /// I/O: while requests to the slot wait, the target must hold every
+    /// acknowledged write, durably ([`Mirror::seal`]: a target that failed at
+    /// any time is refused), then the state names it, then it takes the slot.
+    /// The old member is deleted only after that. `Ok(false)`: the target failed.
+    fn switch_to_target(&self, slot: usize, w: &Swapping, old: &str) -> anyhow::Result<bool> {
+        let switched = self.stripe.read().replace_with::<anyhow::Error>(slot, |_| {
+            if !w.mirror.seal().context("flushing both legs of the finished mirror")? {
+                return Ok(None);
+            }
+            let mut s = self.saved.lock();
+            s.slots[slot] = SavedSlot { member: w.target.clone(), swap: None };
+            s.retired.push(old.to_string());
+            self.save(&s)?;
+            Ok(Some(w.target_dev.clone()))
+        })?;
+        Ok(switched.is_some())
     }
 
     /// Detach and delete volumes listed as retired, then drop them from the list.
@@ -1159,6 +1185,47 @@ mod tests {
         run_swaps(&v);
         assert_eq!(read_all(v.as_ref()), data);
         assert_eq!(v.swaps().len(), 1);
+    }
+
+    /// A write is on its way to a finished mirror's target when the swap is
+    /// completed; the target fails it (after the completion check of old).
+    /// The source then holds the only copy: the swap must keep it, and the
+    /// write must read back, now and after a restart.
+    #[test]
+    fn a_target_failing_while_a_swap_completes_never_costs_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(surge_block::SystemClock::new());
+        let spec = "persistent,size=2GiB,members=2,rebuild_rate=off";
+        let prov = Arc::new(surge_cloud::FaultyProvider::new(provider(dir.path(), clock.clone()), clock.clone()));
+        let v = BurstableVolume::open(params(dir.path(), spec), prov.clone(), clock.clone()).unwrap();
+        let data = fill(v.as_ref(), 3);
+        v.request_swap(vec![0]);
+        v.step().unwrap();
+        let (mirror, target) = {
+            let s = v.slots.lock();
+            let w = s[0].swap.as_ref().expect("swapping");
+            (w.mirror.clone(), w.target.clone())
+        };
+        while mirror.rebuild_step().unwrap() != surge_block::mirror::Step::Done {}
+        let source = v.member_ids()[0].clone();
+        // The target now fails every write, a little later than it is issued.
+        prov.fault(&target).unwrap().set_rules("write.latency=300ms,write.fail_prob=1".parse().unwrap());
+        let writer = {
+            let v = v.clone();
+            std::thread::spawn(move || v.write_at(&[0xEE; 4096], 0, false)) // chunk 0: slot 0
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        v.step().unwrap();
+        writer.join().unwrap().expect("the source took the write");
+        let mut want = data.clone();
+        want[..4096].fill(0xEE);
+        assert!(read_all(v.as_ref())[..4096] == want[..4096], "the write is gone: the failed target replaced the source");
+        assert_eq!(v.member_ids()[0], source, "the source stays the member");
+        v.stop();
+        drop(v);
+        drop(prov);
+        let (v, _) = open(dir.path(), spec, &clock);
+        assert!(read_all(v.as_ref()) == want, "after a restart the data differs");
     }
 
     #[test]

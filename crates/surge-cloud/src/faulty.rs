@@ -1,0 +1,77 @@
+//! A provider that puts a fault-injection layer (`surge_block::fault`) under
+//! every volume it attaches: for tests and stress runs of whole stacks over a
+//! cloud, where a member, a cache or a swap target fails writes, drops
+//! flushes or vanishes while the stack runs. Everything else is the inner
+//! provider's.
+
+use crate::provider::{CloudError, CreateRequest, Provider, Result, VolumeInfo};
+use crate::{CostReport, VolumeSpec};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use surge_block::fault::{FaultDev, FaultRules};
+use surge_block::{BlockDev, Clock};
+
+pub struct FaultyProvider {
+    inner: Arc<dyn Provider>,
+    clock: Arc<dyn Clock>,
+    /// Rules a volume's layer starts with when it is attached.
+    initial: Mutex<FaultRules>,
+    attached: Mutex<HashMap<String, Arc<FaultDev>>>,
+}
+
+impl FaultyProvider {
+    pub fn new(inner: Arc<dyn Provider>, clock: Arc<dyn Clock>) -> Self {
+        FaultyProvider { inner, clock, initial: Mutex::new(FaultRules::default()), attached: Mutex::new(HashMap::new()) }
+    }
+
+    /// Rules for volumes attached from now on.
+    pub fn set_initial_rules(&self, rules: FaultRules) {
+        *self.initial.lock() = rules;
+    }
+
+    /// The fault layer of an attached volume.
+    pub fn fault(&self, id: &str) -> Option<Arc<FaultDev>> {
+        self.attached.lock().get(id).cloned()
+    }
+
+    /// Every attached volume's fault layer, by id.
+    pub fn faults(&self) -> Vec<(String, Arc<FaultDev>)> {
+        self.attached.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+}
+
+impl Provider for FaultyProvider {
+    fn create(&self, req: CreateRequest) -> Result<VolumeInfo> {
+        self.inner.create(req)
+    }
+    fn attach(&self, id: &str) -> Result<Arc<dyn BlockDev>> {
+        let dev = self.inner.attach(id)?;
+        let f = Arc::new(FaultDev::new(dev, self.initial.lock().clone(), self.clock.clone()));
+        self.attached.lock().insert(id.to_string(), f.clone());
+        Ok(f)
+    }
+    fn detach(&self, id: &str) -> Result<()> {
+        self.inner.detach(id)?;
+        self.attached.lock().remove(id);
+        Ok(())
+    }
+    fn delete(&self, id: &str) -> Result<()> {
+        self.inner.delete(id)
+    }
+    fn list(&self) -> Result<Vec<VolumeInfo>> {
+        self.inner.list()
+    }
+    fn describe(&self, id: &str) -> Result<VolumeInfo> {
+        self.inner.describe(id)
+    }
+    fn credits(&self, id: &str) -> Result<surge_block::model::CreditBalance> {
+        self.inner.credits(id)
+    }
+    fn cost(&self) -> Result<CostReport> {
+        self.inner.cost()
+    }
+    fn modify(&self, id: &str, spec: VolumeSpec) -> std::result::Result<VolumeInfo, CloudError> {
+        self.inner.modify(id, spec)
+    }
+}
