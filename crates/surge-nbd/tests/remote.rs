@@ -676,3 +676,113 @@ fn base_fetches_overlap_and_never_hold_up_local_reads_on_their_connection() {
     assert!(n > 10, "only {n} local reads completed meanwhile");
     assert!(worst < delay / 2, "a local read waited {worst:?} behind base fetches of {delay:?} on the same connection");
 }
+
+// ---- issue 37: writes that a reconnect, a failed FLUSH or a missing FUA lost ----
+
+/// A disk whose writes take a varying time, so that a server running one
+/// connection's requests in parallel finishes them out of order.
+struct JitterDisk {
+    inner: Arc<VolatileDisk>,
+    seq: AtomicU64,
+}
+
+impl BlockDev for JitterDisk {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn caps(&self) -> Caps {
+        self.inner.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        let n = self.seq.fetch_add(1, Ordering::SeqCst).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54; // 0..1023
+        std::thread::sleep(Duration::from_micros(n * 2));
+        self.inner.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Overlapping 128 KiB writes, acknowledged in order and not flushed, are
+/// lost by a server restart; the replay on the new connection must leave the
+/// newest of them in place once a FLUSH is acknowledged, even though surge's
+/// server runs large writes of one connection in parallel.
+#[test]
+fn a_replay_lands_overlapping_writes_in_acknowledgement_order() {
+    for round in 0..3 {
+        let disk = Arc::new(VolatileDisk { disk: MemoryDev::new(1 << 20), pending: Mutex::new(Vec::new()) });
+        let srv = InProcess::start(Arc::new(JitterDisk { inner: disk.clone(), seq: AtomicU64::new(round) }));
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = Proxy::start(dir.path().join("proxy.sock"), srv.sock.clone());
+        let dev = RemoteDev::open(&uri_for(&proxy.path, "disk"), RemoteOptions { connections: 1, ..opts() }).unwrap();
+        let last = 24u8;
+        for v in 1..=last {
+            // Each write covers the one before but for its first 4 KiB.
+            dev.write_at(&vec![v; 128 << 10], u64::from(v) * 4096, false).unwrap();
+        }
+        proxy.down();
+        assert!(disk.lose() > 0, "the restart lost the unflushed writes");
+        proxy.resume();
+        dev.flush().unwrap();
+        let mut got = vec![0u8; 1 << 20];
+        disk.disk.read_at(&mut got, 0).unwrap();
+        for v in 1..=last {
+            let at = usize::from(v) * 4096;
+            // The first 4 KiB of each write is its own.
+            assert_eq!(got[at], v, "round {round}: 4 KiB block {v} holds version {} after the replay", got[at]);
+        }
+        let tail = usize::from(last) * 4096 + (128 << 10) - 1;
+        assert_eq!(got[tail], last, "round {round}: the newest write's end was overwritten by an older one");
+    }
+}
+
+/// The server fails a FLUSH and drops what it held (a writeback error). The
+/// writes it covered are still in the replay log: the next FLUSH must send
+/// them again before it is acknowledged, so they reach the disk.
+#[test]
+fn writes_a_failed_server_flush_dropped_are_sent_again_before_the_next_flush() {
+    use surge_block::fault::FaultDev;
+    let raw = Arc::new(MemoryDev::new(1 << 20));
+    let disk = Arc::new(FaultDev::new(raw.clone(), "volatile".parse().unwrap(), Arc::new(surge_block::SystemClock::new())));
+    let srv = InProcess::start(disk.clone());
+    let dev = RemoteDev::open(&uri_for(&srv.sock, "disk"), opts()).unwrap();
+    dev.write_at(&[0x5C; 8192], 4096, false).unwrap();
+    disk.set_rules("volatile,flush.fail_nth=1,flush.fail_loses".parse().unwrap());
+    assert!(dev.flush().is_err(), "the server's flush failed");
+    dev.flush().expect("the server heals");
+    let mut got = vec![0u8; 8192];
+    raw.read_at(&mut got, 4096).unwrap();
+    assert!(got.iter().all(|&b| b == 0x5C), "FLUSH acknowledged, but the write it covered is not on the disk");
+}
+
+/// Against a server that takes FLUSH but not FUA (nbdkit's fua filter,
+/// whose default is `fuamode=none`), a FUA write is the write and then a FLUSH.
+#[test]
+fn a_fua_write_to_a_server_without_fua_is_followed_by_a_flush() {
+    if !have("nbdkit") {
+        eprintln!("SKIP: nbdkit not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, log) = (dir.path().join("n.sock"), dir.path().join("log"));
+    let child = Command::new("nbdkit")
+        .args(["--foreground", "--exit-with-parent", "-U"])
+        .arg(&sock)
+        .args(["--filter=log", "--filter=fua", "memory", "1M"]) // fuamode=none is the default
+        .arg(format!("logfile={}", log.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _peer = Peer { child, _dir: tempfile::tempdir().unwrap() };
+    wait_for_socket(&sock);
+    let dev = RemoteDev::open(&uri_for(&sock, ""), opts()).unwrap();
+    assert!(dev.caps().volatile_cache, "the server takes FLUSH");
+    dev.write_at(&[1u8; 4096], 0, true).unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let write = text.find("Write ").expect("the write was logged");
+    assert!(text[write..].contains("Flush "), "a FUA write was acknowledged without a FLUSH: {text}");
+}

@@ -22,10 +22,16 @@
 //!   (past `replay_limit` bytes we send a FLUSH without waiting for it, so
 //!   the writer is not held up by the server's sync; past twice the limit
 //!   writers wait for one) and sent again, in
-//!   acknowledgement order, on the new connection before any other request.
+//!   acknowledgement order, on the new connection before any other request
+//!   (pipelined, but a write that overlaps one still in flight waits for it:
+//!   a server may run one connection's requests in parallel). A FLUSH the
+//!   server fails may have lost what it covered (a writeback error), so the
+//!   log is sent again before the next FLUSH.
 //!   Not covered: two concurrent overlapping writes acknowledged in one order
 //!   and applied by the server in the other; after a restart, the replay
 //!   applies them in acknowledgement order.
+//! - **FUA** is sent as the flag where the server takes it, else as the
+//!   write followed by a FLUSH.
 //! - **Gone.** If no connection can be made within `reconnect_timeout`, the
 //!   waiting requests fail with `BlockError::Gone` naming the URI, the time and
 //!   the last error; later requests try once and fail at once while the server
@@ -47,7 +53,7 @@ use serde::Serialize;
 use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use surge_block::{check_range, BlockDev, BlockError, Caps, Extent, ExtentKind, ZeroMode};
@@ -163,6 +169,9 @@ pub struct RemoteDev {
     /// The FLUSH sent to bound the replay log, not waited for: its mark, when
     /// it was sent, and where its reply comes.
     bounding: Mutex<Option<BoundingFlush>>,
+    /// A FLUSH failed on the server: it may have dropped the writes it
+    /// covered, so the log is sent again before the next one.
+    resend: AtomicBool,
     gone: Mutex<Option<String>>,
     counters: Counters,
 }
@@ -221,6 +230,7 @@ impl RemoteDev {
             reconnecting: Mutex::new(()),
             replay: Mutex::new(ReplayLog::default()),
             bounding: Mutex::new(None),
+            resend: AtomicBool::new(false),
             gone: Mutex::new(None),
             counters: Counters::default(),
         })
@@ -325,29 +335,64 @@ impl RemoteDev {
     /// Send every logged write again, in order, before anything else runs.
     fn replay_on(&self, c: &Conn) -> Result<(), String> {
         let _only = self.epoch.write();
+        self.replay_locked(c)
+    }
+
+    /// The replay itself (the caller holds the epoch exclusively): pipelined,
+    /// except that a change overlapping one still in flight waits for it,
+    /// so overlapping writes land in acknowledgement order even on a server
+    /// that runs one connection's requests in parallel.
+    fn replay_locked(&self, c: &Conn) -> Result<(), String> {
         let log = self.replay.lock();
-        let mut waiting = Vec::with_capacity(log.len());
+        let mut in_flight: Vec<(u64, u64, crossbeam_channel::Receiver<Result<Reply, Failure>>)> = Vec::new();
         for e in log.entries() {
             let (cmd, flags, len, payload): (u16, u16, u32, &[u8]) = match &e.effect {
                 Effect::Write(d) => (CMD_WRITE, 0, d.len() as u32, d),
                 Effect::Zeroes { len, flags } => (CMD_WRITE_ZEROES, *flags, *len, &[]),
                 Effect::Trim { len } => (CMD_TRIM, 0, *len, &[]),
             };
-            waiting.push(c.send(cmd, flags, e.offset, len, payload).map_err(|f| failure_text(&f))?);
-        }
-        for rx in waiting {
-            match rx.recv_timeout(self.opts.request_timeout) {
-                Ok(Ok(r)) if r.error.is_none() => {}
-                Ok(Ok(r)) => return Err(format!("replaying a write: server error {:?}", r.error)),
-                Ok(Err(f)) => return Err(failure_text(&f)),
-                Err(_) => {
-                    c.kill("replay timed out");
-                    return Err("replay timed out".into());
+            let end = e.offset + len as u64;
+            if in_flight.iter().any(|&(lo, hi, _)| lo < end && e.offset < hi) {
+                for (_, _, rx) in in_flight.drain(..) {
+                    self.replayed_reply(c, &rx)?;
                 }
             }
+            in_flight.push((e.offset, end, c.send(cmd, flags, e.offset, len, payload).map_err(|f| failure_text(&f))?));
+        }
+        for (_, _, rx) in in_flight {
+            self.replayed_reply(c, &rx)?;
         }
         self.counters.replayed.fetch_add(log.len() as u64, Relaxed);
         Ok(())
+    }
+
+    fn replayed_reply(&self, c: &Conn, rx: &crossbeam_channel::Receiver<Result<Reply, Failure>>) -> Result<(), String> {
+        match rx.recv_timeout(self.opts.request_timeout) {
+            Ok(Ok(r)) if r.error.is_none() => Ok(()),
+            Ok(Ok(r)) => Err(format!("replaying a write: server error {:?}", r.error)),
+            Ok(Err(f)) => Err(failure_text(&f)),
+            Err(_) => {
+                c.kill("replay timed out");
+                Err("replay timed out".into())
+            }
+        }
+    }
+
+    /// After a FLUSH the server failed: send the log again (it may have
+    /// dropped those writes) before the next FLUSH may cover them.
+    fn resend_log(&self) -> Result<(), BlockError> {
+        if !self.resend.load(Relaxed) {
+            return Ok(());
+        }
+        let conn = self.pick()?;
+        let _only = self.epoch.write();
+        if !self.resend.swap(false, Relaxed) {
+            return Ok(());
+        }
+        self.replay_locked(&conn).map_err(|why| {
+            self.resend.store(true, Relaxed);
+            BlockError::io("flush", 0, 0, io::Error::other(format!("{}: resending unflushed writes after a failed FLUSH: {why}", self.text)))
+        })
     }
 
     /// Put `first` into a broken slot, and fresh connections into the others
@@ -460,8 +505,12 @@ impl RemoteDev {
         match f.reply.try_recv() {
             Ok(Ok(reply)) => match reply.error {
                 None => self.replay.lock().flushed(f.mark),
-                // The writes it covered stay logged; an explicit flush reports the failure.
-                Some((errno, msg)) => tracing::warn!(uri = %self.text, "background flush failed (errno {errno}: {msg}); its writes stay logged for replay"),
+                // The writes it covered stay logged and are sent again before
+                // the next FLUSH (the server may have dropped them).
+                Some((errno, msg)) => {
+                    tracing::warn!(uri = %self.text, "background flush failed (errno {errno}: {msg}); its writes stay logged and are sent again");
+                    self.resend.store(true, Relaxed);
+                }
             },
             Ok(Err(_)) | Err(crossbeam_channel::TryRecvError::Disconnected) => {}
             Err(crossbeam_channel::TryRecvError::Empty) if f.sent.elapsed() > self.opts.request_timeout => {}
@@ -593,13 +642,17 @@ impl BlockDev for RemoteDev {
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
         check_range(self.size, offset, buf.len() as u64)?;
         self.writable()?;
-        let fua = fua && self.has(FLAG_SEND_FUA);
-        let flags = if fua { CMD_FLAG_FUA } else { 0 };
+        let native_fua = fua && self.has(FLAG_SEND_FUA);
+        let flags = if native_fua { CMD_FLAG_FUA } else { 0 };
         for (off, len) in self.pieces(offset, buf.len() as u64) {
             let at = (off - offset) as usize;
             self.call(Req { cmd: CMD_WRITE, flags, offset: off, len, payload: &buf[at..at + len as usize] }, "write")?;
         }
         self.counters.write_bytes.fetch_add(buf.len() as u64, Relaxed);
+        if fua && !native_fua {
+            // The server takes no FUA flag: durable once a FLUSH covers it.
+            return self.flush();
+        }
         self.bound_replay_log()
     }
 
@@ -607,7 +660,12 @@ impl BlockDev for RemoteDev {
         if !self.has(FLAG_SEND_FLUSH) {
             return Ok(());
         }
-        self.call(Req { cmd: CMD_FLUSH, flags: 0, offset: 0, len: 0, payload: &[] }, "flush").map(|_| ())
+        self.resend_log()?;
+        let r = self.call(Req { cmd: CMD_FLUSH, flags: 0, offset: 0, len: 0, payload: &[] }, "flush");
+        if r.is_err() {
+            self.resend.store(true, Relaxed);
+        }
+        r.map(|_| ())
     }
 
     fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
