@@ -100,12 +100,8 @@ impl SectorModel {
     /// sector may show now), writes (some FUA) and write-zeroes inside owned
     /// groups, and flushes, recording each result. `check` sees every write's range and
     /// result, write-zeroes included (for layer-specific assertions on which calls must fail).
-    pub fn run(&self, dev: &dyn BlockDev, w: &Workload, check: &(dyn Fn(u64, u64, bool) + Sync)) -> Result<Outcome, String> {
-        self.run_with(dev, w, check, &|| {})
-    }
-
-    /// As [`SectorModel::run`]; `after_failed_flush` runs after each FLUSH that
-    /// failed (a test acknowledges a loss there, as a user would).
+    /// `after_failed_flush` runs after each FLUSH that failed (a test
+    /// acknowledges a loss there, as a user would).
     pub fn run_with(&self, dev: &dyn BlockDev, w: &Workload, check: &(dyn Fn(u64, u64, bool) + Sync), after_failed_flush: &(dyn Fn() + Sync)) -> Result<Outcome, String> {
         use std::sync::atomic::Ordering::SeqCst;
         let groups = dev.size() / SECTOR / w.group;

@@ -26,6 +26,8 @@ pub struct FlushLedger {
     done: AtomicU64,
     /// `done` at the start of the last flush that succeeded.
     synced: AtomicU64,
+    /// Flushes that failed so far.
+    failures: AtomicU64,
     loss: Mutex<Option<String>>,
 }
 
@@ -62,12 +64,20 @@ impl FlushLedger {
                 self.synced.fetch_max(done, SeqCst);
             }
             Err(e) => {
+                self.failures.fetch_add(1, SeqCst);
                 if self.unsynced() {
                     self.flag(format!("{what} failed ({e}) with acknowledged writes not yet durable; they may be lost"));
                 }
             }
         }
         r
+    }
+
+    /// Flushes of the device below that failed so far. A write made durable
+    /// by a flush of its own (FUA) is durable only if none failed between
+    /// the write and that flush: the failed one may have dropped it.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(SeqCst)
     }
 
     /// Some write may not be durable yet.

@@ -23,6 +23,7 @@ pub mod memory;
 pub mod mirror;
 pub mod model;
 pub mod simclock;
+pub mod stress;
 pub mod stripe;
 pub mod units;
 

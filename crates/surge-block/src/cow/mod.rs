@@ -29,6 +29,16 @@
 //!   image does. Format in [`meta`] and docs/streaming.md.
 //! - When no block needs the base any more (the stream job finished), a
 //!   checkpoint records it and the base may go away ([`CowDev::detach_base`]).
+//! - A failed overlay flush may have dropped whatever changed since the last
+//!   good one (Linux after a writeback error). Those blocks are tracked
+//!   (`unsynced.rs`); after the failure each goes back to its state on disk,
+//!   a guest-written one reads as failed until written again, and FLUSH fails
+//!   until the loss is acknowledged ([`CowDev::acknowledge_loss`],
+//!   [`crate::ledger`]). So a later flush never acknowledges what a failed one
+//!   lost, and no block is mapped to bytes that may not be there. Blocks
+//!   changed since the last good flush ("fresh") take the locked write path
+//!   and are read under a lock an overlay flush holds until its outcome is
+//!   settled.
 
 mod locks;
 mod map;
@@ -50,9 +60,10 @@ use readahead::Readahead;
 use meta::{Checkpoint, Record, FLAG_INDEPENDENT};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
-use unsynced::Unsynced;
+use rangemap::RangeSet;
+use unsynced::{Change, Unsynced};
 pub use stream::{StreamConfig, StreamJob, StreamProgress, StreamState, StreamWatch};
 
 /// How a copy-on-write volume is made and behaves.
@@ -116,6 +127,8 @@ pub struct CowStats {
     /// Why every FLUSH fails until the loss is acknowledged, if it does: an
     /// overlay flush failed after guest writes it should have made durable.
     pub loss: Option<String>,
+    /// Blocks whose reads fail until rewritten or the loss is acknowledged.
+    pub lost_blocks: u64,
 }
 
 #[derive(Default)]
@@ -128,6 +141,8 @@ struct Counters {
     /// Requests from the guest that had to go to the base (the stream job
     /// yields while this moves).
     guest_fetches: AtomicU64,
+    /// Failed overlay flushes settled (see `CowDev::undo_unsynced`).
+    undos: AtomicU64,
 }
 
 /// Where the journal is (under the commit lock).
@@ -163,6 +178,18 @@ pub struct CowDev {
     io: RwLock<()>,
     /// Blocks whose state changed since the last good overlay flush began.
     unsynced: Unsynced,
+    /// Blocks whose guest writes a failed overlay flush may have dropped:
+    /// reads fail until they are written again or the loss is acknowledged
+    /// (their map state is back to the one on disk).
+    lost: Mutex<RangeSet<u64>>,
+    /// `lost` is not empty (checked lock-free by every read).
+    any_lost: AtomicBool,
+    /// Reads of fresh blocks hold it shared; an overlay flush holds it
+    /// exclusively from before it starts until its outcome is settled. A
+    /// failed flush may drop a fresh block's contents at once, while the
+    /// block goes back to its old state only after: a read in between would
+    /// return bytes never written there.
+    fresh_reads: RwLock<()>,
     counters: Counters,
 }
 
@@ -281,7 +308,10 @@ impl CowDev {
             readahead: Readahead::new(cfg.readahead),
             ledger: FlushLedger::new(),
             io: RwLock::new(()),
-            unsynced: Unsynced::default(),
+            unsynced: Unsynced::new(layout.blocks()),
+            lost: Mutex::new(RangeSet::new()),
+            any_lost: AtomicBool::new(false),
+            fresh_reads: RwLock::new(()),
             counters: Counters::default(),
         }
     }
@@ -350,6 +380,7 @@ impl CowDev {
             checkpoints: c.checkpoints.load(Relaxed),
             independent: self.journal.lock().flags & FLAG_INDEPENDENT != 0,
             loss: self.ledger.loss(),
+            lost_blocks: self.lost.lock().iter().map(|r| r.end - r.start).sum(),
         }
     }
 
@@ -360,10 +391,61 @@ impl CowDev {
     }
 
     /// The user accepts that writes acknowledged before a failed FLUSH are
-    /// gone (their blocks read what the overlay or the base holds): FLUSH
-    /// works again. Returns the loss acknowledged, if there was one.
+    /// gone (their blocks read what they held before: the base, zeroes, or
+    /// older data): FLUSH works again. Returns the loss acknowledged, if any.
     pub fn acknowledge_loss(&self) -> Option<String> {
+        let _no_changes = self.io.write();
+        *self.lost.lock() = RangeSet::new();
+        self.any_lost.store(false, Relaxed);
         self.ledger.acknowledge()
+    }
+
+    /// State, freshness and loss of the blocks holding `[offset, offset+len)`
+    /// (for diagnostics).
+    pub fn describe_range(&self, offset: u64, len: u64) -> String {
+        let g = self.g();
+        let (b0, b1) = (offset / g, (offset + len).div_ceil(g));
+        let lost = self.lost.lock();
+        let committed = self.journal.lock().committed.clone();
+        (b0..b1).map(|b| format!("{b}:{:?}/disk {:?}{}{}", self.map.get(b), state_in(&committed, b), if self.unsynced.any_fresh(b..b + 1) { " fresh" } else { "" }, if lost.contains(&b) { " lost" } else { "" })).collect::<Vec<_>>().join(" ")
+    }
+
+    /// Reads of blocks `[b0, b1)` fail if a failed flush may have dropped
+    /// what a guest wrote there.
+    fn check_not_lost(&self, b0: u64, b1: u64) -> Result<()> {
+        if self.any_lost.load(Relaxed) && self.lost.lock().overlaps(&(b0..b1)) {
+            return Err(BlockError::io("read", b0 * self.g(), (b1 - b0) * self.g(), std::io::Error::other("a failed overlay flush may have dropped what was written here (write it again, or acknowledge the loss)")));
+        }
+        Ok(())
+    }
+
+    /// Blocks `[b0, b1)` hold what was written now: readable again.
+    fn found(&self, b0: u64, b1: u64) {
+        if self.any_lost.load(Relaxed) {
+            let mut l = self.lost.lock();
+            l.remove(b0..b1);
+            self.any_lost.store(!l.is_empty(), Relaxed);
+        }
+    }
+
+    /// Wait until every failed overlay flush is settled (a change made
+    /// between the failure and its undo would be undone with the rest),
+    /// then return how many have been.
+    fn settled(&self) -> u64 {
+        loop {
+            let undos = self.counters.undos.load(SeqCst);
+            if self.ledger.failures() <= undos {
+                return undos;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// A write of `[b0, b1)` that changes no block state may skip the range
+    /// lock: every block is `Data` and none is fresh (a failed flush could
+    /// send a fresh one back to its old state under the write).
+    fn lock_free(&self, b0: u64, b1: u64) -> bool {
+        self.map.all(b0..b1, State::Data) && !self.unsynced.any_fresh(b0..b1)
     }
 
     fn base(&self) -> Result<Arc<dyn BlockDev>> {
@@ -418,6 +500,7 @@ impl CowDev {
     /// into the overlay, for the blocks still `Base` once the lock is held.
     /// Returns the bytes written.
     pub(crate) fn copy_up(&self, b0: u64, b1: u64, data: &[u8]) -> Result<u64> {
+        self.settled();
         let _io = self.io.read();
         let _held = self.locks.lock(b0..b1);
         let origin = b0 * self.g();
@@ -428,7 +511,7 @@ impl CowDev {
             if state == State::Base {
                 let (lo, hi) = self.byte_range(b, end);
                 self.overlay.write_at(&data[(lo - origin) as usize..(hi - origin) as usize], self.layout.data_start + lo, false)?;
-                self.unsynced.note(b..end);
+                self.unsynced.note(b..end, Change::Copied);
                 self.map.set_range(b..end, State::Data);
                 written += hi - lo;
             }
@@ -484,8 +567,9 @@ impl CowDev {
             ext[(offset - lo) as usize..(end - lo) as usize].copy_from_slice(buf);
             self.overlay.write_at(&ext, self.layout.data_start + lo, false)?;
         }
-        self.unsynced.note(b0..b1);
+        self.unsynced.note(b0..b1, Change::Written);
         self.map.set_range(b0..b1, State::Data);
+        self.found(b0, b1);
         Ok(())
     }
 
@@ -505,7 +589,7 @@ impl CowDev {
             if state == State::Zero {
                 let (lo, hi) = self.byte_range(b, end);
                 self.clear_area(lo, hi)?;
-                self.unsynced.note(b..end);
+                self.unsynced.note(b..end, Change::Cleared);
             }
             b = end;
         }
@@ -527,12 +611,14 @@ impl CowDev {
         if b0 >= b1 {
             return Ok(());
         }
+        self.settled();
         let _io = self.io.read();
         let _held = self.locks.lock(b0..b1);
         self.map.set_range(b0..b1, State::Zero);
         let (lo, hi) = self.byte_range(b0, b1);
         self.clear_area(lo, hi)?;
-        self.unsynced.note(b0..b1);
+        self.unsynced.note(b0..b1, Change::Cleared);
+        self.found(b0, b1);
         Ok(())
     }
 
@@ -581,6 +667,47 @@ impl CowDev {
         (fb0, fb1.max(fb0))
     }
 
+    /// Read through the map, run by run. Returns whether any of it came from
+    /// the overlay's data area.
+    fn read_mapped(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
+        let g = self.g();
+        let end = offset + buf.len() as u64;
+        if !buf.is_empty() {
+            self.check_not_lost(offset / g, end.div_ceil(g))?;
+        }
+        let mut from_overlay = false;
+        let mut pos = offset;
+        while pos < end {
+            let (state, run_end) = self.map.run(pos / g, end.div_ceil(g));
+            let stop = (run_end * g).min(end);
+            let dst = &mut buf[(pos - offset) as usize..(stop - offset) as usize];
+            match state {
+                State::Data => {
+                    from_overlay = true;
+                    self.overlay.read_at(dst, self.layout.data_start + pos)?;
+                }
+                State::Zero => dst.fill(0),
+                State::Base => {
+                    // The stream job may have copied the run and detached the
+                    // base since the map was read: then read the map again.
+                    let Some(base) = self.base_for(pos / g)? else { continue };
+                    if self.copy_on_read() {
+                        let (b0, b1) = (pos / g, run_end);
+                        let (lo, hi) = self.byte_range(b0, b1);
+                        let mut whole = vec![0u8; (hi - lo) as usize];
+                        self.read_base_for_guest(base.as_ref(), &mut whole, lo, self.base_run_end(b1))?;
+                        dst.copy_from_slice(&whole[(pos - lo) as usize..(stop - lo) as usize]);
+                        self.copy_up(b0, b1, &whole)?;
+                    } else {
+                        self.read_base_for_guest(base.as_ref(), dst, pos, self.base_run_end(run_end))?;
+                    }
+                }
+            }
+            pos = stop;
+        }
+        Ok(from_overlay)
+    }
+
     /// Make every state change since the last commit durable, after the data
     /// it describes (see the module docs).
     pub fn commit(&self) -> Result<()> {
@@ -611,6 +738,7 @@ impl CowDev {
     /// (see [`CowDev::undo_unsynced`]) and lost guest writes become the
     /// ledger's loss. `committed` is the map as it is on disk.
     fn flush_overlay(&self, committed: &[u64]) -> Result<()> {
+        let _settling = self.fresh_reads.write();
         let covered = self.unsynced.flip();
         match self.ledger.flush("an overlay flush", || self.overlay.flush()) {
             Ok(()) => {
@@ -625,36 +753,52 @@ impl CowDev {
     }
 
     /// After a failed overlay flush, no block may be mapped to bytes that may
-    /// not be there: a block made `Data` since the last good flush goes back
-    /// to its state on disk (its base, or zeroes: a copy from the base is made
-    /// again when next needed), and a block made `Zero` has its data area
-    /// cleared again (the clearing may have been dropped, and a one-flush
-    /// commit relies on it). Runs with no change of the data area in flight.
+    /// not be there. Of the blocks changed since the last good flush began
+    /// (all noted: fresh blocks take the locked write path):
+    /// - a block made `Data` by copies of the base alone goes back to its
+    ///   state on disk (the copy is made again when needed);
+    /// - a block a guest wrote goes back to its state on disk too, and its
+    ///   reads fail until it is written again or the loss is acknowledged
+    ///   (the write may or may not be there; a write that landed after the
+    ///   failure but before this ran is among them, so nothing guesses);
+    /// - a block made `Zero` has its data area cleared again (the clearing may
+    ///   have been dropped, and a one-flush commit relies on it).
+    /// Runs with no change of the data area in flight.
     fn undo_unsynced(&self, committed: &[u64]) {
         let _no_changes = self.io.write();
+        let changed = self.unsynced.take_all();
         let mut reclear: Vec<std::ops::Range<u64>> = Vec::new();
-        for r in self.unsynced.take_all().iter() {
+        let mut lost = self.lost.lock();
+        let blocks: RangeSet<u64> = changed.copied.iter().chain(changed.written.iter()).chain(changed.cleared.iter()).cloned().collect();
+        for r in blocks.iter() {
             for b in r.clone() {
-                match (self.map.get(b), state_in(committed, b)) {
-                    (State::Data, State::Base) => self.map.set(b, State::Base),
-                    (State::Data, State::Zero) | (State::Zero, _) => {
-                        self.map.set(b, State::Zero);
-                        match reclear.last_mut() {
-                            Some(last) if last.end == b => last.end = b + 1,
-                            _ => reclear.push(b..b + 1),
+                let was = state_in(committed, b);
+                match self.map.get(b) {
+                    State::Data if was != State::Data => {
+                        self.map.set(b, was);
+                        if changed.written.contains(&b) {
+                            lost.insert(b..b + 1);
+                        }
+                        if was == State::Zero {
+                            push_block(&mut reclear, b);
                         }
                     }
+                    State::Zero => push_block(&mut reclear, b),
                     _ => {}
                 }
             }
         }
+        self.any_lost.store(!lost.is_empty(), Relaxed);
+        drop(lost);
+        self.unsynced.clear_fresh();
+        self.counters.undos.fetch_add(1, SeqCst);
         for r in reclear {
             let (lo, hi) = self.byte_range(r.start, r.end);
             if let Err(e) = self.clear_area(lo, hi) {
                 self.ledger.flag(format!("clearing discarded blocks again after a failed overlay flush failed ({e})"));
             }
             // The clearing waits for the next flush like any other change.
-            self.unsynced.note(r);
+            self.unsynced.note(r, Change::Cleared);
         }
     }
 
@@ -727,6 +871,14 @@ fn safe_without_data_flush(old: u64, new: u64) -> bool {
         let (o, n) = ((old >> (2 * f)) & 3, (new >> (2 * f)) & 3);
         !matches!((State::from_bits(o), State::from_bits(n)), (Some(State::Base), Some(State::Data)) | (Some(State::Data), Some(State::Zero)))
     })
+}
+
+/// Add block `b` to a list of ranges built in order.
+fn push_block(v: &mut Vec<std::ops::Range<u64>>, b: u64) {
+    match v.last_mut() {
+        Some(last) if last.end == b => last.end = b + 1,
+        _ => v.push(b..b + 1),
+    }
 }
 
 /// State of block `b` in map words `words`.
@@ -819,47 +971,34 @@ impl BlockDev for CowDev {
         }
     }
 
+    /// Fresh blocks are read under `fresh_reads`. A read that found none may
+    /// have met one made fresh meanwhile (a copy of the stream job) whose
+    /// contents a failing flush dropped: it is read again under the lock if
+    /// a block of it is fresh when it ends, or an undo ran meanwhile.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(self.layout.size, offset, buf.len() as u64)?;
         let g = self.g();
-        let end = offset + buf.len() as u64;
-        let mut pos = offset;
-        while pos < end {
-            let (state, run_end) = self.map.run(pos / g, end.div_ceil(g));
-            let stop = (run_end * g).min(end);
-            let dst = &mut buf[(pos - offset) as usize..(stop - offset) as usize];
-            match state {
-                State::Data => self.overlay.read_at(dst, self.layout.data_start + pos)?,
-                State::Zero => dst.fill(0),
-                State::Base => {
-                    // The stream job may have copied the run and detached the
-                    // base since the map was read: then read the map again.
-                    let Some(base) = self.base_for(pos / g)? else { continue };
-                    if self.copy_on_read() {
-                        let (b0, b1) = (pos / g, run_end);
-                        let (lo, hi) = self.byte_range(b0, b1);
-                        let mut whole = vec![0u8; (hi - lo) as usize];
-                        self.read_base_for_guest(base.as_ref(), &mut whole, lo, self.base_run_end(b1))?;
-                        dst.copy_from_slice(&whole[(pos - lo) as usize..(stop - lo) as usize]);
-                        self.copy_up(b0, b1, &whole)?;
-                    } else {
-                        self.read_base_for_guest(base.as_ref(), dst, pos, self.base_run_end(run_end))?;
-                    }
-                }
+        let (b0, b1) = (offset / g, (offset + buf.len() as u64).div_ceil(g));
+        if !self.unsynced.any_fresh(b0..b1) {
+            let undos = self.counters.undos.load(SeqCst);
+            let from_overlay = self.read_mapped(buf, offset)?;
+            if !from_overlay || (!self.unsynced.any_fresh(b0..b1) && self.counters.undos.load(SeqCst) == undos) {
+                return Ok(());
             }
-            pos = stop;
         }
-        Ok(())
+        let _settled = self.fresh_reads.read();
+        self.read_mapped(buf, offset).map(|_| ())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
         check_range(self.layout.size, offset, buf.len() as u64)?;
+        let undos = self.settled();
         if !buf.is_empty() {
             let _counted = self.ledger.begin();
             let _io = self.io.read();
             let g = self.g();
             let (b0, b1) = (offset / g, (offset + buf.len() as u64).div_ceil(g));
-            if self.map.all(b0..b1, State::Data) {
+            if self.lock_free(b0, b1) {
                 // In the overlay already: no state changes, no lock.
                 self.overlay.write_at(buf, self.layout.data_start + offset, false)?;
                 self.clear_raced_zeroes(b0, b1)?;
@@ -869,6 +1008,11 @@ impl BlockDev for CowDev {
         }
         if fua {
             self.commit()?;
+            if self.counters.undos.load(SeqCst) != undos {
+                // An overlay flush failed after the write began: it may have
+                // dropped it or sent it back, and the commit's flush would not know.
+                return Err(crate::ledger::lost("an overlay flush failed after this FUA write"));
+            }
         }
         Ok(())
     }
@@ -908,8 +1052,9 @@ impl BlockDev for CowDev {
         Some(FileSpan { base: span.base + self.layout.data_start, ..span })
     }
 
-    /// Reads: ranges whose blocks are all `Data` (blocks never go back to
-    /// `Base`, and a block turning `Zero` meanwhile is a concurrent discard).
+    /// Reads: ranges whose blocks are all `Data` and none fresh (only a fresh
+    /// block can go back to its old state, and a block turning `Zero`
+    /// meanwhile is a concurrent discard).
     /// Writes: ranges that fill no partial block from the base, which
     /// [`BlockDev::write_via_span`] then marks `Data`.
     fn in_file_span(&self, offset: u64, len: u64, write: bool) -> bool {
@@ -920,7 +1065,9 @@ impl BlockDev for CowDev {
         if write {
             !self.needs_fill(offset, offset + len)
         } else {
-            self.map.all(offset / g..(offset + len).div_ceil(g), State::Data)
+            // Fresh blocks are read under `fresh_reads`, never through the span.
+            let (b0, b1) = (offset / g, (offset + len).div_ceil(g));
+            self.map.all(b0..b1, State::Data) && !self.unsynced.any_fresh(b0..b1) && self.check_not_lost(b0, b1).is_ok()
         }
     }
 
@@ -933,9 +1080,10 @@ impl BlockDev for CowDev {
         let g = self.g();
         let (b0, b1) = (offset / g, (offset + len).div_ceil(g));
         let mut fill = || fill().map_err(|e| BlockError::io("write", offset, len, e));
+        self.settled();
         let _counted = self.ledger.begin();
         let _io = self.io.read();
-        if self.map.all(b0..b1, State::Data) {
+        if self.lock_free(b0, b1) {
             fill()?;
             self.clear_raced_zeroes(b0, b1)?;
             return Ok(true);
@@ -945,8 +1093,9 @@ impl BlockDev for CowDev {
             return Ok(false);
         }
         fill()?;
-        self.unsynced.note(b0..b1);
+        self.unsynced.note(b0..b1, Change::Written);
         self.map.set_range(b0..b1, State::Data);
+        self.found(b0, b1);
         Ok(true)
     }
 
