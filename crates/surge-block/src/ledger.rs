@@ -29,6 +29,10 @@ pub struct FlushLedger {
     /// Flushes that failed so far.
     failures: AtomicU64,
     loss: Mutex<Option<String>>,
+    /// One flush at a time: a flush that succeeds while another one is
+    /// failing would otherwise count as durable the writes the failing one
+    /// just dropped.
+    serial: Mutex<()>,
 }
 
 /// One write in flight; finished when dropped (whether it succeeded or not:
@@ -57,6 +61,14 @@ impl FlushLedger {
     /// started durable; failure while any write is not known durable records
     /// a loss. Returns what `flush` returned.
     pub fn flush(&self, what: &str, flush: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.flush_settled(what, flush, |_| {})
+    }
+
+    /// As [`FlushLedger::flush`]; `settle` sees the outcome before the next
+    /// flush may start (a layer records there what a failure may have
+    /// dropped, so that a later flush cannot race past it).
+    pub fn flush_settled(&self, what: &str, flush: impl FnOnce() -> Result<()>, settle: impl FnOnce(&Result<()>)) -> Result<()> {
+        let _one = self.serial.lock();
         let done = self.done.load(SeqCst);
         let r = flush();
         match &r {
@@ -70,6 +82,7 @@ impl FlushLedger {
                 }
             }
         }
+        settle(&r);
         r
     }
 

@@ -191,6 +191,10 @@ pub struct Mirror {
     failed_gen: AtomicU64,
     /// Writes to the source, against its flushes.
     ledger: FlushLedger,
+    /// Held exclusively by a flush of the target until its outcome is
+    /// settled; a read balanced onto the target takes it shared, or reads
+    /// the source if a flush holds it.
+    target_flush: RwLock<()>,
     /// Per region: writes started and finished (dirty regions are cleared only
     /// when no write touched them since a flush of both legs).
     started: Vec<AtomicU64>,
@@ -247,6 +251,7 @@ impl Mirror {
             failed: AtomicBool::new(false),
             failed_gen: AtomicU64::new(0),
             ledger: FlushLedger::new(),
+            target_flush: RwLock::new(()),
             started: (0..nregions).map(|_| AtomicU64::new(0)).collect(),
             done: (0..nregions).map(|_| AtomicU64::new(0)).collect(),
             st: Mutex::new(St {
@@ -419,13 +424,12 @@ impl Mirror {
     /// the rebuild is complete and the target holds every acknowledged write,
     /// durably; `Ok(false)` if the target failed (the source is the one to keep).
     pub fn seal(&self) -> Result<bool> {
-        self.ledger.flush("a source flush", || self.source.flush())?;
+        self.flush_source()?;
         self.ledger.check()?;
         if self.failed.load(SeqCst) {
             return Ok(false);
         }
-        if let Err(e) = self.target.flush() {
-            self.fail_target(&e);
+        if self.flush_target().is_err() {
             return Ok(false);
         }
         Ok(self.is_complete() && !self.failed.load(SeqCst))
@@ -509,9 +513,38 @@ impl Mirror {
         self.wait_durable(self.failed_gen.load(SeqCst))
     }
 
-    /// Flush the source, settling its writes in the ledger.
+    /// Flush the target; a failure fails it. Reads of the target wait out
+    /// the flush ([`Mirror::target_flush`]): a failed one may drop what the
+    /// target held before the mirror knows it failed.
+    fn flush_target(&self) -> Result<()> {
+        let _no_target_reads = self.target_flush.write();
+        let r = self.target.flush();
+        if let Err(e) = &r {
+            self.fail_target(e);
+        }
+        r
+    }
+
+    /// Flush the source, settling its writes in the ledger. A failed flush
+    /// may have dropped writes the target already holds, so that reads would
+    /// flip between the legs: every region written since the legs were last
+    /// flushed together (its intent bit is set) is copied again from the
+    /// source before either leg serves it, and so is every region copied
+    /// since the position was last recorded (the copy may hold what the
+    /// source lost).
     fn flush_source(&self) -> Result<()> {
-        self.ledger.flush("a source flush", || self.source.flush())
+        let after_failure = |r: &Result<()>| {
+            if r.is_err() {
+                let mut st = self.st.lock();
+                self.copied.fetch_min(st.durable_copied, SeqCst);
+                let dirty: Vec<u64> = st.dirty_regions().collect();
+                st.resync.extend(dirty);
+                if !st.resync.is_empty() || self.copied.load(SeqCst) < self.nregions {
+                    st.complete = false;
+                }
+            }
+        };
+        self.ledger.flush_settled("a source flush", || self.source.flush(), after_failure)
     }
 
     /// A mutation: source always, target for the part in copied regions (after
@@ -551,7 +584,16 @@ impl Mirror {
             self.wait_durable(gen)?;
             Some(mark)
         };
-        op(self.source.as_ref(), offset, len)?;
+        if let Err(e) = op(self.source.as_ref(), offset, len) {
+            // A failed write may have landed in part (torn): the legs may
+            // differ in the copied regions it covers until they are copied again.
+            if !both.is_empty() {
+                let mut st = self.st.lock();
+                st.resync.extend(both.clone());
+                st.complete = false;
+            }
+            return Err(e);
+        }
         if !both.is_empty() && !self.failed.load(SeqCst) {
             let end = (offset + len).min(both.end * self.cfg.region);
             if let Err(e) = op(self.target.as_ref(), offset, end - offset) {
@@ -566,12 +608,23 @@ impl Mirror {
     /// Copy region `r` (its lock held exclusively): skip it if both legs read
     /// as zeroes, else read the source and write the target. With `advance`,
     /// `copied` moves past `r` before the lock is released: a write that takes
-    /// the lock next must see the region as copied and reach the target too.
+    /// the lock next must see the region as copied and reach the target too;
+    /// without, `r` leaves the resync set.
     fn copy_region(&self, r: u64, advance: bool) -> std::result::Result<u64, MirrorError> {
         let _g = self.locks[self.lock_index(r)].write();
+        let failures = self.ledger.failures();
         let moved = self.copy_locked(r)?;
-        if advance {
-            self.copied.store(r + 1, SeqCst);
+        // A source flush that failed meanwhile may have dropped what was
+        // copied (and moved the position back, or sent the region to resync):
+        // then the copy counts for nothing. Checked under the state lock,
+        // which the failure's settlement takes after counting it.
+        let mut st = self.st.lock();
+        if self.ledger.failures() == failures {
+            if advance {
+                let _ = self.copied.compare_exchange(r, r + 1, SeqCst, SeqCst);
+            } else {
+                st.resync.remove(&r);
+            }
         }
         Ok(moved)
     }
@@ -610,13 +663,13 @@ impl Mirror {
     fn persist_position(&self) -> std::result::Result<(), MirrorError> {
         let c = self.copied.load(SeqCst);
         self.flush_source()?;
-        if let Err(e) = self.target.flush() {
-            self.fail_target(&e);
+        if self.flush_target().is_err() {
             return Err(MirrorError::TargetFailed);
         }
         {
             let mut st = self.st.lock();
-            st.durable_copied = st.durable_copied.max(c);
+            // A failed source flush meanwhile may have moved the position back.
+            st.durable_copied = st.durable_copied.max(c.min(self.copied.load(SeqCst)));
             st.bytes_since_persist = 0;
             st.persisted_at = self.clock.now();
         }
@@ -641,14 +694,15 @@ impl Mirror {
             return Ok(());
         }
         self.flush_source()?;
-        if let Err(e) = self.target.flush() {
-            self.fail_target(&e);
+        if self.flush_target().is_err() {
             return Err(MirrorError::TargetFailed);
         }
         {
             let mut st = self.st.lock();
             for (r, s) in candidates {
-                if self.started[r as usize].load(SeqCst) == s {
+                // A source flush that failed since the candidates were picked
+                // sent the region to resync: it stays dirty.
+                if self.started[r as usize].load(SeqCst) == s && !st.resync.contains(&r) {
                     st.set(r, false);
                 }
             }
@@ -666,7 +720,6 @@ impl Mirror {
         let resync = self.st.lock().resync.first().copied();
         if let Some(r) = resync {
             let bytes = self.copy_region(r, false)?;
-            self.st.lock().resync.remove(&r);
             return Ok(Step::Copied { bytes });
         }
         let r = self.copied.load(SeqCst);
@@ -719,9 +772,13 @@ impl BlockDev for Mirror {
             st.resync.is_empty() || !self.region_range(offset, buf.len() as u64).any(|r| st.resync.contains(&r))
         };
         if use_target {
-            match self.target.read_at(buf, offset) {
-                Ok(()) => return Ok(()),
-                Err(e) => self.fail_target(&e),
+            if let Some(_settled) = self.target_flush.try_read() {
+                if !self.failed.load(SeqCst) {
+                    match self.target.read_at(buf, offset) {
+                        Ok(()) => return Ok(()),
+                        Err(e) => self.fail_target(&e),
+                    }
+                }
             }
         }
         self.source.read_at(buf, offset)
@@ -734,9 +791,7 @@ impl BlockDev for Mirror {
     fn flush(&self) -> Result<()> {
         self.flush_source()?;
         if !self.failed.load(SeqCst) {
-            if let Err(e) = self.target.flush() {
-                self.fail_target(&e);
-            }
+            let _ = self.flush_target();
         }
         self.failure_recorded()?;
         self.ledger.check()
