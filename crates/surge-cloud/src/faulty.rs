@@ -12,17 +12,34 @@ use std::sync::Arc;
 use surge_block::fault::{FaultDev, FaultRules};
 use surge_block::{BlockDev, Clock};
 
+/// Puts something between an attached device and its fault layer (a power
+/// domain for crash tests, say).
+pub type Wrap = Box<dyn Fn(Arc<dyn BlockDev>) -> Arc<dyn BlockDev> + Send + Sync>;
+
 pub struct FaultyProvider {
     inner: Arc<dyn Provider>,
     clock: Arc<dyn Clock>,
+    wrap: Option<Wrap>,
     /// Rules a volume's layer starts with when it is attached.
     initial: Mutex<FaultRules>,
     attached: Mutex<HashMap<String, Arc<FaultDev>>>,
+    /// Every fault layer made, detached ones too (their faults still count).
+    all: Mutex<Vec<Arc<FaultDev>>>,
 }
 
 impl FaultyProvider {
     pub fn new(inner: Arc<dyn Provider>, clock: Arc<dyn Clock>) -> Self {
-        FaultyProvider { inner, clock, initial: Mutex::new(FaultRules::default()), attached: Mutex::new(HashMap::new()) }
+        FaultyProvider { inner, clock, wrap: None, initial: Mutex::new(FaultRules::default()), attached: Mutex::new(HashMap::new()), all: Mutex::new(Vec::new()) }
+    }
+
+    /// As `new`, with `wrap` applied to every attached device under its fault layer.
+    pub fn with_wrap(inner: Arc<dyn Provider>, clock: Arc<dyn Clock>, wrap: Wrap) -> Self {
+        FaultyProvider { wrap: Some(wrap), ..Self::new(inner, clock) }
+    }
+
+    /// Every fault layer made so far, detached volumes' too.
+    pub fn every_fault(&self) -> Vec<Arc<FaultDev>> {
+        self.all.lock().clone()
     }
 
     /// Rules for volumes attached from now on.
@@ -46,9 +63,13 @@ impl Provider for FaultyProvider {
         self.inner.create(req)
     }
     fn attach(&self, id: &str) -> Result<Arc<dyn BlockDev>> {
-        let dev = self.inner.attach(id)?;
+        let mut dev = self.inner.attach(id)?;
+        if let Some(w) = &self.wrap {
+            dev = w(dev);
+        }
         let f = Arc::new(FaultDev::new(dev, self.initial.lock().clone(), self.clock.clone()));
         self.attached.lock().insert(id.to_string(), f.clone());
+        self.all.lock().push(f.clone());
         Ok(f)
     }
     fn detach(&self, id: &str) -> Result<()> {

@@ -322,6 +322,25 @@ impl BurstableVolume {
         Ok(v)
     }
 
+    /// A rebuild thread ends when its mirror is complete; a failed source
+    /// flush may make the mirror incomplete again (regions to copy again):
+    /// then it runs again.
+    fn resume_rebuilds(&self) {
+        for (i, s) in self.slots.lock().iter_mut().enumerate() {
+            if let Some(w) = &mut s.swap {
+                let ended = w.rebuilder.as_ref().is_none_or(|r| r.is_finished());
+                if ended && !w.mirror.is_complete() && !w.mirror.is_failed() {
+                    if let Some(r) = w.rebuilder.take() {
+                        if let Err(e) = r.stop() {
+                            tracing::warn!(volume = %self.p.name, slot = i, "rebuild ended: {e}; running it again");
+                        }
+                    }
+                    w.rebuilder = Some(self.start_rebuild(i, w.mirror.clone()));
+                }
+            }
+        }
+    }
+
     fn start_rebuild(&self, slot: usize, m: Arc<Mirror>) -> Rebuilder {
         m.set_rate_limit(self.p.rebuild_rate);
         spawn_rebuild(m, self.clock.clone(), format!("rebuild-{}-{slot}", self.p.name), self.p.tick.min(Duration::from_millis(200)))
@@ -367,6 +386,7 @@ impl BurstableVolume {
     /// One controller step: finish swaps, observe credits, decide, apply.
     pub fn step(&self) -> anyhow::Result<()> {
         let _g = self.stepping.lock();
+        self.resume_rebuilds();
         self.finish_swaps()?;
         let obs = self.observe()?;
         let now = self.clock.now();
@@ -668,6 +688,24 @@ impl BurstableVolume {
         }
     }
 
+    /// Why every FLUSH fails until acknowledged, if it does: a member's (or
+    /// a migrating member's source's) flush failed after acknowledged writes.
+    pub fn loss(&self) -> Option<String> {
+        let mirrors = self.slots.lock().iter().filter_map(|s| s.swap.as_ref().and_then(|w| w.mirror.loss())).next();
+        self.stripe.read().loss().or(mirrors)
+    }
+
+    /// The user accepts the loss: FLUSH works again. Returns what was lost.
+    pub fn acknowledge_loss(&self) -> Option<String> {
+        let mut lost = self.stripe.read().acknowledge_loss();
+        for s in self.slots.lock().iter() {
+            if let Some(w) = &s.swap {
+                lost = lost.or(w.mirror.acknowledge_loss());
+            }
+        }
+        lost
+    }
+
     fn update_bars(&self) {
         if let Some(b) = self.bars.lock().as_mut() {
             b.update(&self.p.name, &self.rebuilds());
@@ -843,6 +881,10 @@ impl Controllable for BurstableVolume {
             "last_swaps": self.history.lock().iter().rev().take(4).cloned().collect::<Vec<_>>(),
             "decisions": self.log.lock().iter().rev().take(6).cloned().collect::<Vec<_>>(),
             "usd_so_far": self.cost_usd(),
+            "failure": self.loss().map(|loss| serde_json::json!({
+                "loss": loss,
+                "action": format!("every FLUSH fails until the loss is acknowledged: surge set {} ack_lost=true", self.name()),
+            })),
         })
     }
     fn set(&self, key: &str, value: &str) -> Result<(), String> {
@@ -870,7 +912,14 @@ impl Controllable for BurstableVolume {
                 Ok(())
             }
             "release" => self.release(value).map(|_| ()).map_err(|e| format!("{e:#}")),
-            _ => Err(format!("{} has no setting {key:?} (settable: swap=all|SLOT, rebuild_rate=RATE|off, release=all|GEN)", self.name())),
+            "ack_lost" => match value {
+                "true" | "yes" | "1" => match self.acknowledge_loss() {
+                    Some(_) => Ok(()),
+                    None => Err("no loss to acknowledge".into()),
+                },
+                _ => Err("ack_lost=true acknowledges writes a failed member flush may have dropped (FLUSH works again)".into()),
+            },
+            _ => Err(format!("{} has no setting {key:?} (settable: swap=all|SLOT, rebuild_rate=RATE|off, release=all|GEN, ack_lost=true)", self.name())),
         }
     }
 }
@@ -1058,6 +1107,10 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
         progress_bars: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     })
 }
+
+#[cfg(test)]
+#[path = "burstable_stress.rs"]
+mod stress_tests;
 
 #[cfg(test)]
 mod tests {

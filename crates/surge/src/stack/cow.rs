@@ -250,6 +250,11 @@ impl Controllable for CowControl {
             "copy_on_read": self.dev.copy_on_read(),
             "stream": stream,
             "remote": remote,
+            "failure": stats.loss.as_ref().map(|loss| json!({
+                "loss": loss,
+                "lost_blocks": stats.lost_blocks,
+                "action": format!("every FLUSH fails (and reads of the lost blocks) until the loss is acknowledged: surge set {} ack_lost=true", self.target),
+            })),
         })
     }
     fn set(&self, key: &str, value: &str) -> Result<(), String> {
@@ -281,7 +286,15 @@ impl Controllable for CowControl {
                 _ => return Err(format!("stream={value}: expected start or stop")),
             },
             "chunk" => self.stream_cfg.lock().chunk = parse_size(value).map_err(|e| e.to_string())?.max(4096),
-            _ => return Err(format!("{} has no setting {key:?} (settings: cor, rate, stream, chunk)", self.target)),
+            "ack_lost" => match value {
+                "true" | "yes" | "1" => {
+                    if self.dev.acknowledge_loss().is_none() {
+                        return Err("no loss to acknowledge".into());
+                    }
+                }
+                _ => return Err("ack_lost=true acknowledges writes a failed overlay flush may have dropped (FLUSH works again; their blocks read what they held before)".into()),
+            },
+            _ => return Err(format!("{} has no setting {key:?} (settings: cor, rate, stream, chunk, ack_lost)", self.target)),
         }
         Ok(())
     }
