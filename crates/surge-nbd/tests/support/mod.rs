@@ -53,11 +53,13 @@ pub struct Proxy {
     pub target: PathBuf,
     pub conns: Arc<Mutex<Vec<UnixStream>>>,
     pub up: Arc<AtomicBool>,
+    /// Bumped by `resume`: an older acceptor registers nothing.
+    pub generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Proxy {
     pub fn start(path: PathBuf, target: PathBuf) -> Proxy {
-        let p = Proxy { path, target, conns: Arc::default(), up: Arc::new(AtomicBool::new(false)) };
+        let p = Proxy { path, target, conns: Arc::default(), up: Arc::new(AtomicBool::new(false)), generation: Arc::default() };
         p.resume();
         p
     }
@@ -65,16 +67,22 @@ impl Proxy {
     pub fn resume(&self) {
         let _ = std::fs::remove_file(&self.path);
         let listener = UnixListener::bind(&self.path).unwrap();
-        self.up.store(true, Ordering::SeqCst);
-        let (target, conns, up) = (self.target.clone(), self.conns.clone(), self.up.clone());
+        let mine = {
+            let _c = self.conns.lock();
+            self.up.store(true, Ordering::SeqCst);
+            self.generation.fetch_add(1, Ordering::SeqCst) + 1
+        };
+        let (target, conns, up, generation) = (self.target.clone(), self.conns.clone(), self.up.clone(), self.generation.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
-                if !up.load(Ordering::SeqCst) {
-                    return;
-                }
                 let Ok(client) = client else { return };
                 let Ok(server) = UnixStream::connect(&target) else { continue };
+                // Registered under the lock `down` takes, or refused: a
+                // connection must never outlive a "restart" uncut.
                 let mut c = conns.lock();
+                if !up.load(Ordering::SeqCst) || generation.load(Ordering::SeqCst) != mine {
+                    return;
+                }
                 c.push(client.try_clone().unwrap());
                 c.push(server.try_clone().unwrap());
                 for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
@@ -95,6 +103,7 @@ impl Proxy {
 
     pub fn down(&self) {
         self.up.store(false, Ordering::SeqCst);
+        drop(self.conns.lock()); // no acceptor is between its check and its push
         let _ = UnixStream::connect(&self.path); // wake the acceptor so it exits
         let _ = std::fs::remove_file(&self.path);
         self.cut();
