@@ -3,7 +3,7 @@
 //! surge server while a control thread cuts the connections, restarts the
 //! server (it loses its process cache, the unflushed writes a replay must
 //! bring back) and changes the faults of the server's disk (failing writes,
-//! failing flushes that drop what they held, torn writes). The server's disk
+//! failing flushes that drop what they held). The server's disk
 //! sits in a power domain; the power fails at a random event, the client dies
 //! with it (its replay log is gone), and every sector on the raw medium must
 //! hold what the client's acknowledged FLUSHes made durable.
@@ -32,9 +32,24 @@ struct Remote {
     cache: Arc<VolatileDisk>,
     disk: Arc<FaultDev>,
     proxy: Proxy,
+    server: InProcess,
     rules: Mutex<StdRng>,
     restarts: AtomicU64,
     lost_by_restarts: AtomicU64,
+}
+
+impl Remote {
+    /// Until every request of the cut connections is answered. A restarted
+    /// server applies nothing more of them; after a link failure one that is
+    /// still running could land after its retry on a new connection (and
+    /// after newer writes): NBD cannot fence a dead connection, so the test
+    /// leaves that out (`remote/mod.rs`, "Not covered").
+    fn wait_until_the_server_is_done(&self) {
+        let server = self.server.server.as_ref().expect("running");
+        while server.stats().exports.iter().any(|e| e.active_connections > 0) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
 }
 
 impl Subject for Remote {
@@ -44,11 +59,17 @@ impl Subject for Remote {
 
     fn control(&self, rng: &mut StdRng) {
         match rng.gen_range(0..100) {
-            0..=5 => self.proxy.cut(),
+            0..=5 => {
+                // The link fails.
+                self.proxy.down();
+                self.wait_until_the_server_is_done();
+                self.proxy.resume();
+            }
             6..=11 => {
                 // The server restarts: connections drop, its cache is gone,
                 // and it is back after a pause.
                 self.proxy.down();
+                self.wait_until_the_server_is_done();
                 self.lost_by_restarts.fetch_add(self.cache.lose() as u64, SeqCst);
                 self.restarts.fetch_add(1, SeqCst);
                 std::thread::sleep(Duration::from_micros(rng.gen_range(0..3000)));
@@ -59,7 +80,14 @@ impl Subject for Remote {
                 r.apply("flush.fail_nth", Some("1")).unwrap();
                 self.disk.set_rules(r);
             }
-            22..=26 => self.disk.set_rules(random_rules(&mut self.rules.lock(), false)),
+            22..=26 => {
+                // No torn writes: one inside the server's write-back is not a
+                // write the client saw fail, and `tear_nth` cuts a write of
+                // one sector in its middle, which a disk never does.
+                let mut rules = random_rules(&mut self.rules.lock(), false);
+                rules.tear_nth = None;
+                self.disk.set_rules(rules);
+            }
             27..=31 => self.disk.set_rules("volatile,flush.fail_loses".parse().unwrap()),
             // A cut costs a reconnect (a handshake, and 50 ms when the server is
             // not back yet): the writers get some time between them.
@@ -98,7 +126,7 @@ fn iteration(seed: u64) -> Result<(), String> {
     let proxy = Proxy::start(dir.path().join("proxy.sock"), server.sock.clone());
     let options = RemoteOptions { connections: rng.gen_range(1..4), replay_limit: [64 << 10, 8 << 20][rng.gen_range(0..2)], ..opts() };
     let dev = Arc::new(RemoteDev::open(&uri_for(&proxy.path, "disk"), options).map_err(|e| format!("open: {e}"))?);
-    let s = Remote { dev: dev.clone(), cache, disk, proxy, rules: Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)), restarts: AtomicU64::new(0), lost_by_restarts: AtomicU64::new(0) };
+    let s = Remote { dev: dev.clone(), cache, disk, proxy, server, rules: Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)), restarts: AtomicU64::new(0), lost_by_restarts: AtomicU64::new(0) };
     let models = stress::run(&s, &power, plan, &|_| stress::ZERO_TAG);
     let t = &*TALLY;
     let st = dev.stats();
@@ -112,9 +140,8 @@ fn iteration(seed: u64) -> Result<(), String> {
     // The power fails; the client dies with it, and its log of unflushed
     // writes with it.
     power.cut();
-    drop(s);
     drop(dev);
-    drop(server);
+    drop(s);
     models.check_after_restart(medium.as_ref())
 }
 

@@ -27,7 +27,10 @@
 //!   server fails may have lost what it covered (a writeback error), so the
 //!   log is sent again before the next FLUSH. FUA writes are logged too,
 //!   though durable: they cut what they overwrite out of older entries.
-//!   Not covered: two concurrent overlapping writes acknowledged in one order
+//!   Not covered: a write the server still runs for a connection that broke
+//!   (a link failure, not a restart) can land after its retry on the new
+//!   connection, and after newer writes: NBD has no way to fence a dead
+//!   connection. And two concurrent overlapping writes acknowledged in one order
 //!   and applied by the server in the other; after a restart, the replay
 //!   applies them in acknowledgement order.
 //! - **FUA** is sent as the flag where the server takes it, else as the
