@@ -6,8 +6,14 @@
 //! - `.surge/chunks/{ino}/{idx}/{ver}`: one immutable chunk version
 //! - `.surge/manifests/{ino}/{gen}.json`: one immutable file version, written
 //!   after all its chunks
+//! - `.surge/layout.json`: written before the first manifest of a bucket that
+//!   had none: its export keys are UTF-8 paths ([`keys`]); its absence where
+//!   manifests exist means an older surge wrote them percent-encoded
 //! - `{path}`: the file's content as an ordinary object (the export view), for
-//!   other S3 tools; surge itself reads it only when importing.
+//!   other S3 tools, keyed by its UTF-8 path ([`keys`]); surge itself reads it
+//!   only when importing
+//! - `{path}/`: an empty marker object per directory (as s3fs and the AWS
+//!   console write them), so empty directories exist for other tools and imports
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -17,7 +23,13 @@ use object_store::{ClientOptions, ObjectStore, PutPayload, RetryConfig, WriteMul
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+pub mod keys;
+mod markers;
+
+pub use keys::{dir_marker_key, export_key};
+
 pub const INTERNAL_PREFIX: &str = ".surge";
+pub const LAYOUT_KEY: &str = ".surge/layout.json";
 
 pub(crate) static RT: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
     tokio::runtime::Builder::new_multi_thread()
@@ -49,6 +61,7 @@ pub enum S3Error {
 #[derive(Clone)]
 pub struct S3 {
     store: Arc<dyn ObjectStore>,
+    markers: Arc<markers::Markers>,
     pub bucket: String,
     /// Requests and bytes so far (what S3 bills), shared by clones.
     pub counts: Arc<S3Counts>,
@@ -96,12 +109,58 @@ pub fn manifest_key(ino: u64, gen: u64) -> String {
     format!("{INTERNAL_PREFIX}/manifests/{ino}/{gen:020}.json")
 }
 
-/// The export key of a file at `a/b/c` (each name made a valid key segment).
-pub fn export_key(path: &str) -> String {
-    Path::from_iter(path.split('/').filter(|p| !p.is_empty())).as_ref().to_string()
+/// One level of a bucket listed with `/` as delimiter.
+#[derive(Debug, Default)]
+pub struct Level {
+    /// (key, size) of the objects at this level.
+    pub objects: Vec<(String, u64)>,
+    /// The keys of the prefixes below it (no trailing `/`).
+    pub prefixes: Vec<String>,
+}
+/// How the export keys of a bucket were written, as import reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyLayout {
+    /// By this surge: UTF-8 paths ([`keys::decode_name`]).
+    Utf8,
+    /// By an older surge (manifests but no layout object): percent-encoded
+    /// names are decoded ([`keys::legacy_name`]), others taken as they are.
+    Legacy,
+    /// By other tools only: every key is the names it spells.
+    Foreign,
+}
+
+impl KeyLayout {
+    /// The file name a key segment stands for.
+    pub fn name(self, segment: &str) -> String {
+        match self {
+            KeyLayout::Utf8 => keys::decode_name(segment),
+            KeyLayout::Legacy => keys::legacy_name(segment).unwrap_or_else(|| keys::decode_name(segment)),
+            KeyLayout::Foreign => segment.to_string(),
+        }
+    }
 }
 
 impl S3 {
+    /// Which [`KeyLayout`] the bucket's export keys follow.
+    pub fn key_layout(&self) -> Result<KeyLayout, S3Error> {
+        if self.get(LAYOUT_KEY)?.is_some() {
+            return Ok(KeyLayout::Utf8);
+        }
+        let manifests = self.list_level(Some(&format!("{INTERNAL_PREFIX}/manifests")))?;
+        Ok(if manifests.objects.is_empty() && manifests.prefixes.is_empty() { KeyLayout::Foreign } else { KeyLayout::Legacy })
+    }
+
+    /// Before the first manifest this process writes: records a bucket that
+    /// has no manifests yet as [`KeyLayout::Utf8`]. A bucket an older surge
+    /// wrote stays without the record (its keys are decoded per segment).
+    pub fn ensure_layout(&self) -> Result<(), S3Error> {
+        if self.key_layout()? == KeyLayout::Foreign {
+            let body = serde_json::json!({ "export_keys": "utf8", "dir_markers": true }).to_string();
+            self.put(LAYOUT_KEY, Bytes::from(body))?;
+        }
+        Ok(())
+    }
+
     pub fn connect(cfg: &S3Config) -> Result<S3, S3Error> {
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(&cfg.bucket)
@@ -117,7 +176,10 @@ impl S3 {
             b = b.with_access_key_id(a).with_secret_access_key(s);
         }
         let store = b.build().map_err(|e| S3Error::Config(e.to_string()))?;
-        Ok(S3 { store: Arc::new(store), bucket: cfg.bucket.clone(), counts: Arc::default() })
+        let endpoint = cfg.endpoint.clone().unwrap_or_else(|| format!("https://s3.{}.amazonaws.com", cfg.region));
+        let bucket_url = format!("{}/{}", endpoint.trim_end_matches('/'), cfg.bucket);
+        let markers = markers::Markers::new(bucket_url, cfg.region.clone(), store.credentials().clone()).map_err(S3Error::Config)?;
+        Ok(S3 { store: Arc::new(store), markers: Arc::new(markers), bucket: cfg.bucket.clone(), counts: Arc::default() })
     }
 
     fn err(op: &'static str, key: &str, e: impl std::fmt::Display) -> S3Error {
@@ -154,7 +216,12 @@ impl S3 {
             .map_err(|e| Self::err("GET range", key, e))
     }
 
+    /// Deletes `key`, a directory marker (`dir/`) included.
     pub fn delete(&self, key: &str) -> Result<(), S3Error> {
+        if key.ends_with('/') {
+            self.counts.put(0);
+            return RT.block_on(self.markers.delete(key)).map_err(|e| Self::err("DELETE", key, e));
+        }
         match RT.block_on(self.store.delete(&obj_path(key))) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(Self::err("DELETE", key, e)),
@@ -176,7 +243,27 @@ impl S3 {
         })
     }
 
-    /// Every (key, size) under `prefix` (used only by import).
+    /// Writes the empty marker object `key` of a directory (`dir/`).
+    pub fn put_dir_marker(&self, key: &str) -> Result<(), S3Error> {
+        debug_assert!(key.ends_with('/'));
+        self.counts.put(0);
+        RT.block_on(self.markers.put(key)).map_err(|e| Self::err("PUT", key, e))
+    }
+
+    /// The objects and prefixes directly below `prefix` (the whole bucket's
+    /// top level for `None`). A marker `prefix/` is listed as an object at
+    /// `prefix` itself (object_store drops its trailing `/`).
+    pub fn list_level(&self, prefix: Option<&str>) -> Result<Level, S3Error> {
+        let p = prefix.map(obj_path);
+        self.counts.put(0);
+        let r = RT.block_on(self.store.list_with_delimiter(p.as_ref())).map_err(|e| Self::err("LIST", prefix.unwrap_or(""), e))?;
+        Ok(Level {
+            objects: r.objects.into_iter().map(|m| (m.location.as_ref().to_string(), m.size as u64)).collect(),
+            prefixes: r.common_prefixes.into_iter().map(|p| p.as_ref().to_string()).collect(),
+        })
+    }
+
+    /// Every (key, size) under `prefix`.
     pub fn list(&self, prefix: Option<&str>) -> Result<Vec<(String, u64)>, S3Error> {
         let p = prefix.map(obj_path);
         self.counts.put(0);

@@ -161,31 +161,52 @@ pub fn files(tier: &Tier, path: &str) -> Result<Vec<FileStatus>, DataError> {
 }
 
 /// Imports every object of the bucket (outside surge's own prefix) that is not
-/// in the namespace yet, creating directories along the keys. Returns the count.
+/// in the namespace yet, level by level: prefixes and directory markers
+/// (`dir/`) become directories (empty ones included), objects files, each
+/// name decoded as the bucket's [`KeyLayout`](crate::s3::KeyLayout) says.
+/// Returns the count of files imported.
 pub fn import(tier: &Tier, prefix: Option<&str>) -> Result<usize, DataError> {
     let s3 = tier.s3.as_ref().ok_or(DataError::NoS3("importing bucket objects"))?;
+    let layout = s3.key_layout()?;
+    let prefix = prefix.map(|p| p.trim_matches('/')).filter(|p| !p.is_empty());
+    let mut top = meta::ROOT;
+    if let Some(p) = prefix {
+        // The directories along the prefix (its last segment too).
+        for seg in p.split('/').filter(|s| !s.is_empty()) {
+            top = import_dir(tier, top, &layout.name(seg))?;
+        }
+    }
     let mut n = 0;
-    for (key, size) in s3.list(prefix)? {
-        if key.starts_with(crate::s3::INTERNAL_PREFIX) {
-            continue;
+    let mut levels = vec![(prefix.map(str::to_string), top)];
+    while let Some((at, dir)) = levels.pop() {
+        let level = s3.list_level(at.as_deref())?;
+        for p in level.prefixes {
+            if at.is_none() && p == crate::s3::INTERNAL_PREFIX {
+                continue;
+            }
+            let Some(seg) = p.rsplit('/').next() else { continue };
+            levels.push((Some(p.clone()), import_dir(tier, dir, &layout.name(seg))?));
         }
-        let parts: Vec<&str> = key.split('/').filter(|p| !p.is_empty()).collect();
-        let Some((name, dirs)) = parts.split_last() else { continue };
-        let mut parent = meta::ROOT;
-        for d in dirs {
-            parent = match tier.meta.create(parent, d, Kind::Dir, 0o755, 0, 0, crate::now_ns()) {
-                Ok(a) => a.ino,
-                Err(meta::MetaError::Exists) => tier.meta.lookup(parent, d)?.ino,
-                Err(e) => return Err(e.into()),
-            };
-        }
-        if key.ends_with('/') {
-            continue; // a "directory marker" object
-        }
-        let a = tier.meta.import_file(parent, name, &key, size, crate::now_ns())?;
-        if a.import.as_ref().is_some_and(|(k, _)| *k == key) {
-            n += 1;
+        for (key, size) in level.objects {
+            // The marker `at/` itself, listed as `at`.
+            if Some(key.as_str()) == at.as_deref() {
+                continue;
+            }
+            let Some(seg) = key.rsplit('/').next() else { continue };
+            let a = tier.meta.import_file(dir, &layout.name(seg), &key, size, crate::now_ns())?;
+            if a.import.as_ref().is_some_and(|(k, _)| *k == key) {
+                n += 1;
+            }
         }
     }
     Ok(n)
+}
+
+/// The directory `name` in `parent`, created if it is not there.
+fn import_dir(tier: &Tier, parent: Ino, name: &str) -> Result<Ino, DataError> {
+    match tier.meta.create(parent, name, Kind::Dir, 0o755, 0, 0, crate::now_ns()) {
+        Ok(a) => Ok(a.ino),
+        Err(meta::MetaError::Exists) => Ok(tier.meta.lookup(parent, name)?.ino),
+        Err(e) => Err(e.into()),
+    }
 }

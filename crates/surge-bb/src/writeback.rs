@@ -1,13 +1,13 @@
 //! Write-back, run by every I/O node: dirty chunk versions go to S3 oldest
 //! first (each by the first live node holding it), then each changed file's
-//! manifest and export object; dirty chunks that lost a holder are copied to
+//! manifest and export object (and each directory's marker object); dirty chunks that lost a holder are copied to
 //! another node first. Every step is idempotent: S3 keys are never reused, so
 //! a node dying half-way leaves nothing another node cannot redo.
 
 use crate::meta::{self, ChunkEntry, ChunkUpdate, Ino, Kind, MetaError};
 use crate::placement;
 use crate::proto::ChunkId;
-use crate::s3::{chunk_key, export_key, manifest_key};
+use crate::s3::{chunk_key, dir_marker_key, export_key, manifest_key};
 use crate::store::ChunkStore;
 use crate::tier::{DataError, Tier};
 use parking_lot::Mutex;
@@ -74,6 +74,8 @@ pub struct Writeback {
     late_logged: Mutex<HashSet<ChunkId>>,
     errors_logged: crate::LogEvery5s,
     backoff: Mutex<Backoff>,
+    /// The bucket's key layout is recorded (before this node's first manifest).
+    layout_recorded: std::sync::atomic::AtomicBool,
 }
 
 /// How long write-back rests after a pass whose uploads all failed (S3 down,
@@ -99,7 +101,7 @@ impl Backoff {
 
 impl Writeback {
     pub fn new(tier: Arc<Tier>, store: Arc<ChunkStore>, me: String, cfg: WritebackConfig) -> Writeback {
-        Writeback { tier, store, me, cfg, late_logged: Mutex::default(), errors_logged: Default::default(), backoff: Mutex::default() }
+        Writeback { tier, store, me, cfg, late_logged: Mutex::default(), errors_logged: Default::default(), backoff: Mutex::default(), layout_recorded: Default::default() }
     }
 
     /// Logs an error at most every 5 s (S3 down would otherwise flood the log).
@@ -240,12 +242,23 @@ impl Writeback {
     }
 
     /// Writes the manifest and the export object of one file once all its
-    /// chunks are in S3; a directory (after a rename) queues its children.
+    /// chunks are in S3; a directory gets its marker object (`dir/`) and,
+    /// after a rename, queues its children (their keys changed too).
     fn publish_one(&self, ino: Ino) -> Result<(), DataError> {
         let meta = &self.tier.meta;
         let s3 = self.tier.s3.as_ref().expect("checked by caller");
         let a = meta.getattr(ino)?;
+        let path = meta::path_of(meta.as_ref(), ino)?;
         if a.kind == Kind::Dir {
+            let marker = dir_marker_key(&path);
+            if ino != meta::ROOT && a.xkey.as_deref() != Some(marker.as_str()) {
+                s3.put_dir_marker(&marker)?;
+                // Not current any more (renamed, or its old marker still being
+                // deleted): it is queued again.
+                if !meta.mark_published(ino, a.gen, &marker, false)? {
+                    return Ok(());
+                }
+            }
             let now = crate::now_ms();
             for child in meta.readdir(ino)? {
                 meta.requeue_publish(child.ino, now)?;
@@ -253,7 +266,6 @@ impl Writeback {
             meta.drop_publish(ino)?;
             return Ok(());
         }
-        let path = meta::path_of(meta.as_ref(), ino)?;
         let xkey = export_key(&path);
         if a.persisted() && a.xkey.as_deref() == Some(xkey.as_str()) {
             meta.drop_publish(ino)?;
@@ -292,6 +304,10 @@ impl Writeback {
             chunks: map.iter().filter(|(i, _)| **i < n).map(|(i, e)| ManifestChunk { idx: *i, key: chunk_key(ino, *i, e.ver), len: e.len }).collect(),
         };
         let body = serde_json::to_vec_pretty(&manifest).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+        if !self.layout_recorded.load(std::sync::atomic::Ordering::Relaxed) {
+            s3.ensure_layout()?;
+            self.layout_recorded.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         s3.put(&manifest_key(ino, a.gen), bytes::Bytes::from(body))?;
         let mut idx = 0;
         s3.put_streamed(&xkey, || {

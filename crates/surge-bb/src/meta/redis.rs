@@ -115,7 +115,8 @@ local gen = 1
 if kind == 'd' then nl = 2; gen = 0; redis.call('HINCRBY', pk, 'nl', 1) end
 redis.call('HSET', P..'i:'..ino, 'k', kind, 'mode', ARGV[6], 'uid', ARGV[7], 'gid', ARGV[8], 'size', 0,
   'mt', ARGV[9], 'ct', ARGV[9], 'at', ARGV[9], 'nl', nl, 'gen', gen, 'pgen', 0, 'par', parent, 'name', name)
-if kind == 'f' then redis.call('ZADD', P..'pub', 'NX', ARGV[10], ino) end
+-- Files get their export object, directories their marker (`dir/`).
+redis.call('ZADD', P..'pub', 'NX', ARGV[10], ino)
 touch(parent, ARGV[9])
 return redis.call('HGETALL', P..'i:'..ino)
 "#,
