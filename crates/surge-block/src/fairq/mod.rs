@@ -181,6 +181,7 @@ impl FairQueue {
         let _ = self.update(|s, now| {
             if let Some(g) = &global {
                 s.ledger.set_timeout(g.peer_timeout);
+                s.ledger.set_max_peers(g.max_peers);
             }
             s.sched.set_global(global);
             refresh_activity(s, now);
