@@ -26,12 +26,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use surge_block::model::{CreditBalance, ModelDev, Scale, Scheduler};
-use surge_block::{BlockDev, Clock, FileDev, FileOptions};
+use surge_block::{BlockDev, Clock, FileDev, FileOptions, DATA_FILE_MODE};
 
 mod emulate;
 pub use emulate::ModifyRules;
@@ -257,7 +258,7 @@ impl LocalProvider {
         let tmp = self.cfg.dir.join("state.json.tmp");
         let body = serde_json::to_vec_pretty(st).expect("state serialises");
         let write = || -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(DATA_FILE_MODE).open(&tmp)?;
             f.write_all(&body)?;
             f.sync_all()
         };
@@ -279,6 +280,7 @@ impl LocalProvider {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(DATA_FILE_MODE)
             .open(&lock_path)
             .map_err(|source| self.io(action, "", "opening", &lock_path, source))?;
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -439,6 +441,7 @@ impl Provider for LocalProvider {
             let made = File::options()
                 .write(true)
                 .create_new(true)
+                .mode(DATA_FILE_MODE)
                 .open(&path)
                 .and_then(|f| f.set_len(self.cfg.scale.size(req.spec.size)).and_then(|_| f.sync_all()));
             made.map_err(|source| {

@@ -366,3 +366,24 @@ fn a_scaled_cloud_serves_scaled_rates_and_bills_full_scale_seconds() {
     assert_eq!(r.volumes[0].billed_seconds, 200);
     assert!((r.total_usd - 0.8 * 200.0 / 2_592_000.0).abs() < 1e-12);
 }
+
+// Issue 38 item 9: volume files and the state beside them are private to the
+// user surge runs as, whatever the umask (tests run under the usual 022).
+#[test]
+fn volume_and_state_files_are_created_private() {
+    use std::os::unix::fs::PermissionsExt;
+    // The usual umask (it would leave new files 0644); harmless to other tests.
+    // SAFETY: umask only sets the process file-creation mask.
+    unsafe { libc::umask(0o022) };
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let p = provider(d.path(), &clock);
+    p.create(req("gp2:1GiB", Some("a"))).unwrap();
+    let mode = |f: &Path| fs::metadata(f).unwrap().permissions().mode() & 0o777;
+    let vol = d.path().join("volumes").join(&files(d.path())[0]);
+    assert_eq!(mode(&vol), 0o600, "{}", vol.display());
+    for name in ["state.json", "lock"] {
+        let f = d.path().join(name);
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+    }
+}
