@@ -477,14 +477,10 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let plan = crate::experiment::elastic_priced::Plan::new(quick);
     let alongside = plan.parallel;
     let priced_dir = work.join("priced");
-    // The priced scenarios drive fio (its nbd engine) as the application; a
-    // machine without it still runs the replica, and says what it skipped.
-    let fio_missing = parts.contains("priced") && !fio_has_nbd_engine();
-    if fio_missing {
-        eprintln!("elastic: fio with its nbd engine is not installed (apt-get install fio): the priced scenarios are skipped");
-    }
+    // The priced scenarios drive `surge load` (this binary) as the
+    // application: nothing else needs to be installed.
     let run_priced = || -> anyhow::Result<Option<crate::experiment::elastic_priced::Priced>> {
-        if !parts.contains("priced") || fio_missing {
+        if !parts.contains("priced") {
             return Ok(None);
         }
         let r = crate::experiment::elastic_priced::run(&plan, &priced_dir);
@@ -509,16 +505,12 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     if let Some((j, r)) = replica_out {
         json = j;
         report = r;
-        report.push_str("The replica's application still runs in-process (4 writer threads): its first burst is smaller than the others, which one fio process (think-time loop) cannot express, and a fio process per burst starts with a delay of up to seconds on a loaded machine, which would blur the 0.25 s windows of the quick scale. The priced scenarios below run fio over NBD.\n\n");
+        report.push_str("The replica's application still runs in-process (4 writer threads): its first burst is smaller than the others, which one fio process (think-time loop) cannot express, and a fio process per burst starts with a delay of up to seconds on a loaded machine, which would blur the 0.25 s windows of the quick scale. The priced scenarios below run `surge load` over NBD.\n\n");
         plots.extend(["io_activity.svg".to_string(), "cost.svg".to_string()]);
     }
     json["niced"] = serde_json::json!(niced);
     if niced {
         report.push_str("\nThe experiment ran at nice -10 (shared machine: other jobs' CPU must not delay the models' timed sleeps).\n\n");
-    }
-    if fio_missing {
-        json["priced_skipped"] = serde_json::json!("fio with its nbd engine is not installed (apt-get install fio)");
-        report.push_str("\n**The priced scenarios did not run**: fio with its nbd engine is not installed (`apt-get install fio`).\n\n");
     }
     if let Some(p) = &priced {
         let (priced_json, settings) = p.json();
@@ -633,14 +625,4 @@ fn report_md(s: &Setting, res: &BTreeMap<&str, ApproachResult>, quick: bool, wor
         let _ = writeln!(m, "- {n}: {}", res[n].bursts.iter().map(|(a, b)| format!("{a:.2}-{b:.2}")).collect::<Vec<_>>().join(", "));
     }
     m
-}
-
-/// Whether `fio` runs here and knows the nbd engine.
-fn fio_has_nbd_engine() -> bool {
-    std::process::Command::new("fio")
-        .arg("--enghelp=nbd")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }

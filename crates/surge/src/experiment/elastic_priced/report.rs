@@ -120,7 +120,8 @@ impl Priced {
                 );
             }
             priced.insert(s.scaled.sc.key.into(), serde_json::Value::Object(m));
-            settings.insert(s.scaled.sc.key.into(), serde_json::json!({"scenario": s.scaled.sc, "time_scale": s.scaled.time, "rate_scale": s.scaled.rate, "policy": super::rig::policy(&s.scaled)}));
+            let app = super::app::Application::new("nbd+unix:///app?socket=RUN_DIR/nbd.sock", &s.scaled);
+            settings.insert(s.scaled.sc.key.into(), serde_json::json!({"scenario": s.scaled.sc, "time_scale": s.scaled.time, "rate_scale": s.scaled.rate, "policy": super::rig::policy(&s.scaled), "application": app.command_line()}));
         }
         (serde_json::Value::Object(priced), serde_json::json!({"plan": self.plan, "scenarios": settings}))
     }
@@ -156,7 +157,7 @@ impl Priced {
             scenario_md(&mut m, s, p);
         }
         let _ = writeln!(m, "## How the priced runs are set up\n");
-        let _ = writeln!(m, "- The application is fio (one process per burst, `--ioengine=nbd`) against the approach's volume exported by an in-process NBD server on a unix socket; compute phases are sleeps. Its data is seeded (refilled buffers, overlapping in-flight writes serialised) and every run's final bytes are compared with a run of the same bursts against a plain memory export.");
+        let _ = writeln!(m, "- The application is `surge load` (one process for the whole run: bursts, then think time) against the approach's volume exported by an in-process NBD server on a unix socket. Its writes carry bytes derived from the seed, the request and the position (overlapping requests in flight serialised), and every run's final bytes are checked against what the application's configuration and its count of requests say the volume must hold.");
         let _ = writeln!(m, "- Scale: durations x {} (windows, ID, attach/detach delays, EBS's 6 h modification cooldown and 5 min optimizing ramp, compute phases), rates x {} (every volume's IOPS and MiB/s, the planner's observed demand divided back), amounts x {} (bytes written, cache sizes, volume files). Prices and limits are those of the full-scale specs.", p.time, p.rate, p.time * p.rate);
         let _ = writeln!(m, "- Policy: the daemon's defaults (UT 30 %, window 5 s, ID 30 s, initial cache 10 GiB, min 1 GiB, granularity 1 GiB, attach/detach 3 s, idle gap 200 ms, all at scale; `cache=auto` with its defaults: every type, drain spec on). Deviations in every scenario: learn=true (burst-period learning, off by default; the paper replica uses it too); value_per_hour = the instance's list price (required with cache=auto, no default). Per-scenario deviations are listed with each scenario.");
         let _ = writeln!(m, "- Billing: the data volume is billed until the application completes (the user keeps it, at the spec it has then: modify-volume's raised spec stays, EBS would not lower it for 6 h); cache volumes until they are deleted after draining. Compute: the named instance from the application's start to its completion.");
@@ -181,6 +182,7 @@ fn scenario_md(m: &mut String, s: &ScenarioResult, p: &Plan) {
     let prices = PriceTable::default();
     let inst = prices.instance_usd_hour(sc.instance, sc.nodes).unwrap_or(f64::NAN);
     let _ = writeln!(m, "## {}: {}\n", sc.key, sc.title);
+    let _ = writeln!(m, "Application: `{}`\n", super::app::Application::new("nbd+unix:///app?socket=RUN_DIR/nbd.sock", &s.scaled).command_line());
     let _ = writeln!(
         m,
         "Backing `{}` (${:.2}/month); peak `{}` (${:.2}/month); compute {} x {} (${inst}/h, {}).\n",

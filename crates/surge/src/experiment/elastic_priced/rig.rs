@@ -1,8 +1,9 @@
 //! One run of one approach: a scaled local cloud, the approach's volume stack
-//! exported over NBD, fio as the application, a sampler of dollars over time,
-//! billing at list prices, and the data checked against the reference.
+//! exported over NBD, `surge load` as the application (its own process), a
+//! sampler of dollars over time, billing at list prices, and the data checked
+//! against what the application wrote.
 
-use super::app::{verify, Fio};
+use super::app::{unix_uri, Application};
 use super::scenario::Scaled;
 use crate::stack::elastic::{BoostSettings, ElasticParams, ElasticVolume, LoggedPlan};
 use anyhow::{ensure, Context};
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use surge_block::cache::CacheConfig;
 use surge_block::model::{Scale, Shape};
-use surge_block::{BlockDev, Clock, Counted, MemoryDev, SystemClock};
+use surge_block::{BlockDev, Clock, Counted, SystemClock};
 use surge_cloud::cost::{CostMeter, WallClock};
 use surge_cloud::{CreateRequest, Delays, LocalConfig, LocalProvider, ModifyRules, PriceTable, Provider, VolumeSpec};
 use surge_nbd::{Export, Listen, Server, ServerConfig};
@@ -105,23 +106,6 @@ fn provider(s: &Scaled, dir: &Path, clock: Arc<dyn Clock>) -> anyhow::Result<Arc
         ..LocalConfig::new(dir)
     };
     Ok(Arc::new(LocalProvider::open(cfg, clock)?))
-}
-
-/// The reference: the application run against a memory export, no model and
-/// no compute phases.
-pub fn reference(s: &Scaled, dir: &Path) -> anyhow::Result<Arc<MemoryDev>> {
-    let size = Scale { rate: s.rate, time: s.time }.size(s.sc.backing.size);
-    let mem = Arc::new(MemoryDev::new(size));
-    let sock = dir.join(format!("reference-{}.sock", s.sc.key));
-    let server = Server::start(ServerConfig::new(vec![Export::new("app", mem.clone() as Arc<dyn BlockDev>)]))?;
-    server.listen(&Listen::Unix(sock.clone()))?;
-    let mut quick = s.clone();
-    quick.sc.init_compute_s = 0.0;
-    quick.sc.compute_s = 0.0;
-    Fio::new(&sock, "app").run(&quick).context("the reference run")?;
-    server.shutdown()?;
-    let _ = std::fs::remove_file(&sock);
-    Ok(mem)
 }
 
 struct Stack {
@@ -218,22 +202,8 @@ fn build(s: &Scaled, a: Approach, prov: &Arc<LocalProvider>, clock: &Arc<dyn Clo
     })
 }
 
-/// Intervals in which the application moved bytes, gaps under `gap_s` merged.
-fn bursts_of(activity: &[(f64, u64)], gap_s: f64) -> Vec<(f64, f64)> {
-    let mut out: Vec<(f64, f64)> = Vec::new();
-    for w in activity.windows(2) {
-        if w[1].1 > w[0].1 {
-            match out.last_mut() {
-                Some(b) if w[0].0 - b.1 < gap_s => b.1 = w[1].0,
-                _ => out.push((w[0].0, w[1].0)),
-            }
-        }
-    }
-    out
-}
-
 /// Run approach `a` once in `dir` (removed afterwards).
-pub fn run(s: &Scaled, a: Approach, rep: usize, dir: &Path, reference: &MemoryDev) -> anyhow::Result<RunResult> {
+pub fn run(s: &Scaled, a: Approach, rep: usize, dir: &Path) -> anyhow::Result<RunResult> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
@@ -248,33 +218,29 @@ pub fn run(s: &Scaled, a: Approach, rep: usize, dir: &Path, reference: &MemoryDe
     let t0 = clock.now();
     meter.start_compute("app", s.sc.instance, s.sc.nodes)?;
     let stop = Arc::new(AtomicBool::new(false));
-    // Sampler: dollars over time, and the application's bytes (its bursts).
+    // Sampler: dollars over time.
     let sampler = {
-        let (stop, clock, prov, meter, io) = (stop.clone(), clock.clone(), prov.clone(), meter.clone(), stack.dev.clone());
+        let (stop, clock, prov, meter) = (stop.clone(), clock.clone(), prov.clone(), meter.clone());
         let f = s.time;
-        let (fine, coarse) = (Duration::from_secs_f64(s.secs(0.5)), 4);
+        let period = Duration::from_secs_f64(s.secs(2.0));
         std::thread::spawn(move || {
-            let (mut out, mut activity) = (Vec::new(), Vec::new());
+            let mut out = Vec::new();
             let mut next = clock.now();
-            let mut n = 0u64;
             while !stop.load(Relaxed) {
                 let t = (clock.now() - t0).as_secs_f64() / f;
-                let st = io.stats();
-                activity.push((t, st.read_bytes + st.write_bytes));
-                if n.is_multiple_of(coarse) {
-                    let storage = prov.cost().map(|r| r.storage_usd).unwrap_or(f64::NAN);
-                    out.push(Sample { t_s: t, storage_usd: storage, compute_usd: meter.report().compute_usd });
-                }
-                n += 1;
-                next += fine;
+                let storage = prov.cost().map(|r| r.storage_usd).unwrap_or(f64::NAN);
+                out.push(Sample { t_s: t, storage_usd: storage, compute_usd: meter.report().compute_usd });
+                next += period;
                 clock.sleep_until(next.max(clock.now()));
             }
-            (out, activity)
+            out
         })
     };
     // The application.
     let since = |t: Duration| (t - t0).as_secs_f64() / s.time;
-    let app = Fio::new(&sock, "app").run(s);
+    let t0_ns = crate::experiment::fairshare::client::monotonic_ns();
+    let application = Application::new(&unix_uri(&sock, "app"), s);
+    let app = application.run();
     let done = clock.now();
     meter.stop_compute("app");
     let at_completion = prov.cost()?;
@@ -296,11 +262,14 @@ pub fn run(s: &Scaled, a: Approach, rep: usize, dir: &Path, reference: &MemoryDe
         decisions = h.join().unwrap_or_default();
     }
     stop.store(true, Relaxed);
-    let (mut samples, activity) = sampler.join().unwrap_or_default();
-    let bursts = bursts_of(&activity, 5.0);
+    let mut samples = sampler.join().unwrap_or_default();
     let at_end = prov.cost()?;
     samples.push(Sample { t_s: since(clock.now()), storage_usd: at_end.storage_usd, compute_usd: meter.report().compute_usd });
-    app.with_context(|| format!("{} run {rep}", a.name()))?;
+    let app = app.with_context(|| format!("{} run {rep}", a.name()))?;
+    // The bursts as the application saw them, full-scale seconds from t0.
+    let job = app.parsed.jobs.first().context("surge load reported no job")?;
+    let off = (job.surge.started_monotonic_ns as f64 - t0_ns as f64) / 1e9;
+    let bursts = job.surge.bursts.iter().map(|b| ((off + b.start_s) / s.time, (off + b.end_s) / s.time)).collect();
     if let Some(e) = &stack.elastic {
         ensure!(e.cache_size() == 0 && !e.cache().is_attached(), "the cache was not released within 600 s (full scale) after the run: {:?}", e.policy_state());
     }
@@ -322,7 +291,7 @@ pub fn run(s: &Scaled, a: Approach, rep: usize, dir: &Path, reference: &MemoryDe
     if let Some(m) = prov.model(&stack.data_id) {
         m.set_shape(Shape::default());
     }
-    let verified = verify(s, stack.dev.as_ref(), reference).with_context(|| format!("{} run {rep}: data check", a.name()))?;
+    let verified = application.verify(&app, stack.dev.as_ref()).with_context(|| format!("{} run {rep}: data check", a.name()))?;
     let plans = stack.elastic.as_ref().map(|e| e.boost_plans()).unwrap_or_default();
     server.shutdown()?;
     drop(stack);
@@ -347,14 +316,6 @@ pub fn run(s: &Scaled, a: Approach, rep: usize, dir: &Path, reference: &MemoryDe
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bursts_are_the_intervals_with_io_short_gaps_merged() {
-        let a = [(0.0, 0), (1.0, 0), (2.0, 10), (3.0, 20), (4.0, 20), (5.0, 30), (20.0, 30), (21.0, 40)];
-        // 1-3 and 4-5 are one burst (a 1 s gap < 5 s); 20-21 another.
-        assert_eq!(bursts_of(&a, 5.0), vec![(1.0, 5.0), (20.0, 21.0)]);
-        assert!(bursts_of(&a[..2], 5.0).is_empty());
-    }
 
     #[test]
     fn the_policy_is_the_daemons_at_the_runs_scale() {
