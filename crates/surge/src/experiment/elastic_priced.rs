@@ -3,8 +3,10 @@
 //! - static-slow: the backing volume alone (gp3 at its baseline);
 //! - static-fast: the peak provisioned all the time;
 //! - modify-volume: one volume raised to the peak in place when a burst starts
-//!   and lowered when EBS allows (one modification per 6 hours, new
-//!   performance arriving over 5 minutes, see `surge_cloud::local`);
+//!   and lowered when EBS allows (four modifications per rolling 24 hours,
+//!   each after the previous completed; `modify-volume-6h`: the classic one
+//!   per 6 hours; new performance arriving over 5 minutes, see
+//!   `surge_cloud::local`);
 //! - adaptive: the elastic volume with `cache=auto`: the price-aware planner
 //!   chooses each cache volume (type, IOPS, throughput, size) or none.
 //!

@@ -10,7 +10,6 @@ use super::scenario::{App, Scaled};
 use crate::load::report::Parsed;
 use crate::load::{Expected, LoadConfig, OutputFormat, Rw};
 use anyhow::{ensure, Context};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use surge_block::BlockDev;
@@ -90,9 +89,4 @@ impl Application {
         ensure!(expected.bytes() > 0, "the application wrote nothing");
         expected.check(|off, buf| got.read_at(buf, off).with_context(|| format!("reading back at {off}")))
     }
-}
-
-/// The unix-socket URI of export `export` on `socket`.
-pub fn unix_uri(socket: &Path, export: &str) -> String {
-    format!("nbd+unix:///{export}?socket={}", socket.display())
 }

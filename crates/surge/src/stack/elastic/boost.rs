@@ -260,6 +260,7 @@ impl Booster {
         self.current = None;
     }
 
+    #[cfg(test)]
     pub(super) fn plans(&self) -> &[LoggedPlan] {
         &self.plans
     }
@@ -334,6 +335,7 @@ impl ElasticVolume {
     }
 
     /// Every plan so far (reports).
+    #[cfg(test)]
     pub fn boost_plans(&self) -> Vec<LoggedPlan> {
         self.booster.as_ref().map_or_else(Vec::new, |b| b.lock().plans().to_vec())
     }
@@ -466,6 +468,7 @@ mod tests {
             flusher_poll: Duration::from_millis(1),
             fences: Some(dir.join("v.fences.json")),
             faults: Default::default(),
+            scale: Default::default(),
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         (clock, prov, v)
