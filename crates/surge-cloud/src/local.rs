@@ -88,6 +88,9 @@ pub struct LocalConfig {
     pub scale: Scale,
     /// EBS's elastic-volume modification rules (default: none).
     pub modify_rules: ModifyRules,
+    /// The instance the volumes are attached to: all of them together are held
+    /// to its EBS bandwidth and IOPS (default: no instance limit).
+    pub instance: Option<crate::cost::InstanceEbs>,
 }
 
 impl LocalConfig {
@@ -100,6 +103,7 @@ impl LocalConfig {
             epoch_unix_ns: None,
             scale: Scale::FULL,
             modify_rules: ModifyRules::default(),
+            instance: None,
         }
     }
 
@@ -151,6 +155,8 @@ struct Live {
 /// The embedded emulated cloud.
 pub struct LocalProvider {
     cfg: LocalConfig,
+    /// The instance's EBS limits, shared by every volume this process attaches.
+    link: Option<surge_block::model::Link>,
     wall: WallClock,
     live: Mutex<HashMap<String, Live>>,
     /// Serialises this process's calls (flock serialises processes).
@@ -176,8 +182,10 @@ impl LocalProvider {
             Some(epoch_unix_ns) => WallClock { clock, epoch_unix_ns },
             None => WallClock::anchored(clock),
         };
+        let link = cfg.instance.map(|i| Arc::new(Mutex::new(Scheduler::new(cfg.scale.shape(i.shape()), wall.clock.now()))));
         let p = LocalProvider {
             cfg,
+            link,
             wall,
             live: Mutex::new(HashMap::new()),
             big: Mutex::new(()),
@@ -508,7 +516,7 @@ impl Provider for LocalProvider {
             Some(l) => (l.model.clone(), l.optimizing.clone()),
             None => {
                 let shape = rec.spec.shape().map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
-                let m = Arc::new(ModelDev::new(Arc::new(file), self.wall.clock.clone(), self.cfg.scale.shape(shape)));
+                let m = Arc::new(ModelDev::new(Arc::new(file), self.wall.clock.clone(), self.cfg.scale.shape(shape)).with_link(self.link.clone()));
                 let c = self.offline_credits(&rec);
                 m.set_credits(c.ops, c.bytes);
                 (m, Arc::new(Optimizing::default()))

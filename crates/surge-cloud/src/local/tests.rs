@@ -391,3 +391,22 @@ fn a_scaled_cloud_serves_scaled_rates_and_bills_full_scale_seconds() {
     assert_eq!(r.volumes[0].billed_seconds, 200);
     assert!((r.total_usd - 0.8 * 200.0 / 2_592_000.0).abs() < 1e-12);
 }
+
+#[test]
+fn volumes_of_one_instance_are_held_to_its_ebs_limits_together() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.epoch_unix_ns = Some(0);
+    cfg.delays = Delays::none();
+    // c5.large: 4,000 EBS IOPS sustained; two gp3 volumes of 3,000 each.
+    cfg.instance = Some(PriceTable::default().instance_ebs("c5.large").unwrap());
+    let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+    let devs: Vec<_> = (0..2).map(|_| p.attach(&p.create(req("gp3:8GiB", None)).unwrap().id).unwrap()).collect();
+    let t0 = clock.now();
+    for i in 0..4_000 {
+        devs[i % 2].read_at(&mut [0u8; 4096], 0).unwrap();
+    }
+    let took = clock.now() - t0;
+    assert!(took >= Duration::from_millis(995), "4,000 reads at the instance's 4,000 IOPS take a second, not 2/3 of one: {took:?}");
+}

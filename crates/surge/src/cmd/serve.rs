@@ -197,6 +197,11 @@ pub struct Args {
     /// after the previous one completed) [default: none].
     #[arg(long, value_name = "RULES", value_parser = LocalCloud::parse_rules)]
     pub local_modify_rules: Option<surge_cloud::ModifyRules>,
+    /// The instance type the local cloud's volumes are attached to (e.g.
+    /// r5.12xlarge): all of them together are held to its EBS bandwidth and
+    /// IOPS (the price table's `instance_ebs`) [default: no instance limit].
+    #[arg(long, value_name = "TYPE", value_parser = LocalCloud::parse_instance)]
+    pub local_instance: Option<surge_cloud::cost::InstanceEbs>,
 }
 
 /// Everything `serve` will do, resolved from flags, the config file and defaults.
@@ -284,7 +289,7 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
 
     let metrics = args.metrics.or(file.metrics);
     let provider = args.provider.or(file.provider).unwrap_or_default();
-    let local = LocalCloud { scale: args.local_scale.unwrap_or_default(), modify_rules: args.local_modify_rules.unwrap_or_default() };
+    let local = LocalCloud { scale: args.local_scale.unwrap_or_default(), modify_rules: args.local_modify_rules.unwrap_or_default(), instance: args.local_instance };
     Ok(Plan {
         metrics,
         provider,

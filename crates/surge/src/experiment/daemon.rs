@@ -156,7 +156,7 @@ impl Drop for Daemon {
 /// The daemon's local cloud, opened beside it (billing, and reading the
 /// volumes back once it has stopped).
 pub fn cloud(dir: &Path, scale: Scale) -> anyhow::Result<std::sync::Arc<surge_cloud::LocalProvider>> {
-    let local = crate::stack::volume::LocalCloud { scale, modify_rules: Default::default() };
+    let local = crate::stack::volume::LocalCloud { scale, ..Default::default() };
     let cfg = local.config(dir, surge_cloud::Delays::none());
     Ok(std::sync::Arc::new(surge_cloud::LocalProvider::open(cfg, std::sync::Arc::new(surge_block::SystemClock::new()))?))
 }

@@ -824,6 +824,7 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
     // The idle gap is measured between requests, whose service times do not
     // scale (request sizes and, at rate 1, bandwidths are full-scale): not scaled.
     boost.scale = local.scale;
+    boost.instance = local.instance;
     let provider = Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);
     let tick = pol.window / 10;
     let boost = auto.then_some(boost);

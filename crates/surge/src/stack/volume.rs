@@ -31,6 +31,10 @@ pub struct LocalCloud {
     pub scale: surge_block::model::Scale,
     /// EBS's volume-modification rules, full-scale.
     pub modify_rules: surge_cloud::ModifyRules,
+    /// The instance's EBS limits (`--local-instance TYPE`): every volume of the
+    /// daemon's local cloud together is held to them, and `cache=auto` never
+    /// buys more than they let through.
+    pub instance: Option<surge_cloud::cost::InstanceEbs>,
 }
 
 impl LocalCloud {
@@ -41,6 +45,7 @@ impl LocalCloud {
             delays: Delays { create: delays.create.mul_f64(t), attach: delays.attach.mul_f64(t), detach: delays.detach.mul_f64(t), delete: delays.delete.mul_f64(t) },
             scale: self.scale,
             modify_rules: self.modify_rules.scaled(t),
+            instance: self.instance,
             ..LocalConfig::new(cloud_dir(data_dir))
         }
     }
@@ -74,6 +79,11 @@ impl LocalCloud {
             }
         }
         Ok(sc)
+    }
+
+    /// The EBS limits of instance type `name` from the price table.
+    pub fn parse_instance(name: &str) -> Result<surge_cloud::cost::InstanceEbs, String> {
+        surge_cloud::PriceTable::default().instance_ebs(name.trim()).map_err(|e| e.to_string())
     }
 
     /// `none`, `ebs-6h` (one modification per 6 hours) or `ebs-24h` (four per

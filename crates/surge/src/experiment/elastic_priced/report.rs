@@ -221,6 +221,9 @@ fn scenario_md(m: &mut String, s: &ScenarioResult, p: &Plan) {
         sc.instance,
         sc.instance_why
     );
+    if let Ok(e) = prices.instance_ebs(sc.instance) {
+        let _ = writeln!(m, "The {}'s EBS limits hold every approach's volumes together (`--local-instance`): {} MB/s and {} IOPS sustained (price table `instance_ebs`, AWS's EBS-optimized figures); `cache=auto` never buys more than they let through.\n", sc.instance, e.baseline_mbps, e.baseline_iops);
+    }
     let _ = writeln!(m, "| approach | completion (s) | vs static-fast | instance billed (s) | storage $ | storage vs static-fast | compute $ | total $ | total vs static-fast |");
     let _ = writeln!(m, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let spread = |x: &Stat, f: &dyn Fn(f64) -> String| if p.reps > 1 { format!("{} [{}-{}]", f(x.median), f(x.min), f(x.max)) } else { f(x.median) };

@@ -128,7 +128,7 @@ pub struct RunResult {
 
 /// The run's local cloud.
 pub fn local(s: &Scaled) -> LocalCloud {
-    LocalCloud { scale: Scale { rate: s.rate, time: s.time }, modify_rules: Default::default() }
+    LocalCloud { scale: Scale { rate: s.rate, time: s.time }, ..Default::default() }
 }
 
 /// The policy the daemon runs for this scenario's elastic export, and the
@@ -165,8 +165,10 @@ pub fn export(s: &Scaled, a: Approach) -> anyhow::Result<String> {
 pub fn daemon_spec(s: &Scaled, a: Approach) -> anyhow::Result<DaemonSpec> {
     let mut d = DaemonSpec::new(vec![export(s, a)?], local(s).scale);
     // The local cloud enforces EBS's modification rules (a cloud property, not
-    // a daemon setting): the modify-volume runs and adaptive's drain-spec change.
+    // a daemon setting): the modify-volume runs and adaptive's drain-spec change;
+    // and the instance's EBS limits, for every approach.
     d.modify_rules = Some(a.rule().flag());
+    d.extra = vec!["--local-instance".into(), s.sc.instance.into()];
     Ok(d)
 }
 
@@ -359,7 +361,7 @@ mod tests {
         assert_eq!(export(&s, Approach::Fast).unwrap(), "app=io2:100GiB,iops=32000");
         assert_eq!(export(&s, Approach::Adaptive).unwrap(), "app=elastic:backing=gp3:100GiB,cache=auto,value_per_hour=3.024,block=4KiB,max_iops=32000");
         let d = daemon_spec(&s, Approach::Adaptive).unwrap();
-        assert_eq!(d.args()[2..], ["--local-scale", "time=0.05,rate=0.0625", "--local-modify-rules", "ebs-24h"]);
+        assert_eq!(d.args()[2..], ["--local-scale", "time=0.05,rate=0.0625", "--local-modify-rules", "ebs-24h", "--local-instance", "r5.12xlarge"]);
         assert_eq!(daemon_spec(&s, Approach::ModifyClassic).unwrap().args()[5], "ebs-6h");
     }
 }

@@ -23,7 +23,8 @@ pub enum App {
 pub struct Scenario {
     pub key: &'static str,
     pub title: &'static str,
-    /// The instance that waits on the storage, and why this one.
+    /// The instance that waits on the storage (its EBS limits hold every
+    /// approach's volumes), and why this one.
     pub instance: &'static str,
     pub nodes: u32,
     pub instance_why: &'static str,
