@@ -312,7 +312,7 @@ fn modify_changes_the_type_in_place_ramps_and_keeps_the_cooldown() {
     let mut cfg = LocalConfig::new(d.path());
     cfg.epoch_unix_ns = Some(0);
     cfg.delays = Delays::none();
-    cfg.modify_rules = ModifyRules { cooldown: Duration::from_secs(6 * 3_600), optimizing: Duration::from_secs(100) };
+    cfg.modify_rules = ModifyRules { cooldown: Duration::from_secs(6 * 3_600), optimizing: Duration::from_secs(100), ..ModifyRules::default() };
     let p = LocalProvider::open(cfg, clock.clone()).unwrap();
     let v = p.create(req("gp3:32GiB", None)).unwrap();
     let dev = p.attach(&v.id).unwrap();
@@ -339,6 +339,31 @@ fn modify_changes_the_type_in_place_ramps_and_keeps_the_cooldown() {
     let secs: Vec<u64> = r.volumes.iter().map(|v| v.billed_seconds).collect();
     assert_eq!(secs, vec![60, 6 * 3_600, 0]);
     assert_eq!(r.volumes[1].spec, "io2:32GiB,iops=32000");
+}
+
+#[test]
+fn the_rolling_rule_takes_four_modifications_a_day_each_after_the_last_completed() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.epoch_unix_ns = Some(0);
+    cfg.delays = Delays::none();
+    cfg.modify_rules = ModifyRules::ebs_rolling();
+    let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+    let v = p.create(req("gp3:32GiB", None)).unwrap();
+    let specs = ["gp3:32GiB,iops=6000", "gp3:32GiB", "gp3:32GiB,iops=6000", "gp3:32GiB"];
+    for (i, s) in specs.iter().enumerate() {
+        p.modify(&v.id, s.parse().unwrap()).unwrap_or_else(|e| panic!("modification {}: {e}", i + 1));
+        // Before the 5 minutes of optimizing are over, the next is refused.
+        let e = p.modify(&v.id, "gp3:32GiB,iops=7000".parse().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("optimizing"), "{e}");
+        clock.advance(Duration::from_secs(300));
+    }
+    let e = p.modify(&v.id, "gp3:32GiB,iops=7000".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("at most 4 per rolling"), "{e}");
+    // A day after the first, one more.
+    clock.advance(Duration::from_secs(24 * 3_600 - 4 * 300));
+    p.modify(&v.id, "gp3:32GiB,iops=7000".parse().unwrap()).unwrap();
 }
 
 #[test]
@@ -386,4 +411,23 @@ fn volume_and_state_files_are_created_private() {
         let f = d.path().join(name);
         assert_eq!(mode(&f), 0o600, "{}", f.display());
     }
+}
+
+#[test]
+fn volumes_of_one_instance_are_held_to_its_ebs_limits_together() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.epoch_unix_ns = Some(0);
+    cfg.delays = Delays::none();
+    // c5.large: 4,000 EBS IOPS sustained; two gp3 volumes of 3,000 each.
+    cfg.instance = Some(PriceTable::default().instance_ebs("c5.large").unwrap());
+    let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+    let devs: Vec<_> = (0..2).map(|_| p.attach(&p.create(req("gp3:8GiB", None)).unwrap().id).unwrap()).collect();
+    let t0 = clock.now();
+    for i in 0..4_000 {
+        devs[i % 2].read_at(&mut [0u8; 4096], 0).unwrap();
+    }
+    let took = clock.now() - t0;
+    assert!(took >= Duration::from_millis(995), "4,000 reads at the instance's 4,000 IOPS take a second, not 2/3 of one: {took:?}");
 }

@@ -5,6 +5,7 @@ use crate::config::{self, ExportAllow, FileConfig, ListenAddr, TlsSetting, NBD_P
 use crate::control::{self, Controllable, ControlServer, Registry};
 use crate::coop::{Coop, CoopConfig};
 use crate::stack::share::{self, CoopTiming};
+use crate::stack::volume::LocalCloud;
 use crate::stack::{self, BuildContext, ExportSpec};
 use anyhow::Context as _;
 use parking_lot::RwLock;
@@ -204,6 +205,23 @@ pub struct Args {
     /// data dir) or aws (EBS; settings under [aws] in the config, README) [default: local].
     #[arg(long, value_enum, value_name = "PROVIDER")]
     pub provider: Option<crate::cloud::ProviderKind>,
+    /// Run the local cloud at reduced scale, for experiments: `time=F,rate=R`.
+    /// Volumes serve their type's rates x R and hold R x F of their size; the
+    /// daemon's durations (attach delay, windows, ID, EBS's modification
+    /// rules) run x F, its cache sizes x R x F, and billing counts each second
+    /// as 1/F; timing between requests (idle gap, polls) is not scaled. Specs and prices stay full-scale [default: full scale].
+    #[arg(long, value_name = "time=F,rate=R", value_parser = LocalCloud::parse_scale)]
+    pub local_scale: Option<surge_block::model::Scale>,
+    /// EBS's volume-modification rules in the local cloud: none, ebs-6h (one
+    /// modification per 6 hours) or ebs-24h (four per rolling 24 hours, each
+    /// after the previous one completed) [default: none].
+    #[arg(long, value_name = "RULES", value_parser = LocalCloud::parse_rules)]
+    pub local_modify_rules: Option<surge_cloud::ModifyRules>,
+    /// The instance type the local cloud's volumes are attached to (e.g.
+    /// r5.12xlarge): all of them together are held to its EBS bandwidth and
+    /// IOPS (the price table's `instance_ebs`) [default: no instance limit].
+    #[arg(long, value_name = "TYPE", value_parser = LocalCloud::parse_instance)]
+    pub local_instance: Option<surge_cloud::cost::InstanceEbs>,
 }
 
 /// Everything `serve` will do, resolved from flags, the config file and defaults.
@@ -232,6 +250,8 @@ pub struct Plan {
     pub max_connections: Option<usize>,
     pub max_connections_per_address: Option<usize>,
     pub provider: crate::cloud::ProviderKind,
+    /// How the local cloud behaves (scale, modification rules).
+    pub local: LocalCloud,
     /// The config file and what it said at start (SIGHUP compares against it).
     pub config: Option<(PathBuf, FileConfig)>,
 }
@@ -308,12 +328,14 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
         config::check_metrics_exposure(m, metrics_allow.as_ref(), insecure)?;
     }
     let provider = args.provider.or(file.provider).unwrap_or_default();
+    let local = LocalCloud { scale: args.local_scale.unwrap_or_default(), modify_rules: args.local_modify_rules.unwrap_or_default(), instance: args.local_instance };
     Ok(Plan {
         metrics,
         metrics_allow,
         max_connections: args.max_connections.or(file.max_connections),
         max_connections_per_address: args.max_connections_per_address.or(file.max_connections_per_address),
         provider,
+        local,
         config: args.config.map(|p| (p, file.clone())),
         data_dir,
         control,
@@ -457,6 +479,7 @@ struct Prepared {
 
 fn build_context(plan: &Plan) -> anyhow::Result<BuildContext> {
     let mut ctx = BuildContext::new(plan.data_dir.clone(), Arc::new(SystemClock::new()));
+    ctx.local = plan.local;
     if plan.provider != crate::cloud::ProviderKind::Local {
         let aws = plan.config.as_ref().and_then(|(_, f)| f.aws.as_ref());
         ctx.cloud = Some(crate::cloud::open(plan.provider, aws, &plan.data_dir)?);
