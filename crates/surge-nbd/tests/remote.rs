@@ -5,47 +5,17 @@
 //! processes are in crates/surge/tests/remote.rs.
 
 use parking_lot::Mutex;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use surge_block::{conformance, BlockDev, BlockError, Caps, ExtentKind, MemoryDev};
-use surge_nbd::{Export, Listen, NbdUri, RemoteDev, RemoteOptions, Server, ServerConfig};
+use surge_nbd::{NbdUri, RemoteDev, RemoteOptions};
 
-fn uri_for(sock: &Path, export: &str) -> NbdUri {
-    format!("nbd+unix:///{export}?socket={}", sock.display()).parse().unwrap()
-}
-
-fn opts() -> RemoteOptions {
-    RemoteOptions { reconnect_timeout: Duration::from_secs(10), request_timeout: Duration::from_secs(10), ..RemoteOptions::default() }
-}
-
-/// An in-process surge server on a unix socket.
-struct InProcess {
-    server: Option<Server>,
-    sock: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl InProcess {
-    fn start(dev: Arc<dyn BlockDev>) -> InProcess {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("nbd.sock");
-        let server = Server::start(ServerConfig::new(vec![Export::new("disk", dev)])).unwrap();
-        server.listen(&Listen::Unix(sock.clone())).unwrap();
-        InProcess { server: Some(server), sock, _dir: dir }
-    }
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        if let Some(s) = self.server.take() {
-            let _ = s.shutdown();
-        }
-    }
-}
+mod support;
+use support::{opts, uri_for, InProcess, Proxy, VolatileDisk};
 
 /// A device that keeps its server alive as long as it lives, seen through a
 /// window of `size` bytes (qemu rounds image sizes up to 512 bytes).
@@ -167,108 +137,6 @@ fn block_status_reports_the_servers_holes() {
 /// A unix-socket proxy in front of a server: `cut` closes every connection
 /// at once (as a dead server or network would), `down`/`up` stop and resume
 /// accepting.
-struct Proxy {
-    path: PathBuf,
-    target: PathBuf,
-    conns: Arc<Mutex<Vec<UnixStream>>>,
-    up: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    fn start(path: PathBuf, target: PathBuf) -> Proxy {
-        let p = Proxy { path, target, conns: Arc::default(), up: Arc::new(AtomicBool::new(false)) };
-        p.resume();
-        p
-    }
-
-    fn resume(&self) {
-        let _ = std::fs::remove_file(&self.path);
-        let listener = UnixListener::bind(&self.path).unwrap();
-        self.up.store(true, Ordering::SeqCst);
-        let (target, conns, up) = (self.target.clone(), self.conns.clone(), self.up.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                if !up.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(client) = client else { return };
-                let Ok(server) = UnixStream::connect(&target) else { continue };
-                let mut c = conns.lock();
-                c.push(client.try_clone().unwrap());
-                c.push(server.try_clone().unwrap());
-                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
-                }
-            }
-        });
-    }
-
-    fn cut(&self) {
-        for s in self.conns.lock().drain(..) {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-    }
-
-    fn down(&self) {
-        self.up.store(false, Ordering::SeqCst);
-        let _ = UnixStream::connect(&self.path); // wake the acceptor so it exits
-        let _ = std::fs::remove_file(&self.path);
-        self.cut();
-    }
-}
-
-/// A disk with a volatile write cache that a "restart" empties: writes sit in
-/// memory until FLUSH (or FUA); `lose()` drops what was not flushed.
-struct VolatileDisk {
-    disk: MemoryDev,
-    pending: Mutex<Vec<(u64, Vec<u8>)>>,
-}
-
-impl BlockDev for VolatileDisk {
-    fn size(&self) -> u64 {
-        self.disk.size()
-    }
-    fn caps(&self) -> Caps {
-        Caps { volatile_cache: true, ..Caps::default() }
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
-        let pending = self.pending.lock();
-        self.disk.read_at(buf, offset)?;
-        for (off, data) in pending.iter() {
-            let (lo, hi) = ((*off).max(offset), (off + data.len() as u64).min(offset + buf.len() as u64));
-            if lo < hi {
-                buf[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(&data[(lo - off) as usize..(hi - off) as usize]);
-            }
-        }
-        Ok(())
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
-        surge_block::check_range(self.size(), offset, buf.len() as u64)?;
-        if fua {
-            let _p = self.pending.lock();
-            return self.disk.write_at(buf, offset, false);
-        }
-        self.pending.lock().push((offset, buf.to_vec()));
-        Ok(())
-    }
-    fn flush(&self) -> surge_block::Result<()> {
-        let mut p = self.pending.lock();
-        for (off, data) in p.drain(..) {
-            self.disk.write_at(&data, off, false)?;
-        }
-        Ok(())
-    }
-}
-
-impl VolatileDisk {
-    fn lose(&self) -> usize {
-        std::mem::take(&mut *self.pending.lock()).len()
-    }
-}
-
 /// Writer threads each own a region and write numbered versions of its blocks,
 /// flushing now and then; returns, per block, the last acknowledged version.
 fn versioned_writes(dev: Arc<RemoteDev>, threads: u64, blocks: u64, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Vec<u64>>> {
@@ -311,7 +179,7 @@ fn check_versions(read: &dyn BlockDev, t: u64, blocks: u64, last: &[u64]) {
 #[test]
 fn cut_connections_and_a_restart_that_loses_unflushed_writes_lose_no_request() {
     let (threads, blocks) = (4u64, 64u64);
-    let disk = Arc::new(VolatileDisk { disk: MemoryDev::new(threads * blocks * 4096), pending: Mutex::new(Vec::new()) });
+    let disk = Arc::new(VolatileDisk::memory(threads * blocks * 4096));
     let srv = InProcess::start(disk.clone());
     let dir = tempfile::tempdir().unwrap();
     let proxy = Proxy::start(dir.path().join("proxy.sock"), srv.sock.clone());
@@ -342,7 +210,7 @@ fn cut_connections_and_a_restart_that_loses_unflushed_writes_lose_no_request() {
     }
     dev.flush().unwrap();
     for (t, last) in lasts.iter().enumerate() {
-        check_versions(&disk.disk, t as u64, blocks, last);
+        check_versions(disk.disk.as_ref(), t as u64, blocks, last);
     }
 }
 
@@ -395,7 +263,7 @@ impl BlockDev for SlowSync {
 impl SlowSync {
     fn new(size: u64, open: bool, failing: u64) -> Arc<SlowSync> {
         Arc::new(SlowSync {
-            disk: VolatileDisk { disk: MemoryDev::new(size), pending: Mutex::new(Vec::new()) },
+            disk: VolatileDisk::memory(size),
             open: Mutex::new(open),
             opened: parking_lot::Condvar::new(),
             syncs_started: AtomicU64::new(0),
@@ -713,7 +581,7 @@ impl BlockDev for JitterDisk {
 #[test]
 fn a_replay_lands_overlapping_writes_in_acknowledgement_order() {
     for round in 0..3 {
-        let disk = Arc::new(VolatileDisk { disk: MemoryDev::new(1 << 20), pending: Mutex::new(Vec::new()) });
+        let disk = Arc::new(VolatileDisk::memory(1 << 20));
         let srv = InProcess::start(Arc::new(JitterDisk { inner: disk.clone(), seq: AtomicU64::new(round) }));
         let dir = tempfile::tempdir().unwrap();
         let proxy = Proxy::start(dir.path().join("proxy.sock"), srv.sock.clone());
@@ -785,4 +653,26 @@ fn a_fua_write_to_a_server_without_fua_is_followed_by_a_flush() {
     let text = std::fs::read_to_string(&log).unwrap();
     let write = text.find("Write ").expect("the write was logged");
     assert!(text[write..].contains("Flush "), "a FUA write was acknowledged without a FLUSH: {text}");
+}
+
+/// A FUA write is durable when acknowledged, but an older unflushed write to
+/// the same range is still in the replay log: a server restart must not let
+/// the replay land the older write over it.
+#[test]
+fn a_replay_never_lands_an_older_write_over_a_newer_fua_write() {
+    let disk = Arc::new(VolatileDisk::memory(1 << 20));
+    let srv = InProcess::start(disk.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(dir.path().join("proxy.sock"), srv.sock.clone());
+    let dev = RemoteDev::open(&uri_for(&proxy.path, "disk"), RemoteOptions { connections: 1, ..opts() }).unwrap();
+    dev.write_at(&[1; 8192], 0, false).unwrap();
+    dev.write_at(&[2; 4096], 4096, true).unwrap();
+    proxy.down();
+    disk.lose();
+    proxy.resume();
+    dev.flush().unwrap();
+    let mut got = vec![0u8; 8192];
+    disk.disk.read_at(&mut got, 0).unwrap();
+    assert!(got[..4096].iter().all(|&b| b == 1), "the older write's own block was replayed");
+    assert!(got[4096..].iter().all(|&b| b == 2), "the replay put the older write over the acknowledged FUA write");
 }

@@ -21,12 +21,12 @@
 //!   replay log: writes it acknowledged but that no FLUSH covered yet are kept
 //!   (past `replay_limit` bytes we send a FLUSH without waiting for it, so
 //!   the writer is not held up by the server's sync; past twice the limit
-//!   writers wait for one) and sent again, in
-//!   acknowledgement order, on the new connection before any other request
-//!   (pipelined, but a write that overlaps one still in flight waits for it:
-//!   a server may run one connection's requests in parallel). A FLUSH the
+//!   writers wait for one) and sent again on the new connection before any other request (pipelined: the log keeps
+//!   only the newest change of each byte, so its entries are disjoint and a
+//!   server may run them in any order). A FLUSH the
 //!   server fails may have lost what it covered (a writeback error), so the
-//!   log is sent again before the next FLUSH.
+//!   log is sent again before the next FLUSH. FUA writes are logged too,
+//!   though durable: they cut what they overwrite out of older entries.
 //!   Not covered: two concurrent overlapping writes acknowledged in one order
 //!   and applied by the server in the other; after a restart, the replay
 //!   applies them in acknowledgement order.
@@ -338,28 +338,21 @@ impl RemoteDev {
         self.replay_locked(c)
     }
 
-    /// The replay itself (the caller holds the epoch exclusively): pipelined,
-    /// except that a change overlapping one still in flight waits for it,
-    /// so overlapping writes land in acknowledgement order even on a server
-    /// that runs one connection's requests in parallel.
+    /// The replay itself (the caller holds the epoch exclusively), pipelined:
+    /// the log's entries are disjoint, so the order the server applies them
+    /// in does not matter.
     fn replay_locked(&self, c: &Conn) -> Result<(), String> {
         let log = self.replay.lock();
-        let mut in_flight: Vec<(u64, u64, crossbeam_channel::Receiver<Result<Reply, Failure>>)> = Vec::new();
+        let mut in_flight = Vec::with_capacity(log.len());
         for e in log.entries() {
             let (cmd, flags, len, payload): (u16, u16, u32, &[u8]) = match &e.effect {
                 Effect::Write(d) => (CMD_WRITE, 0, d.len() as u32, d),
                 Effect::Zeroes { len, flags } => (CMD_WRITE_ZEROES, *flags, *len, &[]),
                 Effect::Trim { len } => (CMD_TRIM, 0, *len, &[]),
             };
-            let end = e.offset + len as u64;
-            if in_flight.iter().any(|&(lo, hi, _)| lo < end && e.offset < hi) {
-                for (_, _, rx) in in_flight.drain(..) {
-                    self.replayed_reply(c, &rx)?;
-                }
-            }
-            in_flight.push((e.offset, end, c.send(cmd, flags, e.offset, len, payload).map_err(|f| failure_text(&f))?));
+            in_flight.push(c.send(cmd, flags, e.offset, len, payload).map_err(|f| failure_text(&f))?);
         }
-        for (_, _, rx) in in_flight {
+        for rx in in_flight {
             self.replayed_reply(c, &rx)?;
         }
         self.counters.replayed.fetch_add(log.len() as u64, Relaxed);
@@ -460,11 +453,13 @@ impl RemoteDev {
         if !self.volatile() {
             return;
         }
-        let fua = req.flags & CMD_FLAG_FUA != 0;
+        // FUA changes are durable, yet logged: an older unflushed change to
+        // the same range is in the log, and a replay must land this one
+        // after it, not leave the older one on top.
         let effect = match req.cmd {
-            CMD_WRITE if !fua => Effect::Write(req.payload.to_vec()),
-            CMD_WRITE_ZEROES if !fua => Effect::Zeroes { len: req.len, flags: req.flags },
-            CMD_TRIM if !fua => Effect::Trim { len: req.len },
+            CMD_WRITE => Effect::Write(req.payload.to_vec()),
+            CMD_WRITE_ZEROES => Effect::Zeroes { len: req.len, flags: req.flags & !CMD_FLAG_FUA },
+            CMD_TRIM => Effect::Trim { len: req.len },
             CMD_FLUSH => {
                 self.replay.lock().flushed(mark.unwrap_or(0));
                 return;
