@@ -542,10 +542,6 @@ impl ElasticVolume {
     pub fn cache_sizes(&self) -> Vec<u64> {
         self.sizes.lock().to_vec()
     }
-    #[cfg(test)]
-    pub fn policy_state(&self) -> State {
-        self.policy.lock().state()
-    }
     /// Volumes waiting to be deleted (a delete failed, retried each tick).
     pub fn doomed_volumes(&self) -> Vec<String> {
         self.doomed.lock().clone()
