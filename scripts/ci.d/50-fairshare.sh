@@ -43,6 +43,10 @@ python3 - "$1/results.json" <<'PY'
 import json, os, sys
 r = json.load(open(sys.argv[1]))
 bad = []
+# Issue 40: what ran the workload, and every setting that differs from the defaults.
+for k in ("application", "deviations"):
+    if k not in r.get("setup", {}):
+        bad.append(f"results.json has no setup.{k}")
 for x in r["ratios"]:
     if x["request_bytes"] == 1 << 20 and 2 <= x["target"] <= 16:
         ok = x["achieved"] >= 0.95 * x["target"]

@@ -62,6 +62,8 @@ def check(name, ok, text):
     if not ok:
         bad.append(f"{name}: {text}")
 p, c = r["persistent"], r["cache"]
+for k in ("application", "deviations"):
+    check(f"setup.{k}", k in r.get("setup", {}), "in results.json")
 ratio = p["striped_iops"] / p["single_iops"]
 check("persistent IOPS", ratio >= 9.5, f'striped {p["striped_iops"]:.0f} / single {p["single_iops"]:.0f} = {ratio:.1f}x (need >= 9.5x)')
 check("persistent cost", p["cost_ratio"] <= 1.10, f'cost ratio {p["cost_ratio"]:.3f} (need <= 1.10)')

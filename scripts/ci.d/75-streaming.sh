@@ -29,6 +29,9 @@ c = r["configs"]
 names = ["local-raw", "surge-cow", "surge-cow-cor", "surge-persistent", "qemu-qcow2", "nbdkit-cow"]
 keys = ["provision_s", "randread_iops", "randwrite_iops", "seqread_mbps", "seqwrite_mbps", "oltp_tps", "sort_s"]
 bad, missed = [], []
+for k in ("application", "deviations"):
+    if k not in r.get("setup", {}):
+        bad.append(f"results.json has no setup.{k}")
 def check(name, ok, text, target=True):
     print(f"  {name}: {text} {'ok' if ok else ('NOT MET' if target else 'FAIL')}")
     if not ok:

@@ -41,6 +41,9 @@ out, took, strict = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 r = json.load(open(os.path.join(out, "results.json")))
 t, md, mt = r["throughput"], r["metadata"], r["montage"]
 bad, slow, missed = [], [], []
+for k in ("application", "deviations"):
+    if k not in r.get("setup", {}):
+        bad.append(f"results.json has no setup.{k}")
 def check(name, ok, text, gate=True, perf=False, target=False):
     gate = gate and (strict or not target)
     perf = perf or target

@@ -25,13 +25,15 @@ bb_start_moto() {
 }
 
 # Starts `surge bb redis` (binary $1, data in directory $2) on a free port,
-# exports SURGE_BB_REDIS, and waits until `surge bb status` reaches it.
+# exports SURGE_BB_REDIS and the ACL login (user surge, the password file it
+# makes), and waits until `surge bb status` reaches it.
 bb_start_redis() {
   local p
   p=$(free_port)
   "$1" --log warn bb redis --dir "$2" --port "$p" >/dev/null &
   PIDS+=($!)
   export SURGE_BB_REDIS="redis://127.0.0.1:$p/"
+  export SURGE_BB_REDIS_USER=surge SURGE_BB_REDIS_PASSWORD_FILE="$2/password"
   for _ in $(seq 100); do "$1" --log error bb status >/dev/null 2>&1 && break; sleep 0.1; done
 }
 

@@ -17,6 +17,11 @@ pub enum DiscoverError {
          (looked for {looked}); is udev running, and is this the instance it was attached to?"
     )]
     Timeout { volume: String, device: String, waited: Duration, looked: String },
+    #[error(
+        "volume {volume} is attached as {device}, and {path} is there but is not that volume ({why}); \
+         not opening it: another disk may sit at that name"
+    )]
+    NotThatVolume { volume: String, device: String, path: PathBuf, why: String },
 }
 
 /// The by-id link name of an EBS volume on NVMe.
@@ -52,22 +57,78 @@ fn resolve(root: &Path, link: &Path) -> Option<PathBuf> {
     path.exists().then_some(path)
 }
 
-/// Look once.
-pub fn find(root: &Path, volume_id: &str, device: &str) -> Option<PathBuf> {
-    candidates(root, volume_id, device).iter().find_map(|c| resolve(root, c))
+/// What the volume looks like to [`find`]: its id and size.
+#[derive(Debug, Clone, Copy)]
+pub struct Expect<'a> {
+    pub volume_id: &'a str,
+    pub size_bytes: u64,
+}
+
+/// Whether the block device at `path` (not the by-id link, which names the
+/// volume itself) is the volume: an NVMe namespace's serial in sysfs is the
+/// volume id without its dash; a device without one (Xen's xvd) must at
+/// least have the volume's size. A device sysfs says nothing of is refused:
+/// opening the wrong disk read-write would destroy it.
+pub fn check_identity(root: &Path, path: &Path, want: Expect<'_>) -> Result<(), String> {
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let name = real.file_name().map(|n| n.to_string_lossy().into_owned()).ok_or("no device name")?;
+    let sys = root.join("sys/class/block").join(&name);
+    let read = |f: &str| std::fs::read_to_string(sys.join(f)).ok().map(|s| s.trim().to_string());
+    if let Some(serial) = read("device/serial") {
+        let id = want.volume_id.replace('-', "");
+        return if serial == id { Ok(()) } else { Err(format!("its serial is {serial:?}, not {id:?}")) };
+    }
+    let Some(sectors) = read("size") else {
+        return Err(format!("{} says nothing of it (no serial, no size)", sys.display()));
+    };
+    let bytes = sectors.parse::<u64>().map_err(|_| format!("{}/size is {sectors:?}", sys.display()))?.saturating_mul(512);
+    if bytes == want.size_bytes {
+        Ok(())
+    } else {
+        Err(format!("it has {bytes} bytes, the volume {}", want.size_bytes))
+    }
+}
+
+/// Look once: the by-id link, or another candidate whose identity checks
+/// ([`check_identity`]). `Err` lists candidates that exist but are another disk.
+pub fn find(root: &Path, want: Expect<'_>, device: &str) -> Result<Option<PathBuf>, Vec<(PathBuf, String)>> {
+    let mut wrong = Vec::new();
+    for (i, c) in candidates(root, want.volume_id, device).iter().enumerate() {
+        let Some(p) = resolve(root, c) else { continue };
+        // The by-id link is named after the volume id: that is the check.
+        if i == 0 {
+            return Ok(Some(p));
+        }
+        match check_identity(root, &p, want) {
+            Ok(()) => return Ok(Some(p)),
+            Err(why) => wrong.push((p, why)),
+        }
+    }
+    if wrong.is_empty() {
+        Ok(None)
+    } else {
+        Err(wrong)
+    }
 }
 
 /// Look until the device shows up or `timeout` passes (udev needs a moment
-/// after EBS reports the attachment).
-pub fn wait_for(root: &Path, volume_id: &str, device: &str, timeout: Duration, poll: Duration) -> Result<PathBuf, DiscoverError> {
+/// after EBS reports the attachment). A candidate that is there but is
+/// another disk is never returned; if that is all there is at the end, the
+/// error says so.
+pub fn wait_for(root: &Path, want: Expect<'_>, device: &str, timeout: Duration, poll: Duration) -> Result<PathBuf, DiscoverError> {
     let start = Instant::now();
     loop {
-        if let Some(p) = find(root, volume_id, device) {
-            return Ok(p);
-        }
+        let wrong = match find(root, want, device) {
+            Ok(Some(p)) => return Ok(p),
+            Ok(None) => Vec::new(),
+            Err(w) => w,
+        };
         if start.elapsed() >= timeout {
-            let looked = candidates(root, volume_id, device).iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
-            return Err(DiscoverError::Timeout { volume: volume_id.into(), device: device.into(), waited: timeout, looked });
+            if let Some((path, why)) = wrong.into_iter().next() {
+                return Err(DiscoverError::NotThatVolume { volume: want.volume_id.into(), device: device.into(), path, why });
+            }
+            let looked = candidates(root, want.volume_id, device).iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+            return Err(DiscoverError::Timeout { volume: want.volume_id.into(), device: device.into(), waited: timeout, looked });
         }
         std::thread::sleep(poll);
     }
@@ -96,14 +157,29 @@ mod tests {
         d
     }
 
+    fn want(volume_id: &str) -> Expect<'_> {
+        Expect { volume_id, size_bytes: 1 << 30 }
+    }
+
+    /// sysfs of a block device named `name` under the tree: its size in 512-byte
+    /// sectors, and an NVMe serial if given.
+    fn sysfs(root: &Path, name: &str, bytes: u64, serial: Option<&str>) {
+        let d = root.join("sys/class/block").join(name);
+        std::fs::create_dir_all(d.join("device")).unwrap();
+        std::fs::write(d.join("size"), format!("{}\n", bytes / 512)).unwrap();
+        if let Some(s) = serial {
+            std::fs::write(d.join("device/serial"), format!("{s}   \n")).unwrap();
+        }
+    }
+
     #[test]
     fn nvme_by_id_links_name_the_volume_and_lead_to_the_namespace() {
         let d = tree();
         std::fs::write(d.path().join("dev/nvme2n1"), b"").unwrap();
         symlink("../../nvme2n1", d.path().join("dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0abc")).unwrap();
-        assert_eq!(find(d.path(), "vol-0abc", "/dev/sdf"), Some(d.path().join("dev/disk/by-id/../../nvme2n1")));
+        assert_eq!(find(d.path(), want("vol-0abc"), "/dev/sdf"), Ok(Some(d.path().join("dev/disk/by-id/../../nvme2n1"))));
         // Another volume's link does not match.
-        assert_eq!(find(d.path(), "vol-0abd", "/dev/sdg"), None);
+        assert_eq!(find(d.path(), want("vol-0abd"), "/dev/sdg"), Ok(None));
     }
 
     #[test]
@@ -111,36 +187,63 @@ mod tests {
         let d = tree();
         std::fs::write(d.path().join("dev/nvme1n1"), b"").unwrap();
         symlink("/dev/nvme1n1", d.path().join("dev/disk/by-id").join(nvme_link_name("vol-1"))).unwrap();
-        assert_eq!(find(d.path(), "vol-1", "/dev/sdf"), Some(d.path().join("dev/nvme1n1")));
+        assert_eq!(find(d.path(), want("vol-1"), "/dev/sdf"), Ok(Some(d.path().join("dev/nvme1n1"))));
     }
 
     #[test]
     fn xen_instances_show_sd_names_as_xvd() {
         let d = tree();
         std::fs::write(d.path().join("dev/xvdg"), b"").unwrap();
-        assert_eq!(find(d.path(), "vol-1", "/dev/sdg"), Some(d.path().join("dev/xvdg")));
-        assert_eq!(find(d.path(), "vol-1", "/dev/sdh"), None);
+        sysfs(d.path(), "xvdg", 1 << 30, None);
+        assert_eq!(find(d.path(), want("vol-1"), "/dev/sdg"), Ok(Some(d.path().join("dev/xvdg"))));
+        assert_eq!(find(d.path(), want("vol-1"), "/dev/sdh"), Ok(None));
+    }
+
+    // Issue 38 item 11: without the by-id link, a device at the expected
+    // name is opened only once it is shown to be the volume just attached.
+    #[test]
+    fn a_device_without_a_by_id_link_is_used_only_if_it_is_the_volume() {
+        let d = tree();
+        // Another disk of another size sits at /dev/xvdf.
+        std::fs::write(d.path().join("dev/xvdf"), b"").unwrap();
+        sysfs(d.path(), "xvdf", 8 << 30, None);
+        let e = find(d.path(), want("vol-1"), "/dev/sdf").unwrap_err();
+        assert!(e[0].1.contains("8589934592 bytes"), "{e:?}");
+        let e = wait_for(d.path(), want("vol-1"), "/dev/sdf", Duration::from_millis(30), Duration::from_millis(10)).unwrap_err().to_string();
+        assert!(e.contains("is not that volume") && e.contains("xvdf"), "{e}");
+        // A device sysfs knows nothing of is not trusted either.
+        std::fs::write(d.path().join("dev/xvdg"), b"").unwrap();
+        assert!(find(d.path(), want("vol-1"), "/dev/sdg").unwrap_err()[0].1.contains("says nothing"));
+        // An NVMe namespace at the attach name: its serial decides, not its size.
+        std::fs::write(d.path().join("dev/nvme3n1"), b"").unwrap();
+        symlink("nvme3n1", d.path().join("dev/sdh")).unwrap();
+        sysfs(d.path(), "nvme3n1", 1 << 30, Some("vol0other"));
+        assert!(find(d.path(), want("vol-0abc"), "/dev/sdh").unwrap_err()[0].1.contains("serial"));
+        sysfs(d.path(), "nvme3n1", 1 << 30, Some("vol0abc"));
+        let found = find(d.path(), want("vol-0abc"), "/dev/sdh").unwrap().unwrap();
+        assert_eq!(std::fs::canonicalize(found).unwrap(), std::fs::canonicalize(d.path().join("dev/nvme3n1")).unwrap());
     }
 
     #[test]
     fn a_dangling_link_is_not_a_device() {
         let d = tree();
         symlink("../../nvme9n1", d.path().join("dev/disk/by-id").join(nvme_link_name("vol-1"))).unwrap();
-        assert_eq!(find(d.path(), "vol-1", "/dev/sdf"), None);
+        assert_eq!(find(d.path(), want("vol-1"), "/dev/sdf"), Ok(None));
     }
 
     #[test]
     fn waiting_sees_a_late_device_and_times_out_naming_where_it_looked() {
         let d = tree();
         let root = d.path().to_path_buf();
+        sysfs(d.path(), "xvdf", 1 << 30, None);
         let maker = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
             std::fs::write(root.join("dev/xvdf"), b"").unwrap();
         });
-        let p = wait_for(d.path(), "vol-1", "/dev/sdf", Duration::from_secs(10), Duration::from_millis(10)).unwrap();
+        let p = wait_for(d.path(), want("vol-1"), "/dev/sdf", Duration::from_secs(10), Duration::from_millis(10)).unwrap();
         maker.join().unwrap();
         assert_eq!(p, d.path().join("dev/xvdf"));
-        let e = wait_for(d.path(), "vol-2", "/dev/sdk", Duration::from_millis(50), Duration::from_millis(10)).unwrap_err().to_string();
+        let e = wait_for(d.path(), want("vol-2"), "/dev/sdk", Duration::from_millis(50), Duration::from_millis(10)).unwrap_err().to_string();
         assert!(e.contains("within 50ms") && e.contains("nvme-Amazon_Elastic_Block_Store_vol2") && e.contains("xvdk"), "{e}");
     }
 

@@ -440,7 +440,8 @@ impl Provider for AwsProvider {
             let undo = self.undo_attach(&id, &inst.id);
             return Err(CloudError::Remote { action: a, volume: id, why: format!("{why}; {undo}") });
         }
-        let path = match device::wait_for(&self.cfg.device_root, &id, &device, self.cfg.device_timeout, self.cfg.poll.min(Duration::from_millis(200))) {
+        let want = device::Expect { volume_id: &id, size_bytes: (v.size().unwrap_or(0).max(0) as u64) << 30 };
+        let path = match device::wait_for(&self.cfg.device_root, want, &device, self.cfg.device_timeout, self.cfg.poll.min(Duration::from_millis(200))) {
             Ok(p) => p,
             Err(e) => {
                 let undo = self.undo_attach(&id, &inst.id);

@@ -432,6 +432,7 @@ impl Client {
     }
 
     pub fn create(&self, parent: Ino, name: &str, kind: Kind, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        check_name(parent, name)?;
         Ok(self.tier.meta.create(parent, name, kind, mode, uid, gid, crate::now_ns())?)
     }
 
@@ -446,6 +447,7 @@ impl Client {
     }
 
     pub fn rename(&self, parent: Ino, name: &str, new_parent: Ino, new_name: &str) -> Result<()> {
+        check_name(new_parent, new_name)?;
         if let Some(r) = self.tier.meta.rename(parent, name, new_parent, new_name, crate::now_ns())? {
             self.tier.discard(r.ino, &r.chunks);
         }
@@ -522,6 +524,8 @@ impl Client {
     /// when the client is now over its write-behind budget: the writer must
     /// then [`Client::wait_under_budget`] before its write is acknowledged.
     pub fn write_buffered(self: &Arc<Self>, ino: Ino, fh: Fh, off: u64, data: &[u8]) -> Result<bool> {
+        let end = off.checked_add(data.len() as u64).filter(|e| *e <= crate::meta::MAX_FILE_SIZE);
+        let Some(_) = end else { return Err(MetaError::TooBig(off.saturating_add(data.len() as u64)).into()) };
         let of = self.open_file(ino).ok_or(MetaError::Invalid)?;
         let cs = self.chunk_size();
         {
@@ -817,6 +821,9 @@ impl Client {
     }
 
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+        if size > crate::meta::MAX_FILE_SIZE {
+            return Err(MetaError::TooBig(size).into());
+        }
         if let Some(of) = self.open_file(ino) {
             self.flush_buffers(&of, Report::New)?;
         }
@@ -1146,6 +1153,15 @@ impl Client {
         r.and(c)?;
         Ok(out)
     }
+}
+
+/// `/.surge` is where the bucket keeps chunk and manifest objects: a file
+/// there would be published over them (or its removal would delete them).
+fn check_name(parent: Ino, name: &str) -> std::result::Result<(), MetaError> {
+    if parent == crate::meta::ROOT && name == crate::s3::INTERNAL_PREFIX {
+        return Err(MetaError::Reserved);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

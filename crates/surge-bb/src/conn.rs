@@ -5,6 +5,7 @@
 //! is replaced on next use.
 
 use crate::proto::{self, ChunkId, Request, Response, Status};
+use crate::tls::NodeTls;
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -39,20 +40,23 @@ struct Waiter {
 type Waiters = Arc<Mutex<HashMap<u64, Waiter>>>;
 
 struct Conn {
-    writer: Mutex<BufWriter<TcpStream>>,
+    writer: Mutex<BufWriter<Box<dyn Write + Send>>>,
     waiters: Waiters,
     next_id: AtomicU64,
     dead: Arc<AtomicBool>,
 }
 
 impl Conn {
-    fn open(addr: &str, timeout: Duration) -> std::io::Result<Conn> {
+    fn open(addr: &str, timeout: Duration, tls: Option<&NodeTls>) -> std::io::Result<Conn> {
         let sock = addr
             .parse()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{e}")))?;
         let stream = TcpStream::connect_timeout(&sock, timeout)?;
         stream.set_nodelay(true)?;
-        let reader = stream.try_clone()?;
+        let (reader, stream) = match tls {
+            Some(t) => crate::tls::connect(&t.client, stream)?,
+            None => crate::tls::plain(stream)?,
+        };
         let waiters: Waiters = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
         let (w2, d2, a2) = (waiters.clone(), dead.clone(), addr.to_string());
@@ -116,6 +120,8 @@ impl Conn {
 pub struct NodePool {
     conns: Mutex<HashMap<String, Arc<Conn>>>,
     timeout: Duration,
+    /// Talk to nodes over TLS, with this process's certificate.
+    tls: Option<Arc<NodeTls>>,
 }
 
 impl Default for NodePool {
@@ -126,7 +132,13 @@ impl Default for NodePool {
 
 impl NodePool {
     pub fn new(timeout: Duration) -> NodePool {
-        NodePool { conns: Mutex::default(), timeout }
+        NodePool { conns: Mutex::default(), timeout, tls: None }
+    }
+
+    /// Connections over TLS (every node must be one of the CA's).
+    pub fn with_tls(mut self, tls: Option<Arc<NodeTls>>) -> NodePool {
+        self.tls = tls;
+        self
     }
 
     fn conn(&self, node: &str) -> Result<Arc<Conn>, NodeError> {
@@ -136,7 +148,7 @@ impl NodePool {
             }
         }
         let c = Arc::new(
-            Conn::open(node, Duration::from_secs(2))
+            Conn::open(node, Duration::from_secs(2), self.tls.as_deref())
                 .map_err(|e| NodeError::Unreachable { node: node.into(), why: e.to_string() })?,
         );
         self.conns.lock().insert(node.to_string(), c.clone());

@@ -28,6 +28,7 @@ pub mod spare;
 pub mod status;
 pub mod store;
 pub mod tier;
+pub mod tls;
 pub mod workers;
 pub mod writeback;
 

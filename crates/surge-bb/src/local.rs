@@ -55,16 +55,53 @@ pub enum LocalRedisError {
 pub struct LocalRedis {
     pub port: u16,
     pub dir: PathBuf,
+    /// With [`LocalRedis::start_secured`]: the password of user [`ACL_USER`].
+    password: Option<String>,
     child: Option<Child>,
+}
+
+/// The ACL user [`LocalRedis::start_secured`] makes (the default user is off).
+pub const ACL_USER: &str = "surge";
+
+/// Where [`LocalRedis::start_secured`] keeps the password (mode 0600).
+pub fn password_file(dir: &Path) -> PathBuf {
+    dir.join("password")
 }
 
 impl LocalRedis {
     /// Starts redis-server on 127.0.0.1:`port` keeping its files in `dir`.
+    /// No password: anyone who can connect to the port can read and change
+    /// the metadata (tests, and `surge bb redis --no-auth`).
     pub fn start(dir: &Path, port: u16) -> Result<LocalRedis, LocalRedisError> {
         std::fs::create_dir_all(dir).map_err(LocalRedisError::Spawn)?;
-        let mut r = LocalRedis { port, dir: dir.to_path_buf(), child: None };
+        let mut r = LocalRedis { port, dir: dir.to_path_buf(), password: None, child: None };
         r.spawn()?;
         Ok(r)
+    }
+
+    /// Like [`LocalRedis::start`], but only user [`ACL_USER`] may log in,
+    /// with the password in [`password_file`] (made, random, if missing; kept
+    /// across restarts). The ACL file holds its SHA-256, never the password,
+    /// and no password is ever on redis-server's command line.
+    pub fn start_secured(dir: &Path, port: u16) -> Result<LocalRedis, LocalRedisError> {
+        std::fs::create_dir_all(dir).map_err(LocalRedisError::Spawn)?;
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            // Its data (the metadata, the ACL) is nobody else's to read either.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(LocalRedisError::Spawn)?;
+        }
+        let password = ensure_password(&password_file(dir)).map_err(LocalRedisError::Spawn)?;
+        let digest = ring::digest::digest(&ring::digest::SHA256, password.as_bytes());
+        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        write_private(&dir.join("users.acl"), format!("user default off\nuser {ACL_USER} on #{hex} ~* &* +@all\n").as_bytes()).map_err(LocalRedisError::Spawn)?;
+        let mut r = LocalRedis { port, dir: dir.to_path_buf(), password: Some(password), child: None };
+        r.spawn()?;
+        Ok(r)
+    }
+
+    /// How clients log in (nothing for an open server).
+    pub fn auth(&self) -> crate::meta::redis::RedisAuth {
+        crate::meta::redis::RedisAuth { user: self.password.as_ref().map(|_| ACL_USER.to_string()), password: self.password.clone(), tls_dir: None }
     }
 
     pub fn url(&self) -> String {
@@ -73,9 +110,13 @@ impl LocalRedis {
 
     fn spawn(&mut self) -> Result<(), LocalRedisError> {
         let log = self.dir.join("redis.log");
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--appendonly", "yes", "--appendfsync", "always"])
-            .args(["--save", "", "--protected-mode", "no", "--daemonize", "no"])
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--appendonly", "yes", "--appendfsync", "always"]);
+        match self.password {
+            Some(_) => cmd.args(["--save", "", "--protected-mode", "yes", "--daemonize", "no", "--aclfile"]).arg(self.dir.join("users.acl")),
+            None => cmd.args(["--save", "", "--protected-mode", "no", "--daemonize", "no"]),
+        };
+        let child = cmd
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -90,8 +131,26 @@ impl LocalRedis {
         while start.elapsed() < Duration::from_secs(10) {
             if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
                 use std::io::{Read, Write};
+                let mut hello = Vec::new();
+                if let Some(p) = &self.password {
+                    hello.extend_from_slice(format!("AUTH {ACL_USER} {p}\r\n").as_bytes());
+                }
+                hello.extend_from_slice(b"PING\r\n");
+                let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                let mut got = Vec::new();
                 let mut buf = [0u8; 64];
-                if s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| buf[..n].starts_with(b"+PONG")) {
+                if s.write_all(&hello).is_ok() {
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                        if got.windows(5).any(|w| w == b"+PONG") || got.starts_with(b"-") {
+                            break;
+                        }
+                    }
+                }
+                if got.windows(5).any(|w| w == b"+PONG") {
                     return Ok(());
                 }
             }
@@ -127,6 +186,27 @@ impl Drop for LocalRedis {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The password in `path`, or a new random one written there (mode 0600).
+fn ensure_password(path: &Path) -> std::io::Result<String> {
+    if path.exists() {
+        return crate::meta::redis::RedisAuth::read_password(path);
+    }
+    let mut raw = [0u8; 24];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw).map_err(|_| std::io::Error::other("no randomness"))?;
+    let password: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    write_private(path, format!("{password}\n").as_bytes())?;
+    Ok(password)
+}
+
+/// Writes `data` to `path`, readable by its owner only.
+fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(data)
 }
 
 #[cfg(test)]

@@ -18,6 +18,23 @@ pub enum MembershipError {
     Meta(#[from] crate::meta::MetaError),
 }
 
+/// How to log in to etcd: a user and password (etcd's auth), and for
+/// `https://` endpoints the CA to check it with (and a client certificate,
+/// for an etcd started with --client-cert-auth). `Debug` hides the password.
+#[derive(Clone, Default)]
+pub struct EtcdAuth {
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// `ca-cert.pem`, and optionally `client-cert.pem` + `client-key.pem`.
+    pub tls_dir: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth").field("user", &self.user).field("password", &self.password.as_ref().map(|_| "***")).field("tls_dir", &self.tls_dir).finish()
+    }
+}
+
 /// How long a registration lives without renewal.
 pub const LEASE: Duration = Duration::from_secs(3);
 
@@ -76,10 +93,29 @@ pub struct Etcd {
 
 impl Etcd {
     pub fn connect(url: &str, fs: &str) -> Result<Etcd, MembershipError> {
+        Self::connect_with(url, fs, &EtcdAuth::default())
+    }
+
+    /// [`Etcd::connect`], logging in and checking TLS as `auth` says.
+    pub fn connect_with(url: &str, fs: &str, auth: &EtcdAuth) -> Result<Etcd, MembershipError> {
         let unreachable = |e: etcd_client::Error| MembershipError::EtcdUnreachable { url: url.into(), why: e.to_string() };
-        let opts = etcd_client::ConnectOptions::new()
+        let mut opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(5));
+        if let (Some(u), Some(p)) = (&auth.user, &auth.password) {
+            opts = opts.with_user(u.clone(), p.clone());
+        }
+        if let Some(dir) = &auth.tls_dir {
+            if !url.starts_with("https://") {
+                return Err(MembershipError::EtcdUnreachable { url: url.into(), why: "etcd TLS is configured but the endpoint is not https://".into() });
+            }
+            let read = |f: &str| std::fs::read(dir.join(f)).map_err(|e| MembershipError::EtcdUnreachable { url: url.into(), why: format!("{}: {e}", dir.join(f).display()) });
+            let mut tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(read("ca-cert.pem")?));
+            if dir.join("client-cert.pem").exists() {
+                tls = tls.identity(etcd_client::Identity::from_pem(read("client-cert.pem")?, read("client-key.pem")?));
+            }
+            opts = opts.with_tls(tls);
+        }
         let client = crate::s3::RT.block_on(etcd_client::Client::connect([url], Some(opts))).map_err(unreachable)?;
         let e = Etcd { url: url.into(), prefix: format!("/surge-bb/{fs}/nodes/"), client: tokio::sync::Mutex::new(client), lease: Default::default(), last: Default::default() };
         // Connecting is lazy: ask something now so a wrong URL fails here.
@@ -150,15 +186,20 @@ impl Membership for Etcd {
 
 /// `static:ADDR,ADDR` | `redis` (the metadata store) | `etcd:http://HOST:PORT`.
 pub fn open(spec: &str, fs: &str, meta: Arc<dyn MetaStore>) -> Result<Arc<dyn Membership>, MembershipError> {
+    open_with(spec, fs, meta, &EtcdAuth::default())
+}
+
+/// [`open`], logging in to etcd (`etcd:https://...` with TLS) as `etcd` says.
+pub fn open_with(spec: &str, fs: &str, meta: Arc<dyn MetaStore>, etcd: &EtcdAuth) -> Result<Arc<dyn Membership>, MembershipError> {
     if let Some(list) = spec.strip_prefix("static:") {
         let nodes = list.split(',').filter(|s| !s.is_empty()).map(|a| NodeInfo::new(a, 0)).collect();
         Ok(Arc::new(Static(nodes)))
     } else if let Some(url) = spec.strip_prefix("etcd:") {
         #[cfg(feature = "etcd")]
-        return Ok(Arc::new(Etcd::connect(url, fs)?));
+        return Ok(Arc::new(Etcd::connect_with(url, fs, etcd)?));
         #[cfg(not(feature = "etcd"))]
         return {
-            let _ = fs; // names the etcd key prefix, unused without etcd
+            let _ = (fs, etcd); // the etcd key prefix and login, unused without etcd
             Err(MembershipError::EtcdNotBuilt { spec: format!("etcd:{url}") })
         };
     } else {

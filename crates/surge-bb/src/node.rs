@@ -7,6 +7,7 @@ use crate::proto::{self, Request, Status};
 use crate::rebalance::{RebalanceConfig, Rebalancer};
 use crate::store::{ChunkStore, StoreConfig};
 use crate::tier::Tier;
+use crate::tls::NodeTls;
 use crate::writeback::{Writeback, WritebackConfig};
 use parking_lot::Mutex;
 use std::io::{BufReader, BufWriter, Write};
@@ -24,6 +25,46 @@ pub struct NodeConfig {
     pub rebalance: RebalanceConfig,
     /// Map the memory budget at start, when a CPU is idle ([`ChunkStore::prefault`]).
     pub prefault: bool,
+    /// Serve only peers with a certificate from the burst buffer's CA, over TLS.
+    pub tls: Option<Arc<NodeTls>>,
+    /// Listen off loopback without TLS (every host that reaches it is trusted).
+    pub insecure: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "refusing to serve chunks on {0}: it is not a loopback address and the node protocol without TLS \
+     lets any host that reaches it read, overwrite, delete or drain every chunk; pass --tls-dir DIR \
+     (ca-cert.pem, node-cert.pem, node-key.pem: see docs/security.md) or --insecure if every host that \
+     can reach it is trusted"
+)]
+pub struct Exposed(pub String);
+
+impl NodeConfig {
+    /// A node off loopback needs TLS, or `insecure`.
+    pub fn check_exposure(&self) -> Result<(), Exposed> {
+        check_exposure(&self.listen, self.tls.is_some(), self.insecure)
+    }
+}
+
+/// Whether a node may listen on `listen`: on loopback always; elsewhere
+/// with TLS, or when the user says every host that reaches it is trusted.
+pub fn check_exposure(listen: &str, tls: bool, insecure: bool) -> Result<(), Exposed> {
+    use std::net::ToSocketAddrs;
+    if tls || insecure {
+        return Ok(());
+    }
+    // Every address the name resolves to must be loopback (an unresolvable
+    // one is refused here too: binding would fail anyway).
+    let loopback = listen.to_socket_addrs().is_ok_and(|a| {
+        let v: Vec<_> = a.collect();
+        !v.is_empty() && v.iter().all(|a| a.ip().is_loopback())
+    });
+    if loopback {
+        Ok(())
+    } else {
+        Err(Exposed(listen.to_string()))
+    }
 }
 
 pub struct NodeHandle {
@@ -148,12 +189,17 @@ fn handle(shared: &Shared, req: Request) -> Reply {
     }
 }
 
-fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
+fn serve_conn(shared: Arc<Shared>, stream: TcpStream, tls: Option<Arc<NodeTls>>) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let _ = stream.set_nodelay(true);
-    let Ok(w) = stream.try_clone() else { return };
+    let halves = match &tls {
+        // A peer without a certificate from the CA ends here, having read nothing.
+        Some(t) => crate::tls::accept(&t.server, stream).inspect_err(|e| tracing::warn!("client {peer}: TLS handshake failed: {e}")),
+        None => crate::tls::plain(stream),
+    };
+    let Ok((r, w)) = halves else { return };
     let writer = Mutex::new(BufWriter::with_capacity(1 << 20, w));
-    let mut r = BufReader::with_capacity(proto::READ_BUF, stream);
+    let mut r = BufReader::with_capacity(proto::READ_BUF, r);
     loop {
         let (id, reply) = match proto::read_request_into(&mut r, |n| shared.store.buffer(n)) {
             Ok(Some(_)) if shared.stop.load(Ordering::SeqCst) => return,
@@ -177,6 +223,7 @@ fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
 
 /// Starts a node: listener, lease heartbeat, write-back and maintenance loops.
 pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
+    cfg.check_exposure().map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()))?;
     let listener = TcpListener::bind(&cfg.listen)?;
     let addr = listener.local_addr()?.to_string();
     let store = Arc::new(ChunkStore::new(cfg.store.clone()));
@@ -201,7 +248,7 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
         s3: tier.s3.as_ref().map(|s| s.counts.clone()),
         refusals_logged: Default::default(),
     });
-    let s2 = shared.clone();
+    let (s2, tls) = (shared.clone(), cfg.tls.clone());
     std::thread::Builder::new().name("bb-listen".into()).spawn(move || {
         for conn in listener.incoming() {
             if s2.stop.load(Ordering::SeqCst) {
@@ -209,8 +256,8 @@ pub fn start(cfg: NodeConfig, tier: Arc<Tier>) -> std::io::Result<NodeHandle> {
             }
             match conn {
                 Ok(c) => {
-                    let s = s2.clone();
-                    let _ = std::thread::Builder::new().name("bb-serve".into()).spawn(move || serve_conn(s, c));
+                    let (s, t) = (s2.clone(), tls.clone());
+                    let _ = std::thread::Builder::new().name("bb-serve".into()).spawn(move || serve_conn(s, c, t));
                 }
                 Err(e) => tracing::warn!("accept: {e}"),
             }

@@ -42,14 +42,24 @@ pub trait NodeProvider: Send {
 /// `surge bb node` processes on this machine, listening on 127.0.0.1:0.
 pub struct LocalNodes {
     pub program: PathBuf,
-    /// Arguments after `bb node --listen 127.0.0.1:0` (memory, Redis, bucket...).
+    /// Arguments after `bb node --listen 127.0.0.1:0` (memory, bucket...):
+    /// every user of the machine can read them (`ps`), so no secret goes here.
     pub args: Vec<String>,
+    /// Environment of the nodes (what must not be in `args`: the Redis URL,
+    /// which may carry a password). Only their user and root can read it.
+    pub env: Vec<(String, String)>,
     children: BTreeMap<String, Child>,
 }
 
 impl LocalNodes {
     pub fn new(program: PathBuf, args: Vec<String>) -> LocalNodes {
-        LocalNodes { program, args, children: BTreeMap::new() }
+        LocalNodes { program, args, env: Vec::new(), children: BTreeMap::new() }
+    }
+
+    /// Sets variables in the nodes' environment.
+    pub fn with_env(mut self, env: Vec<(String, String)>) -> LocalNodes {
+        self.env = env;
+        self
     }
 }
 
@@ -58,6 +68,7 @@ impl NodeProvider for LocalNodes {
         let mut child = Command::new(&self.program)
             .args(["bb", "node", "--listen", "127.0.0.1:0"])
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -268,7 +268,13 @@ impl ChunkStore {
                 return;
             }
         }
-        match std::fs::write(&path, data) {
+        // Other users of the machine may not read them.
+        let written = {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path).and_then(|mut f| f.write_all(data))
+        };
+        match written {
             Ok(()) => {
                 let mut g = self.inner.lock();
                 g.spill_used += len;
@@ -474,6 +480,23 @@ mod tests {
 
     fn store(capacity: u64, spill: Option<PathBuf>) -> ChunkStore {
         ChunkStore::new(StoreConfig { capacity, spill_dir: spill, spill_capacity: 1 << 20 })
+    }
+
+    // Issue 38 item 9: spilled chunks are other users' file data: 0600,
+    // whatever the umask (the usual 022 would make them 0644).
+    #[test]
+    fn spilled_chunks_are_readable_by_the_node_only() {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: umask only sets the process file-creation mask.
+        unsafe { libc::umask(0o022) };
+        let d = tempfile::tempdir().unwrap();
+        let s = store(100, Some(d.path().to_path_buf()));
+        s.put(c(0), vec![7; 60], false).unwrap();
+        s.put(c(1), vec![8; 60], false).unwrap(); // evicts c(0) to the spill directory
+        let files: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().collect();
+        assert_eq!(files.len(), 1, "one chunk spilled");
+        assert_eq!(files[0].metadata().unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(s.get(&c(0)).unwrap()[0], 7, "read back from the spill");
     }
 
     #[test]

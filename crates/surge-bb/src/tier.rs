@@ -82,6 +82,12 @@ impl Tier {
         })
     }
 
+    /// Talk to the nodes through `pool` (e.g. one that speaks TLS).
+    pub fn with_pool(mut self, pool: NodePool) -> Tier {
+        self.pool = Arc::new(pool);
+        self
+    }
+
     /// Live nodes as registered (address, boot, drain state), refreshed at
     /// most every 500 ms.
     pub fn live_info(&self) -> Vec<NodeInfo> {
@@ -313,6 +319,18 @@ pub struct TierConfig {
     pub replicas: usize,
     /// Chunk size used if the file system is formatted now.
     pub chunk_size: u64,
+    /// How this process proves itself to the services (and checks them).
+    pub access: Access,
+}
+
+/// Credentials and TLS for the burst buffer's services: the node protocol
+/// (mutual TLS), Redis (ACL user and password, TLS) and etcd (user and
+/// password, TLS). `Default`: none (loopback, single-user machines).
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    pub node_tls: Option<Arc<crate::tls::NodeTls>>,
+    pub redis: crate::meta::redis::RedisAuth,
+    pub etcd: crate::membership::EtcdAuth,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -328,10 +346,11 @@ pub enum OpenError {
 impl TierConfig {
     /// Connects to metadata (formatting it if new), membership and S3.
     pub fn open(&self) -> Result<Arc<Tier>, OpenError> {
-        let meta: Arc<dyn MetaStore> = Arc::new(crate::meta::redis::RedisMeta::connect(&self.redis, &self.fs)?);
+        let meta: Arc<dyn MetaStore> = Arc::new(crate::meta::redis::RedisMeta::connect_with(&self.redis, &self.access.redis, &self.fs)?);
         meta.format(&FsParams { chunk_size: self.chunk_size })?;
-        let members = crate::membership::open(&self.membership, &self.fs, meta.clone())?;
+        let members = crate::membership::open_with(&self.membership, &self.fs, meta.clone(), &self.access.etcd)?;
         let s3 = self.s3.as_ref().map(S3::connect).transpose()?;
-        Ok(Arc::new(Tier::new(meta, members, s3, self.replicas)?))
+        let tier = Tier::new(meta, members, s3, self.replicas)?.with_pool(NodePool::default().with_tls(self.access.node_tls.clone()));
+        Ok(Arc::new(tier))
     }
 }

@@ -267,6 +267,13 @@ impl Writeback {
             return Ok(());
         }
         let xkey = export_key(&path);
+        // Never over surge's own objects (a name made before it was reserved),
+        // nor a file larger than an object may be.
+        if is_internal(&xkey) || a.size > meta::MAX_FILE_SIZE {
+            self.log_error(&format!("not publishing {path} (inode {ino}, {} bytes): its export key {xkey} is reserved or it is too large", a.size));
+            meta.drop_publish(ino)?;
+            return Ok(());
+        }
         if a.persisted() && a.xkey.as_deref() == Some(xkey.as_str()) {
             meta.drop_publish(ino)?;
             return Ok(());
@@ -274,7 +281,10 @@ impl Writeback {
         let cs = self.tier.params.chunk_size;
         let n = a.size.div_ceil(cs);
         let mut map = meta.chunk_map(ino)?;
-        for idx in 0..n {
+        // The chunks that exist and the imported ones; holes need no look.
+        let imported = a.import.as_ref().map_or(0, |(_, lim)| lim.div_ceil(cs)).min(n);
+        let present: std::collections::BTreeSet<u64> = map.keys().copied().filter(|i| *i < n).chain(0..imported).collect();
+        for idx in present {
             match map.get(&idx) {
                 Some(e) if !e.persisted => {
                     // Not all chunks are in S3 yet: come back later.
@@ -315,6 +325,7 @@ impl Writeback {
                 return Ok(None);
             }
             let want = (a.size - idx * cs).min(cs) as usize;
+            // A hole (no chunk) is zeros in the object: S3 objects have no holes.
             let mut piece = match map.get(&idx) {
                 Some(e) => self.tier.read_chunk(ino, idx, e).map_err(|e| crate::s3::S3Error::Request {
                     op: "assemble",
@@ -337,7 +348,10 @@ impl Writeback {
         let Some(s3) = &self.tier.s3 else { return Ok(()) };
         for _ in 0..64 {
             let Some(key) = self.tier.meta.claim_unpublish()? else { break };
-            if let Err(e) = s3.delete(&key) {
+            if is_internal(&key) {
+                // Only a file named before /.surge was reserved could queue it.
+                self.log_error(&format!("not deleting {key}: it is one of the burst buffer's own objects"));
+            } else if let Err(e) = s3.delete(&key) {
                 self.log_error(&format!("export object {key} not deleted: {e}"));
             }
             self.tier.meta.unpublish_done(&key)?;
@@ -424,6 +438,11 @@ impl Writeback {
     }
 }
 
+/// Whether an object key is under the bucket's internal prefix (`.surge/`).
+fn is_internal(key: &str) -> bool {
+    key == crate::s3::INTERNAL_PREFIX || key.strip_prefix(crate::s3::INTERNAL_PREFIX).is_some_and(|r| r.starts_with('/'))
+}
+
 #[cfg(test)]
 mod backoff_tests {
     use super::Backoff;
@@ -442,5 +461,19 @@ mod backoff_tests {
         assert_eq!(pauses, [200, 400, 800, 1600, 3200, 5000, 5000]);
         b.succeeded();
         assert_eq!(b.pause, Duration::ZERO);
+    }
+}
+
+#[cfg(test)]
+mod reserved_tests {
+    /// Keys write-back never publishes over nor deletes (issue 38 item 7).
+    #[test]
+    fn only_keys_under_the_internal_prefix_are_internal() {
+        for k in [".surge", ".surge/chunks/5/0/1", ".surge/manifests/5/1.json"] {
+            assert!(super::is_internal(k), "{k}");
+        }
+        for k in [".surgeon", "a/.surge/x", "surge/x", "x.surge"] {
+            assert!(!super::is_internal(k), "{k}");
+        }
     }
 }

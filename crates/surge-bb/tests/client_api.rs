@@ -26,6 +26,8 @@ fn start_node(cfg: &TierConfig, capacity: u64) -> node::NodeHandle {
         writeback: WritebackConfig::default(),
         rebalance: Default::default(),
         prefault: true,
+        tls: None,
+        insecure: false,
     };
     node::start(c, cfg.open().unwrap()).unwrap()
 }
@@ -38,7 +40,7 @@ fn setup_with_capacity(nodes: usize, capacity: u64) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let port = surge_bb::local::free_port().unwrap();
     let redis = LocalRedis::start(&dir.path().join("redis"), port).expect("redis-server (scripts/test-all.sh installs it)");
-    let cfg = TierConfig { redis: redis.url(), fs: "t".into(), membership: "redis".into(), s3: None, replicas: 2, chunk_size: 64 << 10 };
+    let cfg = TierConfig { redis: redis.url(), fs: "t".into(), membership: "redis".into(), s3: None, replicas: 2, chunk_size: 64 << 10, access: Default::default() };
     let tier = cfg.open().unwrap();
     let nodes = (0..nodes).map(|_| start_node(&cfg, capacity)).collect();
     Setup { _dir: dir, _redis: redis, tier, cfg, nodes }
@@ -525,4 +527,43 @@ fn a_stopped_node_closes_its_listener_and_connections() {
         assert!(std::time::Instant::now() < deadline, "the listener still accepts 5 s after the stop");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+// Issue 38 item 7: `/.surge` is where the bucket keeps every chunk and
+// manifest; a file there would be published over them, and its removal
+// would delete them. Reserved at the root (EPERM), free below it.
+#[test]
+fn the_buckets_internal_prefix_is_reserved_at_the_root() {
+    let s = setup(1);
+    let c = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    for kind in [Kind::File, Kind::Dir] {
+        let e = c.create(ROOT, ".surge", kind, 0o755, 0, 0).unwrap_err();
+        assert_eq!(e.errno(), libc::EPERM, "{e}");
+    }
+    let f = c.create(ROOT, "x", Kind::File, 0o644, 0, 0).unwrap();
+    assert_eq!(c.rename(ROOT, "x", ROOT, ".surge").unwrap_err().errno(), libc::EPERM);
+    assert!(c.lookup(ROOT, ".surge").is_err(), "nothing was made at /.surge");
+    assert_eq!(c.lookup(ROOT, "x").unwrap().ino, f.ino, "the refused rename moved nothing");
+    let d = c.create(ROOT, "d", Kind::Dir, 0o755, 0, 0).unwrap();
+    c.create(d.ino, ".surge", Kind::File, 0o644, 0, 0).unwrap();
+}
+
+// Issue 38 item 7: a file may not grow past the largest object S3 stores
+// (every file is published as one): `truncate -s 8E` and writes past the
+// cap fail with EFBIG and change nothing.
+#[test]
+fn files_past_the_largest_object_fail_with_efbig() {
+    let s = setup(1);
+    let c = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
+    let f = c.create(ROOT, "big", Kind::File, 0o644, 0, 0).unwrap().ino;
+    for size in [8u64 << 60, surge_bb::meta::MAX_FILE_SIZE + 1, u64::MAX] {
+        assert_eq!(c.truncate(f, size).unwrap_err().errno(), libc::EFBIG, "truncate to {size}");
+    }
+    let fh = c.open(f).unwrap();
+    assert_eq!(c.write(f, fh, surge_bb::meta::MAX_FILE_SIZE, b"x").unwrap_err().errno(), libc::EFBIG);
+    assert_eq!(c.write(f, fh, u64::MAX - 1, b"xyz").unwrap_err().errno(), libc::EFBIG);
+    c.flush(f, fh).unwrap();
+    assert_eq!(c.getattr(f).unwrap().size, 0, "the refused calls changed the size");
+    c.truncate(f, 1 << 20).unwrap();
+    assert_eq!(c.getattr(f).unwrap().size, 1 << 20);
 }

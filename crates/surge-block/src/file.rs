@@ -31,6 +31,11 @@ pub struct FileDev {
 
 const DIRECT_ALIGN: usize = 4096;
 
+/// Mode of the data files surge creates (volumes, overlays, spilled chunks):
+/// readable and writable by the user surge runs as, by nobody else, whatever
+/// the umask says.
+pub const DATA_FILE_MODE: u32 = 0o600;
+
 impl FileDev {
     pub fn open(path: impl AsRef<Path>, opts: &FileOptions) -> io::Result<Self> {
         let path = path.as_ref().to_path_buf();
@@ -38,7 +43,7 @@ impl FileDev {
         oo.read(true).write(!opts.read_only);
         if let Some(size) = opts.create_size {
             if !path.exists() {
-                let f = OpenOptions::new().write(true).create_new(true).open(&path)?;
+                let f = OpenOptions::new().write(true).create_new(true).mode(DATA_FILE_MODE).open(&path)?;
                 f.set_len(size)?;
             }
         }
@@ -324,6 +329,26 @@ fn read_fully(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    // Issue 38 item 9: a file surge creates is private, whatever the umask
+    // (tests run under the usual 022, which would leave it 0644).
+    #[test]
+    fn created_files_are_readable_by_their_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        // The usual umask (it would leave new files 0644); harmless to other tests.
+        // SAFETY: umask only sets the process file-creation mask.
+        unsafe { libc::umask(0o022) };
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v.img");
+        FileDev::create(&p, 1 << 20).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, DATA_FILE_MODE);
+        // An existing file keeps the mode its owner gave it.
+        let q = dir.path().join("mine.img");
+        std::fs::write(&q, [0u8; 4096]).unwrap();
+        std::fs::set_permissions(&q, std::fs::Permissions::from_mode(0o640)).unwrap();
+        FileDev::create(&q, 4096).unwrap();
+        assert_eq!(std::fs::metadata(&q).unwrap().permissions().mode() & 0o777, 0o640);
+    }
 
     #[test]
     fn file_device_passes_conformance() {

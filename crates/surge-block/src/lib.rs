@@ -37,5 +37,5 @@ pub use simclock::{Hold, SimClock};
 pub use counted::{Counted, IoStats};
 pub use dev::{check_range, BlockDev, Caps, Extent, ExtentKind, FileSpan, SpanObserver, ZeroMode};
 pub use error::{BlockError, Result};
-pub use file::{FileDev, FileOptions};
+pub use file::{FileDev, FileOptions, DATA_FILE_MODE};
 pub use memory::MemoryDev;

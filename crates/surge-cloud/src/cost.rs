@@ -93,6 +93,9 @@ pub struct PriceTable {
     /// Compute instances, $ per hour (on-demand, Linux).
     #[serde(default = "ec2_on_demand")]
     pub instances: BTreeMap<String, f64>,
+    /// What each instance type can move to and from EBS, all its volumes together.
+    #[serde(default = "ec2_ebs")]
+    pub instance_ebs: BTreeMap<String, InstanceEbs>,
     /// S3 requests and transfer.
     #[serde(default)]
     pub s3: S3Price,
@@ -191,6 +194,65 @@ fn ec2_on_demand() -> BTreeMap<String, f64> {
     .collect()
 }
 
+/// An instance type's dedicated EBS bandwidth (AWS, "Amazon EBS-optimized
+/// instance types": throughput measured with 128 KiB I/O, IOPS with 16 KiB I/O;
+/// https://docs.aws.amazon.com/ec2/latest/instancetypes/gp.html, co.html, mo.html).
+/// Sizes up to 4xlarge (c5, m5, r5 up to 2xlarge) run at the baseline and may
+/// burst to the maximum for 30 minutes at least once a day; larger ones hold
+/// the maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct InstanceEbs {
+    /// MB/s (10^6 bytes).
+    pub baseline_mbps: f64,
+    pub max_mbps: f64,
+    pub baseline_iops: u64,
+    pub max_iops: u64,
+}
+
+impl InstanceEbs {
+    /// What the instance sustains (the baseline: the 30-minute burst of the
+    /// smaller sizes is not modelled), as a device-model shape: every volume of
+    /// the instance shares it. I/Os of up to 256 KiB count as one operation.
+    pub fn shape(&self) -> surge_block::model::Shape {
+        surge_block::model::Shape {
+            iops: Some(self.baseline_iops),
+            bps: Some((self.baseline_mbps * 1e6) as u64),
+            op_size: Some(surge_block::model::SSD_OP),
+            ..Default::default()
+        }
+    }
+
+    /// Sustained (IOPS, bytes/s).
+    pub fn sustained(&self) -> (f64, f64) {
+        (self.baseline_iops as f64, self.baseline_mbps * 1e6)
+    }
+}
+
+/// EBS limits of the instance types priced above (us-east-1, Nitro, EBS-optimized by default).
+fn ec2_ebs() -> BTreeMap<String, InstanceEbs> {
+    let e = |b: f64, m: f64, bi: u64, mi: u64| InstanceEbs { baseline_mbps: b, max_mbps: m, baseline_iops: bi, max_iops: mi };
+    [
+        ("m5.large", e(81.25, 593.75, 3_600, 18_750)),
+        ("m5.xlarge", e(143.75, 593.75, 6_000, 18_750)),
+        ("m5.2xlarge", e(287.5, 593.75, 12_000, 18_750)),
+        ("m5.4xlarge", e(593.75, 593.75, 18_750, 18_750)),
+        ("c5.large", e(81.25, 593.75, 4_000, 20_000)),
+        ("c5.xlarge", e(143.75, 593.75, 6_000, 20_000)),
+        ("c5.2xlarge", e(287.5, 593.75, 10_000, 20_000)),
+        ("c5.4xlarge", e(593.75, 593.75, 20_000, 20_000)),
+        ("c5.9xlarge", e(1_187.5, 1_187.5, 40_000, 40_000)),
+        ("r5.large", e(81.25, 593.75, 3_600, 18_750)),
+        ("r5.xlarge", e(143.75, 593.75, 6_000, 18_750)),
+        ("r5.2xlarge", e(287.5, 593.75, 12_000, 18_750)),
+        ("r5.4xlarge", e(593.75, 593.75, 18_750, 18_750)),
+        ("r5.8xlarge", e(850.0, 850.0, 30_000, 30_000)),
+        ("r5.12xlarge", e(1_187.5, 1_187.5, 40_000, 40_000)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
 fn storage(gb_month: f64) -> Price {
     Price { gb_month, listed: true, ..Price::default() }
 }
@@ -217,6 +279,7 @@ impl Default for PriceTable {
             azure_premium: Price::default(),
             time_scale: 1.0,
             instances: ec2_on_demand(),
+            instance_ebs: ec2_ebs(),
             s3: S3Price::default(),
             ec2_transfer: Ec2Transfer::default(),
         }
@@ -262,6 +325,11 @@ impl PriceTable {
             return Err(PriceError::Toml("time_scale must be positive".into()));
         }
         Ok(t)
+    }
+
+    /// The EBS limits of instance type `instance`.
+    pub fn instance_ebs(&self, instance: &str) -> Result<InstanceEbs, PriceError> {
+        self.instance_ebs.get(instance).copied().ok_or_else(|| PriceError::UnknownInstance(instance.to_string(), self.instance_ebs.keys().cloned().collect::<Vec<_>>().join(", ")))
     }
 
     /// $ per hour of `count` instances of `instance`.
@@ -573,6 +641,18 @@ impl CostMeter {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_priced_instance_has_its_ebs_limits() {
+        let p = PriceTable::default();
+        for name in p.instances.keys() {
+            let e = p.instance_ebs(name).unwrap_or_else(|e| panic!("{e}"));
+            assert!(e.baseline_mbps <= e.max_mbps && e.baseline_iops <= e.max_iops, "{name}: {e:?}");
+        }
+        // The priced scenarios' instances: 1,000 MiB/s and 40,000 IOPS fit.
+        assert!(p.instance_ebs("c5.9xlarge").unwrap().sustained().1 >= 1_000.0 * 1_048_576.0);
+        assert_eq!(p.instance_ebs("r5.12xlarge").unwrap().sustained().0, 40_000.0);
+        assert!(p.instance_ebs("t9.nano").unwrap_err().to_string().contains("known"));
+    }
     use super::*;
     use std::time::Duration;
     use surge_block::VirtualClock;

@@ -26,12 +26,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use surge_block::model::{CreditBalance, ModelDev, Scale, Scheduler};
-use surge_block::{BlockDev, Clock, FileDev, FileOptions};
+use surge_block::{BlockDev, Clock, FileDev, FileOptions, DATA_FILE_MODE};
 
 mod emulate;
 pub use emulate::ModifyRules;
@@ -88,6 +89,9 @@ pub struct LocalConfig {
     pub scale: Scale,
     /// EBS's elastic-volume modification rules (default: none).
     pub modify_rules: ModifyRules,
+    /// The instance the volumes are attached to: all of them together are held
+    /// to its EBS bandwidth and IOPS (default: no instance limit).
+    pub instance: Option<crate::cost::InstanceEbs>,
 }
 
 impl LocalConfig {
@@ -100,6 +104,7 @@ impl LocalConfig {
             epoch_unix_ns: None,
             scale: Scale::FULL,
             modify_rules: ModifyRules::default(),
+            instance: None,
         }
     }
 
@@ -128,6 +133,9 @@ struct VolRec {
     /// Last modification (for the cooldown rule).
     #[serde(default)]
     modified_unix_ns: Option<u64>,
+    /// The latest modifications (as many as the rules look at), oldest first.
+    #[serde(default)]
+    modifications_unix_ns: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -148,6 +156,8 @@ struct Live {
 /// The embedded emulated cloud.
 pub struct LocalProvider {
     cfg: LocalConfig,
+    /// The instance's EBS limits, shared by every volume this process attaches.
+    link: Option<surge_block::model::Link>,
     wall: WallClock,
     live: Mutex<HashMap<String, Live>>,
     /// Serialises this process's calls (flock serialises processes).
@@ -173,8 +183,10 @@ impl LocalProvider {
             Some(epoch_unix_ns) => WallClock { clock, epoch_unix_ns },
             None => WallClock::anchored(clock),
         };
+        let link = cfg.instance.map(|i| Arc::new(Mutex::new(Scheduler::new(cfg.scale.shape(i.shape()), wall.clock.now()))));
         let p = LocalProvider {
             cfg,
+            link,
             wall,
             live: Mutex::new(HashMap::new()),
             big: Mutex::new(()),
@@ -257,7 +269,7 @@ impl LocalProvider {
         let tmp = self.cfg.dir.join("state.json.tmp");
         let body = serde_json::to_vec_pretty(st).expect("state serialises");
         let write = || -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(DATA_FILE_MODE).open(&tmp)?;
             f.write_all(&body)?;
             f.sync_all()
         };
@@ -279,6 +291,7 @@ impl LocalProvider {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(DATA_FILE_MODE)
             .open(&lock_path)
             .map_err(|source| self.io(action, "", "opening", &lock_path, source))?;
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -439,6 +452,7 @@ impl Provider for LocalProvider {
             let made = File::options()
                 .write(true)
                 .create_new(true)
+                .mode(DATA_FILE_MODE)
                 .open(&path)
                 .and_then(|f| f.set_len(self.cfg.scale.size(req.spec.size)).and_then(|_| f.sync_all()));
             made.map_err(|source| {
@@ -460,6 +474,7 @@ impl Provider for LocalProvider {
                 attached_pid: None,
                 credits: None,
                 modified_unix_ns: None,
+                modifications_unix_ns: Vec::new(),
             };
             st.volumes.push(rec.clone());
             st.billing.push(UsageRecord { id: id.clone(), name: req.name.clone(), spec: req.spec.clone(), start_unix_ns: now, end_unix_ns: None, continued: false });
@@ -504,7 +519,7 @@ impl Provider for LocalProvider {
             Some(l) => (l.model.clone(), l.optimizing.clone()),
             None => {
                 let shape = rec.spec.shape().map_err(|e| CloudError::Spec { action: a, source: e.into() })?;
-                let m = Arc::new(ModelDev::new(Arc::new(file), self.wall.clock.clone(), self.cfg.scale.shape(shape)));
+                let m = Arc::new(ModelDev::new(Arc::new(file), self.wall.clock.clone(), self.cfg.scale.shape(shape)).with_link(self.link.clone()));
                 let c = self.offline_credits(&rec);
                 m.set_credits(c.ops, c.bytes);
                 (m, Arc::new(Optimizing::default()))
@@ -604,13 +619,11 @@ impl Provider for LocalProvider {
             // EBS changes the type in place too (gp3 to io2 and back, st1 from
             // 125 GiB); `spec.shape()` above checked the new type's limits.
             let now = self.wall.now_unix_ns();
-            let cooldown = self.cfg.modify_rules.cooldown.as_nanos() as u64;
-            if let Some(last) = v.modified_unix_ns.filter(|&t| now.saturating_sub(t) < cooldown) {
-                return Err(busy(format!(
-                    "modified {:.1} s ago; a volume may be modified once per {:?} (EBS's cooldown)",
-                    now.saturating_sub(last) as f64 / 1e9,
-                    self.cfg.modify_rules.cooldown
-                )));
+            // State written before the history was kept has the last one only.
+            let mut past: Vec<Duration> = v.modifications_unix_ns.iter().map(|&t| Duration::from_nanos(t)).collect();
+            past.extend(v.modified_unix_ns.filter(|t| !v.modifications_unix_ns.contains(t)).map(Duration::from_nanos));
+            if let Some(why) = self.cfg.modify_rules.refuses(&past, Duration::from_nanos(now)) {
+                return Err(busy(why));
             }
             if spec.size < v.spec.size {
                 return Err(busy("volumes only grow".into()));
@@ -635,6 +648,11 @@ impl Provider for LocalProvider {
             drop(live);
             v.spec = spec.clone();
             v.modified_unix_ns = Some(now);
+            v.modifications_unix_ns.push(now);
+            let keep = self.cfg.modify_rules.memory();
+            if v.modifications_unix_ns.len() > keep {
+                v.modifications_unix_ns.drain(..v.modifications_unix_ns.len() - keep);
+            }
             let (id, name) = (v.id.clone(), v.name.clone());
             for r in st.billing.iter_mut().filter(|r| r.id == id && r.end_unix_ns.is_none()) {
                 r.end_unix_ns = Some(now);

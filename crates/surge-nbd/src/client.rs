@@ -700,6 +700,11 @@ pub(crate) fn apply_chunk(p: &mut Pending, kind: u16, payload: &[u8]) -> Result<
             };
             let rel = off.checked_sub(p.offset).filter(|r| r + n <= p.len as u64 && n > 0);
             let rel = rel.ok_or_else(|| protocol(format!("chunk at {off}+{n} outside the read at {}+{}", p.offset, p.len)))?;
+            // Chunks may not overlap, so together they cover at most the read:
+            // a server repeating chunks would otherwise grow the reply forever.
+            if p.covered + n > p.len as u64 {
+                return Err(protocol(format!("chunks cover more than the {} bytes read (overlapping chunks)", p.len)));
+            }
             if p.reply.data.len() != p.len as usize {
                 p.reply.data = vec![0u8; p.len as usize];
             }
@@ -718,17 +723,19 @@ pub(crate) fn apply_chunk(p: &mut Pending, kind: u16, payload: &[u8]) -> Result<
             if payload.len() < 12 || (payload.len() - 4) % 8 != 0 {
                 return Err(protocol("malformed block status chunk"));
             }
-            let mut total = 0u64;
             for d in payload[4..].chunks_exact(8) {
                 let e = StatusExtent { len: be32(d), flags: be32(&d[4..]) };
                 if e.len == 0 {
                     return Err(protocol("zero-length block status descriptor"));
                 }
-                total += e.len as u64;
+                // Descriptors (over every chunk of the reply) describe the
+                // request; only the last may reach past its end (the spec
+                // allows it), so their number is bounded by its length.
+                if p.covered >= p.len as u64 {
+                    return Err(protocol(format!("block status describes more than the {} bytes asked", p.len)));
+                }
+                p.covered += e.len as u64;
                 p.reply.extents.push(e);
-            }
-            if total > p.len as u64 {
-                return Err(protocol("block status describes more than was asked"));
             }
             Ok(())
         }
@@ -746,5 +753,48 @@ pub(crate) fn apply_chunk(p: &mut Pending, kind: u16, payload: &[u8]) -> Result<
             Ok(())
         }
         other => Err(protocol(format!("unexpected chunk type {other} for command {}", p.cmd))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hole(off: u64, len: u32) -> Vec<u8> {
+        [&off.to_be_bytes()[..], &len.to_be_bytes()].concat()
+    }
+
+    fn status(descriptors: &[(u32, u32)]) -> Vec<u8> {
+        let mut p = 1u32.to_be_bytes().to_vec();
+        for (len, flags) in descriptors {
+            p.extend_from_slice(&len.to_be_bytes());
+            p.extend_from_slice(&flags.to_be_bytes());
+        }
+        p
+    }
+
+    #[test]
+    fn overlapping_hole_chunks_beyond_the_reads_coverage_are_refused() {
+        let mut p = Pending::new(1, CMD_READ, 4096, 8192);
+        apply_chunk(&mut p, REPLY_TYPE_OFFSET_HOLE, &hole(4096, 8192)).unwrap();
+        // The same range again: a server that never stops would grow the reply without end.
+        let e = apply_chunk(&mut p, REPLY_TYPE_OFFSET_HOLE, &hole(4096, 4096)).unwrap_err();
+        assert!(e.to_string().contains("overlapping"), "{e}");
+        assert_eq!(p.reply.chunks.len(), 1, "the refused chunk is not kept");
+    }
+
+    #[test]
+    fn block_status_descriptors_stop_at_the_requests_coverage_over_all_chunks() {
+        let mut p = Pending::new(1, CMD_BLOCK_STATUS, 0, 8192);
+        apply_chunk(&mut p, REPLY_TYPE_BLOCK_STATUS, &status(&[(4096, 0)])).unwrap();
+        // The last descriptor may reach past the request (the spec allows it).
+        apply_chunk(&mut p, REPLY_TYPE_BLOCK_STATUS, &status(&[(1 << 20, 3)])).unwrap();
+        // Anything after the request is covered is refused, chunk after chunk.
+        for _ in 0..3 {
+            let e = apply_chunk(&mut p, REPLY_TYPE_BLOCK_STATUS, &status(&[(512, 0)])).unwrap_err();
+            assert!(e.to_string().contains("more than the 8192 bytes"), "{e}");
+        }
+        assert_eq!(p.reply.extents.len(), 2);
+        assert_eq!(p.finish().unwrap().extents.len(), 2);
     }
 }

@@ -30,7 +30,7 @@ pub fn fuzz_handshake(data: &[u8]) {
     // TLS is off here, so STARTTLS is refused and never ends the haggling.
     if let Ok(Outcome::Transmission(neg)) = handshake::options(&shared, &mut st, &mut reader, &mut out) {
         let dev = shared.exports[neg.export].export.dev.clone();
-        let _ = transmission::serve(&shared, &neg, &*dev, reader, Box::new(std::io::sink()), None, 1, false);
+        let _ = transmission::serve(&shared, None, &neg, &*dev, reader, Box::new(std::io::sink()), None, 1, false);
     }
 }
 
@@ -50,5 +50,5 @@ pub fn fuzz_requests(data: &[u8]) {
     };
     let reader = BufReader::new(Cursor::new(rest));
     let dev = shared.exports[neg.export].export.dev.clone();
-    let _ = transmission::serve(&shared, &neg, &*dev, reader, Box::new(std::io::sink()), None, 1, false);
+    let _ = transmission::serve(&shared, None, &neg, &*dev, reader, Box::new(std::io::sink()), None, 1, false);
 }

@@ -348,7 +348,7 @@ fn info_or_go(
 
 fn start_tls(shared: &Shared, st: &State, w: &mut impl Write, data: &[u8]) -> io::Result<Option<Outcome>> {
     let refuse = |w: &mut _, rep, msg| reply_error(w, OPT_STARTTLS, rep, msg).map(|_| None);
-    if shared.tls_mode == TlsMode::Off || shared.tls.is_none() {
+    if shared.tls_mode == TlsMode::Off || shared.tls().is_none() {
         return refuse(w, REP_ERR_POLICY, "TLS is not enabled on this server");
     }
     if st.tls_active {

@@ -6,6 +6,37 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::io::AsRawFd;
 use std::time::Duration;
 
+/// Binds a unix socket at `path` that has `mode` from the start: bound under
+/// a temporary name beside it, given its mode, then renamed into place, so
+/// there is no moment when the umask's mode lets others connect. A file at
+/// `path` is replaced (the caller checks it is a stale socket).
+pub fn bind_unix(path: &std::path::Path, mode: u32) -> io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "socket path has no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = match std::os::unix::net::UnixListener::bind(&tmp) {
+        Ok(l) => l,
+        // The temporary name is too long for sun_path: bind in place, then
+        // set the mode (others may connect in between, as before).
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+            let l = std::os::unix::net::UnixListener::bind(path)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+            return Ok(l);
+        }
+        Err(e) => return Err(e),
+    };
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
 /// A connected unix or TCP stream.
 #[derive(Debug)]
 pub enum Socket {

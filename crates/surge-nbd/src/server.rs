@@ -90,6 +90,21 @@ pub struct ServerConfig {
     /// plain files without copying them through this process (sendfile,
     /// splice); off: always copy (for comparison and debugging).
     pub zero_copy: bool,
+    /// Connections open at once (each costs a thread, and up to
+    /// `threads_per_connection` once it serves); more are closed at accept,
+    /// before the greeting. 0 counts as 1.
+    pub max_connections: usize,
+    /// Connections open at once from one client address (TCP; unix-socket
+    /// clients count only towards `max_connections`), so one host cannot take
+    /// every slot. 0 counts as 1.
+    pub max_connections_per_address: usize,
+    /// How long a client may take over the whole handshake, from accept to
+    /// the transmission phase (STARTTLS included); then it is disconnected,
+    /// however steadily it trickles bytes.
+    pub handshake_timeout: Duration,
+    /// A connection with no request in flight for this long gives its pooled
+    /// request buffers back to the allocator.
+    pub idle_buffer_trim: Duration,
 }
 
 impl ServerConfig {
@@ -103,9 +118,18 @@ impl ServerConfig {
             tls: None,
             shutdown_grace: SHUTDOWN_GRACE,
             zero_copy: true,
+            max_connections: MAX_CONNECTIONS,
+            max_connections_per_address: MAX_CONNECTIONS_PER_ADDRESS,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            idle_buffer_trim: IDLE_BUFFER_TRIM,
         }
     }
 }
+
+/// Default [`ServerConfig::max_connections`].
+pub const MAX_CONNECTIONS: usize = 512;
+/// Default [`ServerConfig::max_connections_per_address`].
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
 
 /// Where to accept connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +161,8 @@ pub enum ServerError {
     SocketInUse { listen: Listen },
     #[error("TLS mode {0:?} needs a TLS certificate and key")]
     TlsWithoutCertificate(TlsMode),
+    #[error("the server was started without TLS: restart it to turn TLS on")]
+    TlsNotStarted,
     #[error("cannot start a thread: {0}")]
     Thread(io::Error),
     #[error("flushing export {name:?} at shutdown failed: {source}")]
@@ -192,6 +218,12 @@ pub struct ExportStats {
 pub struct ServerStats {
     /// Connections accepted (including ones that never finished the handshake).
     pub connections_accepted: u64,
+    /// Connections closed at accept: over `max_connections` or the per-address cap.
+    pub connections_refused: u64,
+    /// Connections cut because their handshake outlasted `handshake_timeout`.
+    pub handshakes_timed_out: u64,
+    /// Bytes of request buffers held by connections for reuse (trimmed when idle).
+    pub pooled_buffer_bytes: u64,
     pub exports: Vec<ExportStats>,
 }
 
@@ -217,13 +249,23 @@ pub(crate) struct Shared {
     pub threads_per_connection: usize,
     pub inline_fast_requests: bool,
     pub tls_mode: TlsMode,
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Swapped whole by [`Server::set_tls`] (certificates reloaded); a
+    /// connection uses the one current at its STARTTLS.
+    tls: parking_lot::RwLock<Option<Arc<rustls::ServerConfig>>>,
     pub shutting_down: AtomicBool,
     shutdown_grace: Duration,
     pub zero_copy: bool,
+    max_connections: usize,
+    max_per_address: usize,
+    handshake_timeout: Duration,
+    pub idle_buffer_trim: Duration,
     connections_accepted: AtomicU64,
+    connections_refused: AtomicU64,
+    handshakes_timed_out: AtomicU64,
     next_conn_id: AtomicU64,
     live: Mutex<HashMap<u64, LiveConnection>>,
+    /// Request buffers of the connections in transmission (trimmed by the janitor).
+    pools: Mutex<HashMap<u64, std::sync::Weak<transmission::BufferPool>>>,
 }
 
 impl Shared {
@@ -249,14 +291,56 @@ impl Shared {
             threads_per_connection: cfg.threads_per_connection.max(1),
             inline_fast_requests: cfg.inline_fast_requests,
             tls_mode: cfg.tls_mode,
-            tls: cfg.tls,
+            tls: parking_lot::RwLock::new(cfg.tls),
             shutting_down: AtomicBool::new(false),
             shutdown_grace: cfg.shutdown_grace,
             zero_copy: cfg.zero_copy,
+            max_connections: cfg.max_connections.max(1),
+            max_per_address: cfg.max_connections_per_address.max(1),
+            handshake_timeout: cfg.handshake_timeout,
+            idle_buffer_trim: cfg.idle_buffer_trim,
             connections_accepted: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+            handshakes_timed_out: AtomicU64::new(0),
             next_conn_id: AtomicU64::new(1),
             live: Mutex::new(HashMap::new()),
+            pools: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The TLS configuration new STARTTLS sessions use.
+    pub fn tls(&self) -> Option<Arc<rustls::ServerConfig>> {
+        self.tls.read().clone()
+    }
+
+    /// Lets the janitor trim connection `id`'s request buffers while it is idle.
+    pub(crate) fn register_pool(&self, id: u64, pool: &Arc<transmission::BufferPool>) {
+        self.pools.lock().insert(id, Arc::downgrade(pool));
+    }
+
+    /// Cuts connections whose handshake outlasted the deadline, and gives back
+    /// the buffers of connections idle for `idle_buffer_trim`.
+    fn janitor_pass(&self) {
+        let now = std::time::Instant::now();
+        for c in self.live.lock().values_mut() {
+            if c.handshake_until.is_some_and(|t| now >= t) {
+                c.handshake_until = None;
+                self.handshakes_timed_out.fetch_add(1, Ordering::Relaxed);
+                warn!(peer = %c.socket.peer(), timeout = ?self.handshake_timeout, "handshake took too long: disconnecting");
+                let _ = c.socket.shutdown(Shutdown::Both);
+            }
+        }
+        self.pools.lock().retain(|_, p| match p.upgrade() {
+            Some(pool) => {
+                pool.trim_if_idle(self.idle_buffer_trim);
+                true
+            }
+            None => false,
+        });
+    }
+
+    fn pooled_buffer_bytes(&self) -> u64 {
+        self.pools.lock().values().filter_map(|p| p.upgrade()).map(|p| p.pooled_bytes() as u64).sum()
     }
 
     /// The export a client means by `name` ("" is the first one).
@@ -271,6 +355,10 @@ impl Shared {
 struct LiveConnection {
     socket: Socket,
     thread: Option<JoinHandle<()>>,
+    /// The client's TCP address (`None`: a unix-socket client).
+    addr: Option<std::net::IpAddr>,
+    /// While in the handshake: when it must be over.
+    handshake_until: Option<std::time::Instant>,
 }
 
 struct Acceptor {
@@ -285,12 +373,19 @@ pub struct Server {
     acceptors: Mutex<Vec<Acceptor>>,
 }
 
-/// How long a client may take to finish the handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default [`ServerConfig::handshake_timeout`].
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default [`ServerConfig::idle_buffer_trim`].
+const IDLE_BUFFER_TRIM: Duration = Duration::from_secs(5);
+/// How often the janitor looks for late handshakes and idle buffers.
+const JANITOR_PERIOD: Duration = Duration::from_millis(100);
 /// Socket buffer size asked for (1 MiB replies then go out in one go).
 const SOCKET_BUFFER: usize = 4 << 20;
 /// How long sending one batch of replies may block.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Mode of NBD unix sockets: the user surge runs as and its group (e.g. a
+/// qemu group) may connect, nobody else.
+pub const UNIX_SOCKET_MODE: u32 = 0o660;
 /// How often acceptors look at the shutdown flag.
 const ACCEPT_POLL_MS: i32 = 100;
 /// Default [`ServerConfig::shutdown_grace`].
@@ -302,7 +397,34 @@ impl Server {
     /// Validates the configuration; call [`Server::listen`] to accept connections.
     pub fn start(cfg: ServerConfig) -> Result<Server> {
         validate(&cfg)?;
-        Ok(Server { shared: Arc::new(Shared::new(cfg)), acceptors: Mutex::new(Vec::new()) })
+        let shared = Arc::new(Shared::new(cfg));
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("nbd-janitor".into())
+            .spawn(move || {
+                while let Some(s) = weak.upgrade() {
+                    if s.shutting_down.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    s.janitor_pass();
+                    drop(s);
+                    std::thread::sleep(JANITOR_PERIOD);
+                }
+            })
+            .map_err(ServerError::Thread)?;
+        Ok(Server { shared, acceptors: Mutex::new(Vec::new()) })
+    }
+
+    /// Replaces the TLS configuration (certificates re-read, e.g. on SIGHUP):
+    /// connections that upgrade from now on use it; sessions already
+    /// established keep theirs. Refused on a server started without TLS.
+    pub fn set_tls(&self, tls: Arc<rustls::ServerConfig>) -> Result<()> {
+        let mut cur = self.shared.tls.write();
+        if cur.is_none() {
+            return Err(ServerError::TlsNotStarted);
+        }
+        *cur = Some(tls);
+        Ok(())
     }
 
     /// Binds `listen` and accepts connections on it in a background thread.
@@ -312,7 +434,7 @@ impl Server {
         let listener = match listen {
             Listen::Unix(path) => {
                 remove_stale_socket(path, listen)?;
-                AnyListener::Unix(UnixListener::bind(path).map_err(err)?)
+                AnyListener::Unix(crate::io::bind_unix(path, UNIX_SOCKET_MODE).map_err(err)?)
             }
             Listen::Tcp(addr) => AnyListener::Tcp(TcpListener::bind(addr).map_err(err)?),
         };
@@ -340,6 +462,9 @@ impl Server {
         let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ServerStats {
             connections_accepted: c(&self.shared.connections_accepted),
+            connections_refused: c(&self.shared.connections_refused),
+            handshakes_timed_out: c(&self.shared.handshakes_timed_out),
+            pooled_buffer_bytes: self.shared.pooled_buffer_bytes(),
             exports: self
                 .shared
                 .exports
@@ -506,16 +631,38 @@ fn accept_loop(shared: Arc<Shared>, listener: AnyListener) {
 
 fn spawn_connection(shared: &Arc<Shared>, socket: Socket) -> io::Result<()> {
     shared.connections_accepted.fetch_add(1, Ordering::Relaxed);
+    let addr = match &socket {
+        Socket::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+        Socket::Unix(_) => None,
+    };
+    let mut live = shared.live.lock();
+    if let Some(why) = over_cap(shared, &live, addr) {
+        // Closed before the greeting: the client learns nothing.
+        shared.connections_refused.fetch_add(1, Ordering::Relaxed);
+        warn!(peer = %socket.peer(), "refusing connection: {why}");
+        return Ok(());
+    }
     let id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let control = socket.try_clone()?;
-    let mut live = shared.live.lock();
     let s = shared.clone();
     let thread = std::thread::Builder::new().name(format!("nbd-conn{id}")).spawn(move || {
         run_connection(&s, id, socket);
         s.live.lock().remove(&id);
+        s.pools.lock().remove(&id);
     })?;
-    live.insert(id, LiveConnection { socket: control, thread: Some(thread) });
+    let handshake_until = Some(std::time::Instant::now() + shared.handshake_timeout);
+    live.insert(id, LiveConnection { socket: control, thread: Some(thread), addr, handshake_until });
     Ok(())
+}
+
+/// Why a new connection from `addr` would exceed a cap, if it would.
+fn over_cap(shared: &Shared, live: &HashMap<u64, LiveConnection>, addr: Option<std::net::IpAddr>) -> Option<String> {
+    if live.len() >= shared.max_connections {
+        return Some(format!("{} connections open, the most allowed (max_connections)", live.len()));
+    }
+    let addr = addr?;
+    let from = live.values().filter(|c| c.addr == Some(addr)).count();
+    (from >= shared.max_per_address).then(|| format!("{from} connections open from {addr}, the most allowed per address"))
 }
 
 /// One connection from accept to close.
@@ -523,7 +670,7 @@ fn run_connection(shared: &Arc<Shared>, id: u64, socket: Socket) {
     let peer = socket.peer();
     let span = tracing::info_span!("conn", id, %peer);
     let _g = span.enter();
-    let result = serve_socket(shared, socket);
+    let result = serve_socket(shared, id, socket);
     match result {
         Ok(summary) => info!(%summary, "connection closed"),
         Err(e) => warn!(error = %e, "connection closed with error"),
@@ -539,9 +686,10 @@ fn peer_of(socket: &Socket) -> Peer {
     }
 }
 
-fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
+fn serve_socket(shared: &Arc<Shared>, id: u64, socket: Socket) -> io::Result<String> {
     let control = socket.try_clone()?;
-    control.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    // The janitor cuts the whole handshake at its deadline; this bounds each read too.
+    control.set_read_timeout(Some(shared.handshake_timeout.max(Duration::from_millis(1))))?;
     // A client that stops reading replies fails its connection instead of
     // holding a worker (and shutdown) forever.
     control.set_write_timeout(Some(REPLY_TIMEOUT))?;
@@ -563,7 +711,7 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
             Outcome::Closed => return Ok("during handshake".into()),
             Outcome::Transmission(neg) => break neg,
             Outcome::StartTls => {
-                let cfg = shared.tls.clone().expect("STARTTLS is acknowledged only with a TLS config");
+                let cfg = shared.tls().expect("STARTTLS is acknowledged only with a TLS config");
                 let s = tls::accept(cfg, &socket, reader.buffer())?;
                 reader = BufReader::with_capacity(transmission::READ_BUFFER, Box::new(TlsReader::new(s.clone(), socket.try_clone()?)));
                 writer = Box::new(TlsWriter::new(s.clone(), socket.try_clone()?));
@@ -572,6 +720,9 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
             }
         }
     };
+    if let Some(c) = shared.live.lock().get_mut(&id) {
+        c.handshake_until = None;
+    }
     control.set_read_timeout(None)?;
     if let Some(s) = &session {
         s.sync_read_timeout(&control)?;
@@ -582,7 +733,7 @@ fn serve_socket(shared: &Arc<Shared>, socket: Socket) -> io::Result<String> {
     export.counters.active_connections.fetch_add(1, Ordering::Relaxed);
     let threads = shared.threads_per_connection;
     let dev = export.export.device_for(&peer_of(&socket));
-    let out = transmission::serve(shared, &neg, &*dev, reader, writer, Some(control.try_clone()?), threads, shared.zero_copy && session.is_none());
+    let out = transmission::serve(shared, Some(id), &neg, &*dev, reader, writer, Some(control.try_clone()?), threads, shared.zero_copy && session.is_none());
     export.counters.active_connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(s) = session {
         s.close(&socket);

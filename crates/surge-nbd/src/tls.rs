@@ -46,6 +46,8 @@ pub enum TlsError {
     NoClientCa(PathBuf),
     #[error("cannot verify clients with {path}: {msg}")]
     ClientCa { path: PathBuf, msg: String },
+    #[error("{have} is there but {missing} is not: a client certificate needs both")]
+    HalfIdentity { have: PathBuf, missing: PathBuf },
 }
 
 fn pem_err(path: &Path) -> impl FnOnce(rustls::pki_types::pem::Error) -> TlsError {
@@ -109,25 +111,52 @@ pub fn server_config_from_dir(dir: &Path) -> Result<Arc<rustls::ServerConfig>, T
 
 /// A rustls client configuration trusting the CA certificates in a PEM file.
 pub fn client_config_from_ca(ca: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
-    let pem_err = |e: rustls::pki_types::pem::Error| TlsError::Pem { path: ca.to_path_buf(), msg: e.to_string() };
+    client_config(ca, None)
+}
+
+/// A client configuration trusting the CA in `ca`; with `identity` (a PEM
+/// certificate chain and its key) the client presents that certificate to
+/// servers that ask for one (mutual TLS).
+pub fn client_config(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let ca_err = |e: rustls::pki_types::pem::Error| TlsError::Pem { path: ca.to_path_buf(), msg: e.to_string() };
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).map_err(pem_err)? {
-        roots.add(cert.map_err(pem_err)?)?;
+    for cert in CertificateDer::pem_file_iter(ca).map_err(ca_err)? {
+        roots.add(cert.map_err(ca_err)?)?;
     }
     if roots.is_empty() {
         return Err(TlsError::NoCertificate(ca.to_path_buf()));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let cfg = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let certs = load_certs(cert)?;
+            if certs.is_empty() {
+                return Err(TlsError::NoCertificate(cert.to_path_buf()));
+            }
+            builder.with_client_auth_cert(certs, PrivateKeyDer::from_pem_file(key).map_err(pem_err(key))?)?
+        }
+    };
     Ok(Arc::new(cfg))
 }
 
-/// The qemu/nbdkit directory layout on the client side: `ca-cert.pem` in `dir`.
+/// The qemu/nbdkit/libnbd directory layout on the client side: `ca-cert.pem`
+/// in `dir` checks the server; `client-cert.pem` and `client-key.pem`, when
+/// there, are presented to a server that asks for a client certificate.
+/// One of the two without the other is an error (a typo would otherwise
+/// turn mutual TLS off silently).
 pub fn client_config_from_dir(dir: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
-    client_config_from_ca(&dir.join("ca-cert.pem"))
+    let (cert, key) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
+    let identity = match (cert.exists(), key.exists()) {
+        (true, true) => Some((cert.as_path(), key.as_path())),
+        (false, false) => None,
+        (true, false) => return Err(TlsError::HalfIdentity { have: cert, missing: key }),
+        (false, true) => return Err(TlsError::HalfIdentity { have: key, missing: cert }),
+    };
+    client_config(&dir.join("ca-cert.pem"), identity)
 }
 
 /// The TLS state of one connection, shared by its reader and writers.

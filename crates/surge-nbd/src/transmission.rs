@@ -50,26 +50,38 @@ const ZERO_COPY_MIN: usize = 64 * 1024;
 
 /// The request buffers of one connection: a fixed number (the in-flight
 /// bound), reused last-in first-out so the few buffers a steady load needs stay
-/// hot in the CPU cache instead of cycling through all of them.
-struct BufferPool {
-    free: Mutex<Vec<Vec<u8>>>,
+/// hot in the CPU cache instead of cycling through all of them. While no
+/// request is in flight for a while the server's janitor gives their memory
+/// back ([`BufferPool::trim_if_idle`]): an idle connection holds nothing.
+pub(crate) struct BufferPool {
+    free: Mutex<Free>,
     returned: parking_lot::Condvar,
     total: usize,
 }
 
+struct Free {
+    bufs: Vec<Vec<u8>>,
+    /// When a buffer was last taken or given back.
+    last_use: Instant,
+}
+
 impl BufferPool {
     fn new(total: usize) -> BufferPool {
-        BufferPool { free: Mutex::new((0..total).map(|_| Vec::new()).collect()), returned: parking_lot::Condvar::new(), total }
+        let free = Free { bufs: (0..total).map(|_| Vec::new()).collect(), last_use: Instant::now() };
+        BufferPool { free: Mutex::new(free), returned: parking_lot::Condvar::new(), total }
     }
 
     fn try_take(&self) -> Option<Vec<u8>> {
-        self.free.lock().pop()
+        let mut free = self.free.lock();
+        free.last_use = Instant::now();
+        free.bufs.pop()
     }
 
     fn take(&self) -> Vec<u8> {
         let mut free = self.free.lock();
         loop {
-            if let Some(b) = free.pop() {
+            if let Some(b) = free.bufs.pop() {
+                free.last_use = Instant::now();
                 return b;
             }
             self.returned.wait(&mut free);
@@ -77,16 +89,34 @@ impl BufferPool {
     }
 
     fn put(&self, buf: Vec<u8>) {
-        self.free.lock().push(buf);
+        let mut free = self.free.lock();
+        free.bufs.push(buf);
+        free.last_use = Instant::now();
+        drop(free);
         self.returned.notify_all();
     }
 
     /// Blocks until every buffer is back: every request has been answered.
     fn wait_all_returned(&self) {
         let mut free = self.free.lock();
-        while free.len() < self.total {
+        while free.bufs.len() < self.total {
             self.returned.wait(&mut free);
         }
+    }
+
+    /// Frees every buffer's memory if none is out and none was used for `idle`.
+    pub(crate) fn trim_if_idle(&self, idle: Duration) {
+        let mut free = self.free.lock();
+        if free.bufs.len() == self.total && free.last_use.elapsed() >= idle {
+            for b in free.bufs.iter_mut().filter(|b| b.capacity() > 0) {
+                *b = Vec::new();
+            }
+        }
+    }
+
+    /// Bytes held by the buffers not in use.
+    pub(crate) fn pooled_bytes(&self) -> usize {
+        self.free.lock().bufs.iter().map(Vec::capacity).sum()
     }
 }
 
@@ -195,7 +225,7 @@ pub(crate) struct Conn<'a> {
     /// Extended headers: 32-byte requests, every reply an extended chunk.
     extended: bool,
     meta_context: Option<u32>,
-    buffers: BufferPool,
+    buffers: std::sync::Arc<BufferPool>,
     big_tokens: Sender<()>,
     broken: AtomicBool,
     control: Option<Socket>,
@@ -329,6 +359,7 @@ struct Intake<R> {
 /// for the close log line.
 pub(crate) fn serve<R: Read + Send>(
     shared: &Shared,
+    conn_id: Option<u64>,
     neg: &Negotiated,
     dev: &dyn BlockDev,
     reader: BufReader<R>,
@@ -354,13 +385,16 @@ pub(crate) fn serve<R: Read + Send>(
         structured: neg.structured,
         extended: neg.extended,
         meta_context: neg.meta_context,
-        buffers: BufferPool::new(max),
+        buffers: std::sync::Arc::new(BufferPool::new(max)),
         big_tokens: big_tx,
         broken: AtomicBool::new(false),
         control,
         dev,
         zero_copy,
     };
+    if let Some(id) = conn_id {
+        shared.register_pool(id, &conn.buffers);
+    }
     let intake = Mutex::new(Intake { reader, done: None });
     let pools = Pools { big_tokens: &big_rx, shutting_down: &shared.shutting_down };
     let inline_ok = shared.inline_fast_requests;

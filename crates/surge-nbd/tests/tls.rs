@@ -348,3 +348,66 @@ fn remote_device_speaks_tls_for_nbds_uris_and_checks_the_certificate() {
     assert!(RemoteDev::open(&plain, RemoteOptions::default()).is_err());
     server.shutdown().unwrap();
 }
+
+// Issue 38 item 8: an upstream that requires client certificates is usable
+// from nbds:// URIs: client-cert.pem and client-key.pem beside ca-cert.pem.
+#[test]
+fn remote_device_presents_the_client_certificate_in_its_tls_directory() {
+    use surge_block::BlockDev;
+    use surge_nbd::{NbdUri, RemoteDev, RemoteOptions};
+    if !have("openssl") {
+        eprintln!("SKIP: openssl not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let client = dir.path().join("client");
+    make_client_cert(dir.path(), &client, Some(dir.path()));
+    let mut cfg = ServerConfig::new(vec![Export::new("disk", Arc::new(MemoryDev::new(1 << 20)))]);
+    cfg.tls_mode = TlsMode::Require;
+    cfg.tls = Some(tls::server_config(dir.path(), true).unwrap());
+    let server = Server::start(cfg).unwrap();
+    let sock = dir.path().join("s");
+    server.listen(&Listen::Unix(sock.clone())).unwrap();
+    let uri = |certs: &Path| -> NbdUri { format!("nbds+unix:///disk?socket={}&tls-certificates={}", sock.display(), certs.display()).parse().unwrap() };
+    let dev = RemoteDev::open(&uri(&client), RemoteOptions::default()).unwrap();
+    dev.write_at(&[9u8; 4096], 0, false).unwrap();
+    let mut b = vec![0u8; 4096];
+    dev.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, vec![9u8; 4096]);
+    drop(dev);
+    // The CA alone (no client certificate): the server refuses the session.
+    let ca_only = dir.path().join("ca-only");
+    std::fs::create_dir_all(&ca_only).unwrap();
+    std::fs::copy(dir.path().join("ca-cert.pem"), ca_only.join("ca-cert.pem")).unwrap();
+    assert!(RemoteDev::open(&uri(&ca_only), RemoteOptions::default()).is_err(), "served without a client certificate");
+    // Half an identity is a configuration error, not a silent downgrade.
+    std::fs::copy(client.join("client-cert.pem"), ca_only.join("client-cert.pem")).unwrap();
+    let e = tls::client_config_from_dir(&ca_only).err().unwrap().to_string();
+    assert!(e.contains("client-key.pem"), "{e}");
+    server.shutdown().unwrap();
+}
+
+// Issue 38 item 10: certificates are reloaded without a restart.
+#[test]
+fn set_tls_swaps_the_certificate_for_new_sessions() {
+    if !have("openssl") {
+        eprintln!("SKIP: openssl not installed");
+        return;
+    }
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    make_certs(a.path());
+    make_certs(b.path());
+    let sock = a.path().join("s");
+    let server = start(TlsMode::Require, Some(a.path()), &sock);
+    assert_eq!(tls_list(&sock, rustls_client(a.path(), None)).unwrap(), 1);
+    assert!(tls_list(&sock, rustls_client(b.path(), None)).is_err(), "CA b trusted before the swap");
+    server.set_tls(tls::server_config_from_dir(b.path()).unwrap()).unwrap();
+    assert_eq!(tls_list(&sock, rustls_client(b.path(), None)).unwrap(), 1, "new sessions use the new certificate");
+    assert!(tls_list(&sock, rustls_client(a.path(), None)).is_err(), "the old certificate is still served");
+    server.shutdown().unwrap();
+    // A server started without TLS cannot be given it live.
+    let plain = start(TlsMode::Off, None, &a.path().join("p"));
+    assert!(plain.set_tls(tls::server_config_from_dir(b.path()).unwrap()).is_err());
+    plain.shutdown().unwrap();
+}

@@ -123,6 +123,10 @@ pub struct PlannerConfig {
     /// Modify the cache to the cheapest spec that drains as fast once the burst
     /// is over (one modification of a fresh volume, as the cloud allows).
     pub lower_for_drain: bool,
+    /// The instance's EBS limits (IOPS, bytes/s), all its volumes together:
+    /// no cache volume is provisioned beyond them, and a candidate's speed is
+    /// what the instance lets through.
+    pub instance: Option<(f64, f64)>,
 }
 
 impl PlannerConfig {
@@ -138,6 +142,7 @@ impl PlannerConfig {
             lead: Duration::from_secs(13),
             settle: Duration::from_secs(35),
             lower_for_drain: true,
+            instance: None,
         }
     }
 }
@@ -261,6 +266,15 @@ fn vol(model: VolumeModel, gib: u64) -> Option<VolumeSpec> {
 /// The specs of `kind` worth evaluating for a cache of `size` bytes that should
 /// take `ops` operations and `bytes` bytes per second (each within the type's
 /// limits, including AWS's IOPS-per-GiB ratios).
+/// `shape` as the instance lets it be used.
+fn capped(mut shape: Shape, instance: Option<(f64, f64)>) -> Shape {
+    if let Some((iops, bps)) = instance {
+        shape.iops = Some(shape.iops.map_or(iops as u64, |v| v.min(iops as u64)));
+        shape.bps = Some(shape.bps.map_or(bps as u64, |v| v.min(bps as u64)));
+    }
+    shape
+}
+
 fn levels(kind: Kind, size: u64, ops: f64, bytes: f64) -> Vec<VolumeSpec> {
     let gib = gib_ceil(size);
     let mut out = Vec::new();
@@ -342,7 +356,7 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn evaluate(&self, kind: Kind, spec: VolumeSpec) -> Candidate {
-        let shape = spec.shape().expect("levels() returns valid specs");
+        let shape = capped(spec.shape().expect("levels() returns valid specs"), self.cfg.instance);
         let cfg = self.cfg;
         let block = cfg.block.max(4_096);
         let left = (self.requests - self.pre_requests).max(0.0);
@@ -352,9 +366,17 @@ impl Ctx<'_> {
         let t_fill = if self.d.request < block { copy_time(&self.backing, &self.backing, blocks, block) } else { 0.0 };
         let on_cache = t_cache.max(t_fill);
         let burst_s = self.pre_s + on_cache;
+        // Keeping up means keeping up with what the instance lets through.
+        let reachable = match cfg.instance {
+            Some((iops, bps)) => {
+                let (ops, bytes) = per_request(&Shape { op_size: shape.op_size, byte_unit: shape.byte_unit, ..Shape::default() }, self.d.request, Some(block));
+                self.rate.min(iops / ops.max(1e-9)).min(bps / bytes.max(1e-9))
+            }
+            None => self.rate,
+        };
         let meets = match cfg.worth {
             Worth::Deadline(t) => burst_s <= t,
-            Worth::PerHour(_) => on_cache <= 1.01 * left / self.rate + 1e-9,
+            Worth::PerHour(_) => on_cache <= 1.01 * left / reachable + 1e-9,
         };
         let lead = if self.d.pre_provisioned { cfg.lead } else { cfg.attach_delay };
         let boost_s = lead.as_secs_f64() + on_cache + cfg.settle.as_secs_f64();
@@ -486,7 +508,9 @@ pub fn plan(cfg: &PlannerConfig, prices: &PriceTable, backing: &VolumeSpec, d: &
             _ => ref_shape,
         };
         let (ops, bytes) = per_request(&probe, d.request, Some(block));
-        let evaluated: Vec<Candidate> = levels(kind, d.footprint, size_rate * ops, size_rate * bytes).into_iter().map(|s| ctx.evaluate(kind, s)).collect();
+        // Never more than the instance lets through.
+        let (max_ops, max_bytes) = cfg.instance.unwrap_or((f64::INFINITY, f64::INFINITY));
+        let evaluated: Vec<Candidate> = levels(kind, d.footprint, (size_rate * ops).min(max_ops), (size_rate * bytes).min(max_bytes)).into_iter().map(|s| ctx.evaluate(kind, s)).collect();
         // Per type: the cheapest that meets the demand, else the fastest.
         let best = evaluated
             .iter()

@@ -1,7 +1,8 @@
 //! The `modify-volume` policy: one volume whose IOPS and throughput are raised
 //! in place when a burst starts and lowered when the bursts stop, as the
-//! cloud's elastic-volume modification allows: at most once per cooldown
-//! (EBS: 6 hours between modifications of a volume).
+//! cloud's elastic-volume modification rules allow (`surge_cloud::ModifyRules`:
+//! EBS's classic one modification per 6 hours, or its newer four per rolling
+//! 24 hours, each after the previous one completed).
 //!
 //! Demand is measured as the elastic-cache policy measures it (a sliding
 //! window, utilization of the volume's base capacity against UT, inactivity
@@ -10,20 +11,7 @@
 use crate::window::UtilWindow;
 use serde::Serialize;
 use std::time::Duration;
-
-/// The cloud's rule for modifying a volume.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct ModifyRules {
-    /// Least time between two modifications of one volume.
-    pub cooldown: Duration,
-}
-
-impl ModifyRules {
-    /// EBS: after modifying a volume, wait at least six hours.
-    pub fn ebs() -> Self {
-        ModifyRules { cooldown: Duration::from_secs(6 * 3_600) }
-    }
-}
+pub use surge_cloud::ModifyRules;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ModifyConfig {
@@ -57,7 +45,8 @@ pub struct ModifyPolicy {
     cfg: ModifyConfig,
     window: UtilWindow,
     raised: bool,
-    last_modified: Option<Duration>,
+    /// When the volume was modified (the latest the rules look at).
+    modified: Vec<Duration>,
     below_since: Option<Duration>,
     /// A wanted modification refused by the cooldown was logged already.
     waiting_logged: bool,
@@ -66,7 +55,7 @@ pub struct ModifyPolicy {
 impl ModifyPolicy {
     pub fn new(cfg: ModifyConfig) -> Self {
         let window = UtilWindow::new(cfg.window);
-        ModifyPolicy { cfg, window, raised: false, last_modified: None, below_since: None, waiting_logged: false }
+        ModifyPolicy { cfg, window, raised: false, modified: Vec::new(), below_since: None, waiting_logged: false }
     }
 
     pub fn raised(&self) -> bool {
@@ -74,7 +63,7 @@ impl ModifyPolicy {
     }
 
     fn allowed(&self, now: Duration) -> bool {
-        self.last_modified.is_none_or(|t| now.saturating_sub(t) >= self.cfg.rules.cooldown)
+        self.cfg.rules.refuses(&self.modified, now).is_none()
     }
 
     /// Feed cumulative application bytes and operations; a modification to
@@ -106,13 +95,27 @@ impl ModifyPolicy {
         }
         self.waiting_logged = false;
         self.raised = action == ModifyAction::Raise;
-        self.last_modified = Some(now);
+        self.modified.push(now);
+        if self.modified.len() > self.cfg.rules.memory() {
+            self.modified.remove(0);
+        }
         Some(ModifyDecision { at: now, action, reason })
     }
 
-    /// When the next modification is allowed.
+    /// When the next modification is allowed (searched in steps of a
+    /// second up to two rule windows ahead; `None` if nothing was modified yet).
     pub fn next_allowed(&self) -> Option<Duration> {
-        self.last_modified.map(|t| t + self.cfg.rules.cooldown)
+        let last = *self.modified.last()?;
+        let horizon = 2 * self.cfg.rules.cooldown.max(self.cfg.rules.window).max(self.cfg.rules.optimizing) + Duration::from_secs(1);
+        let step = Duration::from_secs(1);
+        let mut t = last;
+        while t <= last + horizon {
+            if self.allowed(t) {
+                return Some(t);
+            }
+            t += step;
+        }
+        None
     }
 }
 
@@ -121,14 +124,11 @@ mod tests {
     use super::*;
 
     fn policy(cooldown_s: u64) -> ModifyPolicy {
-        ModifyPolicy::new(ModifyConfig {
-            window: Duration::from_secs(5),
-            ut: 0.3,
-            inactivity_delay: Duration::from_secs(30),
-            base_bw: 125e6,
-            base_iops: Some(3_000.0),
-            rules: ModifyRules { cooldown: Duration::from_secs(cooldown_s) },
-        })
+        with_rules(ModifyRules { cooldown: Duration::from_secs(cooldown_s), ..ModifyRules::default() })
+    }
+
+    fn with_rules(rules: ModifyRules) -> ModifyPolicy {
+        ModifyPolicy::new(ModifyConfig { window: Duration::from_secs(5), ut: 0.3, inactivity_delay: Duration::from_secs(30), base_bw: 125e6, base_iops: Some(3_000.0), rules })
     }
 
     /// Drive second by second at `bps` bytes/s and `iops`; the decisions.
@@ -159,6 +159,24 @@ mod tests {
         assert_eq!(p.next_allowed(), Some(Duration::from_secs(12 + 6 * 3_600)));
         let d = run(&mut p, &mut t, 6 * 3_600, 0, 0, &mut c);
         assert_eq!(d, vec![(12 + 6 * 3_600, ModifyAction::Lower)]);
+    }
+
+    #[test]
+    fn under_the_rolling_rule_it_follows_two_bursts_a_day_then_waits() {
+        let mut p = with_rules(ModifyRules::ebs_rolling());
+        let (mut t, mut c) = (0, (0, 0));
+        let mut all = vec![];
+        // Bursts of 100 s every hour: raise, lower (after ID and the 5 min of
+        // optimizing), raise, lower; then the fifth waits out the rolling day.
+        for _ in 0..3 {
+            all.extend(run(&mut p, &mut t, 100, 100_000_000, 100, &mut c));
+            all.extend(run(&mut p, &mut t, 3_500, 0, 0, &mut c));
+        }
+        let acts: Vec<ModifyAction> = all.iter().map(|d| d.1).collect();
+        assert_eq!(acts, vec![ModifyAction::Raise, ModifyAction::Lower, ModifyAction::Raise, ModifyAction::Lower], "{all:?}");
+        assert!(p.next_allowed().unwrap() >= Duration::from_secs(all[0].0 + 24 * 3_600), "{:?}", p.next_allowed());
+        // Lowering waited for the raise to complete (5 min), not only for ID.
+        assert!(all[1].0 - all[0].0 >= 300, "{all:?}");
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //! tls_verify_peer = false              # optional: clients need a certificate from tls_certs/ca-cert.pem
 //! log = "warn,surge_policy=info"       # optional: as --log (reloaded on SIGHUP)
 //! metrics = "127.0.0.1:9100"           # optional: Prometheus endpoint (/metrics)
+//! metrics_allow = ["10.0.0.5"]         # optional: scrapers that may read it (others: 403)
+//! max_connections = 512                # optional: NBD connections at once
+//! max_connections_per_address = 64     # optional: ... from one client address
 //! provider = "local"                   # optional: local (default) or aws
 //!
 //! [[pool]]                             # shared devices (for share: exports)
@@ -22,6 +25,7 @@
 //! peers = ["tcp:10.0.0.2:10900", "tcp:10.0.0.3:10900"]
 //! period = "20ms"                      # optional
 //! peer_timeout = "500ms"               # optional
+//! key_file = "/etc/surge/coop.key"     # reports signed (HMAC-SHA256) with this shared secret
 //!
 //! [[export]]                           # in order: the first also answers to ""
 //! name = "disk"
@@ -84,20 +88,76 @@ impl fmt::Display for ListenAddr {
     }
 }
 
+/// What guards the NBD listeners (for [`ListenAddr::check_exposure`]).
+#[derive(Debug, Clone)]
+pub struct Exposure {
+    /// `--insecure`: every host that can reach the listeners is trusted.
+    pub insecure: bool,
+    pub tls: TlsSetting,
+    /// `--tls-verify-peer`: TLS clients present a certificate from the CA.
+    pub verify_peer: bool,
+    /// Exports without an allow-list.
+    pub open_exports: Vec<String>,
+}
+
 impl ListenAddr {
-    /// NBD off the machine needs TLS required of every client, or an explicit
-    /// `--insecure`; the caller passes `insecure || tls == require`.
-    pub fn check_exposure(&self, insecure: bool) -> anyhow::Result<()> {
-        match self {
-            ListenAddr::Tcp(a) if !a.ip().is_loopback() && !insecure => anyhow::bail!(
+    /// NBD off the machine needs every client encrypted (`--tls require`) and
+    /// told apart from strangers: by a client certificate
+    /// (`--tls-verify-peer`) or by an allow-list on every export; or the user
+    /// says `--insecure`. Loopback and unix listeners pass.
+    pub fn check_exposure(&self, e: &Exposure) -> anyhow::Result<()> {
+        let ListenAddr::Tcp(a) = self else { return Ok(()) };
+        if a.ip().is_loopback() || e.insecure {
+            return Ok(());
+        }
+        if e.tls != TlsSetting::Require {
+            anyhow::bail!(
                 "refusing to listen on {a}: it is not a loopback address and plaintext NBD is \
                  unencrypted and unauthenticated; pass --tls require --tls-certs DIR to encrypt every \
-                 connection (--tls allow still admits plaintext clients), or --insecure if every host \
-                 that can reach it is trusted"
+                 connection (--tls allow still admits plaintext clients), with --tls-verify-peer or \
+                 --allow for every export to tell clients apart, or --insecure if every host that can \
+                 reach it is trusted"
+            );
+        }
+        if !e.verify_peer && !e.open_exports.is_empty() {
+            anyhow::bail!(
+                "refusing to listen on {a}: --tls require encrypts but does not authenticate, so any host \
+                 that completes STARTTLS could read and write {}; pass --tls-verify-peer (clients present a \
+                 certificate signed by the CA in <tls-certs>/ca-cert.pem), or --allow NAME=RULES for each of \
+                 them, or --insecure if every host that can reach it is trusted",
+                e.open_exports.iter().map(|n| format!("export {n:?}")).collect::<Vec<_>>().join(", ")
+            );
+        }
+        Ok(())
+    }
+
+    /// A cooperation listener off the machine takes reports that steer every
+    /// tenant's share: it needs a report key (`--coop-key`), or `--insecure`.
+    /// (The NBD TLS settings do not cover it.)
+    pub fn check_coop_exposure(&self, keyed: bool, insecure: bool) -> anyhow::Result<()> {
+        match self {
+            ListenAddr::Tcp(a) if !a.ip().is_loopback() && !keyed && !insecure => anyhow::bail!(
+                "refusing to hear cooperating daemons on {a}: it is not a loopback address and unsigned \
+                 reports would let any host that reaches it change every tenant's share; pass --coop-key FILE \
+                 (a secret shared by the peers; reports are signed with HMAC-SHA256) or --insecure"
             ),
             _ => Ok(()),
         }
     }
+}
+
+/// The metrics endpoint off the machine shows export names, sizes and I/O to
+/// whoever connects: it needs an allow-list of scrapers (`--metrics-allow`)
+/// or `--insecure`.
+pub fn check_metrics_exposure(addr: &SocketAddr, allow: Option<&AllowList>, insecure: bool) -> anyhow::Result<()> {
+    if addr.ip().is_loopback() || allow.is_some() || insecure {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "refusing to serve metrics on {addr}: it is not a loopback address and any host that reaches it \
+         would read export names, sizes and I/O counters; pass --metrics-allow RULES (the scrapers' \
+         addresses or networks, e.g. 10.0.0.5,10.1.0.0/16) or --insecure"
+    )
 }
 
 /// `--tls` / `tls =`: whether clients may or must use NBD_OPT_STARTTLS.
@@ -197,6 +257,11 @@ pub struct FileConfig {
     pub log: Option<String>,
     /// Prometheus endpoint, as `--metrics HOST:PORT`.
     pub metrics: Option<SocketAddr>,
+    /// Scrapers that may read it (as `--metrics-allow`); others get 403.
+    pub metrics_allow: Option<Vec<String>>,
+    /// Connections at once, in all and per client address (as `--max-connections*`).
+    pub max_connections: Option<usize>,
+    pub max_connections_per_address: Option<usize>,
     /// Cloud provider of cloud volume exports, as `--provider`.
     pub provider: Option<crate::cloud::ProviderKind>,
     /// Settings of the AWS provider.
@@ -216,6 +281,8 @@ pub struct CoopEntry {
     pub name: Option<String>,
     pub period: Option<String>,
     pub peer_timeout: Option<String>,
+    /// A file holding the secret every peer signs its reports with (as `--coop-key`).
+    pub key_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -286,13 +353,42 @@ mod tests {
         }
     }
 
+    fn exposure(insecure: bool, tls: TlsSetting, verify_peer: bool, open: &[&str]) -> Exposure {
+        Exposure { insecure, tls, verify_peer, open_exports: open.iter().map(|s| s.to_string()).collect() }
+    }
+
     #[test]
     fn non_loopback_tcp_needs_insecure() {
         let public: ListenAddr = "tcp:0.0.0.0:10809".parse().unwrap();
-        assert!(public.check_exposure(false).unwrap_err().to_string().contains("--insecure"));
-        public.check_exposure(true).unwrap();
-        "tcp:127.0.0.1:1".parse::<ListenAddr>().unwrap().check_exposure(false).unwrap();
-        "unix:/x".parse::<ListenAddr>().unwrap().check_exposure(false).unwrap();
+        let plain = exposure(false, TlsSetting::Off, false, &["d"]);
+        assert!(public.check_exposure(&plain).unwrap_err().to_string().contains("--insecure"));
+        public.check_exposure(&exposure(true, TlsSetting::Off, false, &["d"])).unwrap();
+        "tcp:127.0.0.1:1".parse::<ListenAddr>().unwrap().check_exposure(&plain).unwrap();
+        "unix:/x".parse::<ListenAddr>().unwrap().check_exposure(&plain).unwrap();
+    }
+
+    // Issue 38 item 3: TLS encrypts but does not say who connects.
+    #[test]
+    fn tls_require_off_loopback_also_needs_client_certificates_or_allow_lists() {
+        let public: ListenAddr = "tcp:0.0.0.0:10809".parse().unwrap();
+        let e = public.check_exposure(&exposure(false, TlsSetting::Require, false, &["a", "b"])).unwrap_err().to_string();
+        assert!(e.contains("--tls-verify-peer") && e.contains("--allow") && e.contains("\"a\", export \"b\""), "{e}");
+        public.check_exposure(&exposure(false, TlsSetting::Require, true, &["a"])).unwrap();
+        public.check_exposure(&exposure(false, TlsSetting::Require, false, &[])).unwrap();
+        public.check_exposure(&exposure(true, TlsSetting::Require, false, &["a"])).unwrap();
+    }
+
+    #[test]
+    fn coop_and_metrics_listeners_off_loopback_need_their_own_guard() {
+        let public: ListenAddr = "tcp:0.0.0.0:10900".parse().unwrap();
+        assert!(public.check_coop_exposure(false, false).unwrap_err().to_string().contains("--coop-key"));
+        public.check_coop_exposure(true, false).unwrap();
+        public.check_coop_exposure(false, true).unwrap();
+        "tcp:127.0.0.1:1".parse::<ListenAddr>().unwrap().check_coop_exposure(false, false).unwrap();
+        let m: SocketAddr = "0.0.0.0:9100".parse().unwrap();
+        assert!(check_metrics_exposure(&m, None, false).unwrap_err().to_string().contains("--metrics-allow"));
+        check_metrics_exposure(&m, Some(&"10.0.0.0/8".parse().unwrap()), false).unwrap();
+        check_metrics_exposure(&"127.0.0.1:9100".parse().unwrap(), None, false).unwrap();
     }
 
     #[test]
@@ -323,7 +419,7 @@ mod tests {
 
     #[test]
     fn non_loopback_refusal_names_both_ways_out() {
-        let e = "tcp:10.1.2.3:10809".parse::<ListenAddr>().unwrap().check_exposure(false).unwrap_err().to_string();
+        let e = "tcp:10.1.2.3:10809".parse::<ListenAddr>().unwrap().check_exposure(&exposure(false, TlsSetting::Off, false, &["d"])).unwrap_err().to_string();
         assert!(e.contains("--tls require") && e.contains("--insecure") && e.contains("10.1.2.3"), "{e}");
     }
 

@@ -140,7 +140,9 @@ pub struct ControlServer {
 impl ControlServer {
     pub fn start(path: &Path, registry: Arc<Registry>) -> anyhow::Result<Self> {
         remove_stale_socket(path)?;
-        let listener = UnixListener::bind(path).with_context(|| format!("binding control socket {}", path.display()))?;
+        // Only the user the daemon runs as may steer it (bound with that mode,
+        // no window where the umask's mode applies).
+        let listener = surge_nbd::bind_unix(path, SOCKET_MODE).with_context(|| format!("binding control socket {}", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -174,6 +176,11 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
+/// Mode of the control socket: its owner only.
+pub const SOCKET_MODE: u32 = 0o600;
+/// Longest request line; a longer one gets an error and the connection closes.
+pub const MAX_REQUEST: usize = 1 << 20;
+
 /// How often the accept loop looks at the stop flag.
 const ACCEPT_POLL_MS: i32 = 100;
 
@@ -204,22 +211,45 @@ fn accept_loop(listener: UnixListener, registry: Arc<Registry>, stop: Arc<Atomic
     }
 }
 
-/// Answer requests line by line until the client closes.
+/// Answer requests line by line until the client closes. A line longer than
+/// [`MAX_REQUEST`] is answered with an error and ends the connection before
+/// more of it is read.
 fn serve_client(stream: UnixStream, registry: &Registry) -> std::io::Result<()> {
+    use std::io::Read as _;
     let mut out = stream.try_clone()?;
-    for line in BufReader::new(stream).lines() {
-        let line = line?;
-        if line.trim().is_empty() {
+    let mut r = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if (&mut r).take(MAX_REQUEST as u64 + 1).read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        let too_long = line.len() > MAX_REQUEST;
+        let text = String::from_utf8_lossy(&line);
+        if !too_long && text.trim().is_empty() {
             continue;
         }
-        let resp = match serde_json::from_str::<Request>(&line) {
-            Ok(req) => registry.handle(req),
-            Err(e) => Response::error(format!("bad request: {e}")),
+        let resp = if too_long {
+            Response::error(format!("request longer than {MAX_REQUEST} bytes"))
+        } else {
+            match serde_json::from_str::<Request>(&text) {
+                Ok(req) => registry.handle(req),
+                Err(e) => Response::error(format!("bad request: {e}")),
+            }
         };
         serde_json::to_writer(&mut out, &resp)?;
         out.write_all(b"\n")?;
+        if too_long {
+            // Closing with unread input would reset the connection and lose
+            // the answer: say it, then discard (not keep) input for a moment.
+            out.shutdown(std::net::Shutdown::Write)?;
+            let _ = out.set_read_timeout(Some(Duration::from_millis(200)));
+            let until = std::time::Instant::now() + Duration::from_secs(1);
+            let mut sink = [0u8; 64 << 10];
+            while std::time::Instant::now() < until && matches!(out.read(&mut sink), Ok(n) if n > 0) {}
+            return Ok(());
+        }
     }
-    Ok(())
 }
 
 /// Send one request to a running daemon and return its answer.
@@ -317,6 +347,42 @@ mod tests {
         drop(server);
         assert!(!path.exists(), "socket file removed on shutdown");
         assert!(call(&path, &Request::Status).unwrap_err().to_string().contains("is `surge serve` running"));
+    }
+
+    // Issue 38 item 5: the socket is its owner's only (not the umask's
+    // 0755), and a line without end is cut instead of buffered forever.
+    #[test]
+    fn the_control_socket_is_private_and_an_endless_line_is_cut() {
+        use std::io::Read as _;
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let r = Registry::new();
+        r.register(knob("a")).unwrap();
+        let _server = ControlServer::start(&path, r).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let w = s.try_clone().unwrap();
+        // A line without end: the server answers once it passes 1 MiB and
+        // hangs up, so a writer that goes on fails (within 10 s).
+        let writer = std::thread::spawn(move || {
+            let mut w = w;
+            let chunk = vec![b'x'; 64 << 10];
+            let t = std::time::Instant::now();
+            while t.elapsed() < Duration::from_secs(10) {
+                if w.write_all(&chunk).is_err() {
+                    return true;
+                }
+            }
+            false
+        });
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        let resp: Response = serde_json::from_str(reply.trim()).unwrap();
+        assert!(!resp.ok && resp.error.unwrap().contains("longer than"), "{reply}");
+        assert!(writer.join().unwrap(), "the server kept reading the endless line");
+        assert!(call(&path, &Request::Status).unwrap().ok, "the daemon still answers");
     }
 
     #[test]

@@ -8,8 +8,14 @@
 //! name. Sending and receiving run on their own threads and never take part
 //! in I/O: a peer that is slow, gone or refusing connections only stops being
 //! heard, and after the peer timeout its pool falls back to local SFQ(D).
-//! Reports are not authenticated: keep the coop listener on a trusted network
-//! (the NBD exposure rule applies to it too).
+//! With a key (`--coop-key FILE`, a secret every peer holds) each line is
+//! `MAC JSON`, MAC the hex HMAC-SHA256 of the JSON under the key, and lines
+//! without a valid MAC are dropped, so only holders of the key can steer the
+//! shares. Without a key, lines are bare JSON and the listener must stay on
+//! loopback or a unix socket (or `--insecure`). A receiver remembers at most
+//! as many peers as it was given (`GlobalConfig::max_peers`) and forgets
+//! silent ones; a line is at most 1 MiB and a daemon hears at most
+//! [`MAX_READERS`] connections at once.
 
 use crate::config::ListenAddr;
 use crate::control::Controllable;
@@ -38,7 +44,57 @@ pub struct CoopConfig {
     pub peers: Vec<ListenAddr>,
     pub period: Duration,
     pub peer_timeout: Duration,
+    /// Signs reports sent and checks reports received.
+    pub key: Option<CoopKey>,
 }
+
+/// The secret cooperating daemons sign their reports with (HMAC-SHA256).
+#[derive(Clone)]
+pub struct CoopKey(ring::hmac::Key);
+
+impl std::fmt::Debug for CoopKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CoopKey(..)")
+    }
+}
+
+/// Shortest key accepted, in bytes.
+pub const MIN_KEY: usize = 16;
+
+impl CoopKey {
+    pub fn new(secret: &[u8]) -> anyhow::Result<CoopKey> {
+        anyhow::ensure!(secret.len() >= MIN_KEY, "a coop key needs at least {MIN_KEY} bytes (e.g. `head -c 32 /dev/urandom | base64 > FILE`)");
+        Ok(CoopKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret)))
+    }
+
+    /// The key in `path` (trailing newline ignored); refused if others may read it.
+    pub fn from_file(path: &std::path::Path) -> anyhow::Result<CoopKey> {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).with_context(|| format!("coop key {}", path.display()))?.permissions().mode();
+        anyhow::ensure!(mode & 0o077 == 0, "coop key {} has mode {:o}: others could read it; chmod 600 it", path.display(), mode & 0o777);
+        let text = std::fs::read(path).with_context(|| format!("reading coop key {}", path.display()))?;
+        let secret = text.trim_ascii_end();
+        CoopKey::new(secret).with_context(|| format!("coop key {}", path.display()))
+    }
+
+    fn sign(&self, msg: &[u8]) -> String {
+        ring::hmac::sign(&self.0, msg).as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The JSON of a signed line, if its MAC is right.
+    fn open<'a>(&self, line: &'a [u8]) -> Option<&'a [u8]> {
+        let sp = line.iter().position(|&b| b == b' ')?;
+        let (mac, json) = (&line[..sp], &line[sp + 1..]);
+        if mac.len() != 64 {
+            return None;
+        }
+        let tag: Vec<u8> = mac.chunks(2).map(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()).collect::<Option<_>>()?;
+        ring::hmac::verify(&self.0, json, &tag).ok().map(|_| json)
+    }
+}
+
+/// Connections heard at once; more are closed at accept (each costs a thread).
+pub const MAX_READERS: usize = 64;
 
 /// One line on the wire.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -157,7 +213,8 @@ impl Listener {
             ListenAddr::Tcp(a) => Listener::Tcp(TcpListener::bind(a)?),
             ListenAddr::Unix(p) => {
                 let _ = crate::control::remove_stale_socket(p);
-                Listener::Unix(UnixListener::bind(p)?, p.clone())
+                // Only the user the daemon runs as may send reports.
+                Listener::Unix(surge_nbd::bind_unix(p, 0o600)?, p.clone())
             }
         };
         match &l {
@@ -196,7 +253,12 @@ impl Drop for Listener {
 fn accept_loop(listener: Listener, state: Arc<State>, queues: Queues) {
     let mut readers = Vec::new();
     while !state.stop.load(Ordering::Relaxed) {
+        readers.retain(|h: &JoinHandle<()>| !h.is_finished());
         match listener.accept() {
+            Ok(_) if readers.len() >= MAX_READERS => {
+                state.rejected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("coop: {MAX_READERS} connections open already: closing a new one");
+            }
             Ok(stream) => {
                 let (s, q) = (state.clone(), queues.clone());
                 match std::thread::Builder::new().name("coop-recv".into()).spawn(move || receive(stream, s, q)) {
@@ -210,20 +272,22 @@ fn accept_loop(listener: Listener, state: Arc<State>, queues: Queues) {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        readers.retain(|h: &JoinHandle<()>| !h.is_finished());
     }
     for h in readers {
         let _ = h.join();
     }
 }
 
-/// Read report lines from one peer until it goes away or we stop.
+/// Read report lines from one peer until it goes away or we stop. A line
+/// longer than [`MAX_LINE`] ends the connection before more of it is read.
 fn receive(stream: Box<dyn std::io::Read + Send>, state: Arc<State>, queues: Queues) {
+    use std::io::Read as _;
     let mut r = BufReader::new(stream);
     let mut line = Vec::new();
     while !state.stop.load(Ordering::Relaxed) {
-        match r.read_until(b'\n', &mut line) {
-            Ok(0) => return,
+        let room = (MAX_LINE + 1).saturating_sub(line.len()) as u64;
+        match (&mut r).take(room).read_until(b'\n', &mut line) {
+            Ok(0) if line.len() <= MAX_LINE => return,
             Ok(_) if line.ends_with(b"\n") => {
                 apply_line(&line, &state, &queues);
                 line.clear();
@@ -240,7 +304,12 @@ fn receive(stream: Box<dyn std::io::Read + Send>, state: Arc<State>, queues: Que
 }
 
 fn apply_line(line: &[u8], state: &State, queues: &Queues) {
-    let Ok(m) = serde_json::from_slice::<Message>(line) else {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let json = match &state.cfg.key {
+        Some(k) => k.open(line),
+        None => Some(line),
+    };
+    let Some(m) = json.and_then(|j| serde_json::from_slice::<Message>(j).ok()) else {
         state.rejected.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -278,7 +347,11 @@ fn send_loop(state: Arc<State>, queues: Queues) {
             seq,
             pools: pools.iter().map(|(n, q)| (n.clone(), q.report())).collect(),
         };
-        let Ok(mut line) = serde_json::to_vec(&msg) else { continue };
+        let Ok(json) = serde_json::to_vec(&msg) else { continue };
+        let mut line = match &state.cfg.key {
+            Some(k) => [k.sign(&json).as_bytes(), b" ", &json].concat(),
+            None => json,
+        };
         line.push(b'\n');
         send_all(&state, &line);
     }
@@ -342,6 +415,7 @@ impl Controllable for CoopControl {
             "listen": s.cfg.listen.to_string(),
             "period_us": s.cfg.period.as_micros() as u64,
             "peer_timeout_us": s.cfg.peer_timeout.as_micros() as u64,
+            "signed": s.cfg.key.is_some(),
             "received": s.received.load(Ordering::Relaxed),
             "rejected": s.rejected.load(Ordering::Relaxed),
             "peers": peers,
@@ -364,5 +438,81 @@ mod tests {
         let line = serde_json::to_vec(&m).unwrap();
         assert_eq!(serde_json::from_slice::<Message>(&line).unwrap(), m);
         assert!(serde_json::from_slice::<Message>(b"{\"from\":1}").is_err());
+    }
+
+    fn keyed_state(key: Option<&[u8]>) -> (Arc<State>, Queues, crate::stack::BuildContext) {
+        use crate::stack::share::{build_share, set_coop, CoopTiming};
+        let mut ctx = crate::stack::BuildContext::new(std::path::PathBuf::from("/nonexistent"), Arc::new(surge_block::SystemClock::new()));
+        ctx.pools.insert("pfs".into(), Arc::new(surge_block::MemoryDev::new(1 << 20)));
+        set_coop(&ctx, Some(CoopTiming { period: Duration::from_millis(20), peer_timeout: Duration::from_secs(5), max_peers: 1 }));
+        build_share("a", "pfs", &ctx).unwrap();
+        let cfg = CoopConfig {
+            name: "me".into(),
+            listen: "unix:/nonexistent".parse().unwrap(),
+            peers: vec!["unix:/peer".parse().unwrap()],
+            period: Duration::from_millis(20),
+            peer_timeout: Duration::from_secs(5),
+            key: key.map(|k| CoopKey::new(k).unwrap()),
+        };
+        let state = Arc::new(State { cfg, incarnation: 1, peers: Mutex::new(vec![]), received: AtomicU64::new(0), rejected: AtomicU64::new(0), stop: AtomicBool::new(false) });
+        (state, ctx.fair_queues.clone(), ctx)
+    }
+
+    fn line(key: Option<&CoopKey>, from: &str, seq: u64, cost: u64) -> Vec<u8> {
+        let m = Message { from: from.into(), incarnation: 9, seq, pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost, reserved: 0, active: true }])].into() };
+        let json = serde_json::to_vec(&m).unwrap();
+        let mut l = match key {
+            Some(k) => [k.sign(&json).as_bytes(), b" ", &json].concat(),
+            None => json,
+        };
+        l.push(b'\n');
+        l
+    }
+
+    fn remote_cost(q: &Queues) -> u64 {
+        share::pools(q)[0].1.stats().tenants.iter().find(|t| t.name == "a").map_or(0, |t| t.remote_cost)
+    }
+
+    // Issue 38 item 4: with a key, only reports signed with it count; a
+    // forged or unsigned report (huge cost included) changes nothing.
+    #[test]
+    fn with_a_key_unsigned_and_forged_reports_change_nothing() {
+        let secret = b"0123456789abcdef-the-peers-secret";
+        let (state, queues, _ctx) = keyed_state(Some(secret));
+        let right = CoopKey::new(secret).unwrap();
+        let wrong = CoopKey::new(b"another-secret-of-16-bytes").unwrap();
+        for l in [line(None, "p", 1, 0), line(None, "p", 2, u64::MAX), line(Some(&wrong), "p", 1, 0), line(Some(&wrong), "p", 2, u64::MAX)] {
+            apply_line(&l, &state, &queues);
+        }
+        // A signed line whose JSON was altered after signing.
+        let mut tampered = line(Some(&right), "p", 3, 5);
+        let at = tampered.len() - 4;
+        tampered[at] = b'9';
+        apply_line(&tampered, &state, &queues);
+        assert_eq!(state.rejected.load(Ordering::Relaxed), 5);
+        assert_eq!(state.received.load(Ordering::Relaxed), 0);
+        assert_eq!(remote_cost(&queues), 0);
+        assert!(share::pools(&queues)[0].1.stats().peers.is_empty(), "a forged sender became a peer");
+        // The peer that holds the key is heard: baseline, then its credit.
+        apply_line(&line(Some(&right), "p", 10, 1000), &state, &queues);
+        apply_line(&line(Some(&right), "p", 11, 5000), &state, &queues);
+        assert_eq!(remote_cost(&queues), 4000);
+        // A second sender beyond the one configured peer is not remembered.
+        apply_line(&line(Some(&right), "q", 1, 0), &state, &queues);
+        assert_eq!(share::pools(&queues)[0].1.stats().peers.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["p"]);
+    }
+
+    #[test]
+    fn a_short_or_readable_key_file_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("k");
+        std::fs::write(&f, "short\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(CoopKey::from_file(&f).unwrap_err().to_string().contains("coop key"));
+        std::fs::write(&f, "a-long-enough-secret-for-hmac\n").unwrap();
+        CoopKey::from_file(&f).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(format!("{:#}", CoopKey::from_file(&f).unwrap_err()).contains("chmod 600"));
     }
 }

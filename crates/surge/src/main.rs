@@ -8,6 +8,7 @@ mod config;
 mod control;
 mod coop;
 mod experiment;
+mod load;
 mod logging;
 mod metrics;
 mod reload;
@@ -51,6 +52,7 @@ enum Command {
     Torture(cmd::torture::Args),
     Bb(cmd::bb::Args),
     StripeBench(cmd::stripe_bench::Args),
+    Load(cmd::load::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -68,6 +70,7 @@ fn main() -> std::process::ExitCode {
         Command::Plan(a) => cmd::plan::run(a),
         Command::Torture(a) => cmd::torture::run(a),
         Command::StripeBench(a) => cmd::stripe_bench::run(a),
+        Command::Load(a) => cmd::load::run(a),
         Command::Bb(a) => cmd::bb::run(a),
     };
     match result {

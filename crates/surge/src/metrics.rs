@@ -305,32 +305,90 @@ impl Collector for Metrics {
 }
 
 /// The HTTP endpoint; dropping it stops the server.
+///
+/// Scrapers are answered by [`RESPONDERS`] threads, each write bounded by
+/// [`SEND_TIMEOUT`] (set on the listening socket, which accepted sockets
+/// inherit), so a client that does not read its response holds one of them
+/// for a few seconds, not the endpoint; while all are busy, requests are
+/// dropped unanswered (never a blocking write on the accepting thread), and
+/// a client whose response timed out gets no more answers. With an
+/// allow-list, other addresses get 403.
 pub struct MetricsServer {
     server: Arc<tiny_http::Server>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
     addr: SocketAddr,
 }
 
+/// Threads answering scrapes.
+pub const RESPONDERS: usize = 4;
+/// How long writing one response may block (a stalled reader).
+pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a connection may take to send a request (idle keep-alive included).
+pub const RECV_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Client addresses whose response timed out, remembered (and ignored) at most.
+const STALLED_REMEMBERED: usize = 1024;
+
 impl MetricsServer {
-    pub fn start(addr: SocketAddr, metrics: Metrics) -> anyhow::Result<Self> {
-        let server = Arc::new(tiny_http::Server::http(addr).map_err(|e| anyhow::anyhow!("{e}")).with_context(|| format!("--metrics {addr}: binding"))?);
+    pub fn start(addr: SocketAddr, metrics: Metrics, allow: Option<surge_nbd::AllowList>) -> anyhow::Result<Self> {
+        let bind = || -> std::io::Result<std::net::TcpListener> {
+            let sock = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+            sock.set_reuse_address(true)?;
+            sock.set_write_timeout(Some(SEND_TIMEOUT))?;
+            sock.set_read_timeout(Some(RECV_TIMEOUT))?;
+            sock.bind(&addr.into())?;
+            sock.listen(128)?;
+            Ok(sock.into())
+        };
+        let listener = bind().with_context(|| format!("--metrics {addr}: binding"))?;
+        let server = Arc::new(tiny_http::Server::from_listener(listener, None).map_err(|e| anyhow::anyhow!("{e}")).with_context(|| format!("--metrics {addr}"))?);
         let addr = server.server_addr().to_ip().context("metrics server address")?;
+        let (tx, rx) = crossbeam_channel::bounded::<(tiny_http::Request, bool)>(RESPONDERS * 4);
+        let stalled: Arc<Mutex<std::collections::VecDeque<SocketAddr>>> = Arc::default();
+        let metrics = Arc::new(metrics);
+        let mut threads = Vec::new();
+        for i in 0..RESPONDERS {
+            let (rx, metrics, stalled) = (rx.clone(), metrics.clone(), stalled.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("metrics{i}"))
+                .spawn(move || {
+                    for (req, allowed) in rx {
+                        let from = req.remote_addr().copied();
+                        if respond(req, allowed, &metrics).is_err() {
+                            if let Some(a) = from {
+                                let mut s = stalled.lock();
+                                if s.len() >= STALLED_REMEMBERED {
+                                    s.pop_front();
+                                }
+                                s.push_back(a);
+                            }
+                        }
+                    }
+                })
+                .context("spawning a metrics thread")?;
+            threads.push(t);
+        }
         let s = server.clone();
-        let thread = std::thread::Builder::new()
+        let accept = std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
                 for req in s.incoming_requests() {
-                    let resp = if req.url() == "/metrics" {
-                        let header = tiny_http::Header::from_bytes("Content-Type", "text/plain; version=0.0.4; charset=utf-8").expect("static header");
-                        tiny_http::Response::from_string(metrics.render()).with_header(header)
-                    } else {
-                        tiny_http::Response::from_string("surge: metrics are at /metrics\n").with_status_code(404)
+                    let from = req.remote_addr().copied();
+                    if from.is_some_and(|a| stalled.lock().contains(&a)) {
+                        discard(req);
+                        continue;
+                    }
+                    let allowed = match &allow {
+                        None => true,
+                        Some(list) => from.is_some_and(|a| list.allows(&surge_nbd::Peer::tcp(a.ip()))),
                     };
-                    let _ = req.respond(resp);
+                    if let Err(crossbeam_channel::TrySendError::Full((req, _))) = tx.try_send((req, allowed)) {
+                        discard(req);
+                    }
                 }
             })
             .context("spawning the metrics thread")?;
-        Ok(MetricsServer { server, thread: Some(thread), addr })
+        threads.push(accept);
+        Ok(MetricsServer { server, threads, addr })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -338,10 +396,29 @@ impl MetricsServer {
     }
 }
 
+/// Answers one scrape (403 for a client outside the allow-list).
+fn respond(req: tiny_http::Request, allowed: bool, metrics: &Metrics) -> std::io::Result<()> {
+    if !allowed {
+        return req.respond(tiny_http::Response::from_string("surge: not allowed\n").with_status_code(403));
+    }
+    if req.url() == "/metrics" {
+        let header = tiny_http::Header::from_bytes("Content-Type", "text/plain; version=0.0.4; charset=utf-8").expect("static header");
+        req.respond(tiny_http::Response::from_string(metrics.render()).with_header(header))
+    } else {
+        req.respond(tiny_http::Response::from_string("surge: metrics are at /metrics\n").with_status_code(404))
+    }
+}
+
+/// Leaves a request unanswered without writing anything (dropping it would
+/// write a 500, which may block on a client that does not read).
+fn discard(req: tiny_http::Request) {
+    drop(req.into_writer());
+}
+
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.server.unblock();
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -416,5 +493,54 @@ mod tests {
         assert_eq!(text.matches("surge_fairshare_depth{").count(), 1, "one sample per pool");
         assert!(text.contains("# TYPE surge_export_latency_seconds histogram"), "{text}");
         assert!(text.trim_end().ends_with("# EOF"), "OpenMetrics text ends with EOF");
+    }
+
+    /// One HTTP GET with `Connection: close`; the status line and body.
+    fn scrape(addr: SocketAddr) -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(addr)?;
+        c.set_read_timeout(Some(std::time::Duration::from_secs(20)))?;
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        c.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    // Issue 38 item 5: a client that asks and never reads held the one
+    // thread that answered everyone, forever.
+    #[test]
+    fn a_client_that_never_reads_does_not_freeze_other_scrapes() {
+        use std::io::Write;
+        let c = Control::new();
+        // A big status, so responses fill the socket buffers of a stalled reader.
+        let big: serde_json::Map<String, Value> = (0..4000).map(|i| (format!("field{i}"), json!(i))).collect();
+        c.register(Arc::new(Fake("g", "gizmo", Value::Object(big)))).unwrap();
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Metrics::new(c), None).unwrap();
+        let addr = server.addr();
+        let mut stalled = std::net::TcpStream::connect(addr).unwrap();
+        for _ in 0..200 {
+            stalled.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            let out = scrape(addr).unwrap();
+            assert!(out.starts_with("HTTP/1.1 200") && out.contains("field3999"), "{}", &out[..out.len().min(200)]);
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "a scrape took {:?}", t.elapsed());
+        }
+        drop(stalled);
+    }
+
+    #[test]
+    fn scrapers_outside_the_allow_list_get_403() {
+        let c = Control::new();
+        c.register(Arc::new(Fake("new", "gizmo", json!({"widgets": 7})))).unwrap();
+        let only_elsewhere: surge_nbd::AllowList = "10.0.0.0/8".parse().unwrap();
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Metrics::new(c.clone()), Some(only_elsewhere)).unwrap();
+        let out = scrape(server.addr()).unwrap();
+        assert!(out.starts_with("HTTP/1.1 403") && !out.contains("widgets"), "{out}");
+        let here: surge_nbd::AllowList = "127.0.0.1".parse().unwrap();
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Metrics::new(c), Some(here)).unwrap();
+        assert!(scrape(server.addr()).unwrap().contains("widgets"));
     }
 }

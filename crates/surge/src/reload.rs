@@ -7,11 +7,17 @@
 //! - a cloud volume export's parameters, same type and size (e.g. gp3 `iops`,
 //!   `throughput`; applied like `surge set NAME/volume spec=...`).
 //!
+//! The TLS certificate and key (and the CA of client certificates) are
+//! re-read from the running `tls_certs` directory on every SIGHUP (see
+//! `cmd::serve`), so renewed certificates need no restart.
+//!
 //! Everything else needs a restart and is reported, not applied: listeners,
-//! TLS, workers, data_dir, control, metrics, provider and `[aws]`, pools,
-//! added or removed exports, `read_only`, `allow`, and any other spec change
-//! (new kind, size, path, elastic settings). The running daemon keeps its old
-//! values for those until restarted.
+//! the TLS mode, `tls_certs`, `tls_verify_peer`, workers, data_dir, control,
+//! metrics and `metrics_allow`, connection caps, `[coop]`, provider and
+//! `[aws]`, pools, added or removed exports, `read_only`, `allow`, and any
+//! other spec change (new kind, size, path, elastic settings). The running
+//! daemon keeps its old values for those until restarted (an admin who turns
+//! on mutual TLS and reloads is told it is not on yet).
 
 use crate::config::FileConfig;
 use crate::control::Registry;
@@ -112,6 +118,11 @@ pub fn diff(old: &FileConfig, new: &FileConfig) -> Reload {
     restart("insecure", old.insecure != new.insecure);
     restart("tls", old.tls != new.tls);
     restart("tls_certs", old.tls_certs != new.tls_certs);
+    restart("tls_verify_peer", old.tls_verify_peer != new.tls_verify_peer);
+    restart("[coop]", old.coop != new.coop);
+    restart("metrics_allow", old.metrics_allow != new.metrics_allow);
+    restart("max_connections", old.max_connections != new.max_connections);
+    restart("max_connections_per_address", old.max_connections_per_address != new.max_connections_per_address);
     restart("listen", old.listen != new.listen);
     restart("pools", old.pools != new.pools);
     restart("metrics", old.metrics != new.metrics);
@@ -206,6 +217,11 @@ mod tests {
         for want in ["listen changed", "provider changed", "export a: its pool, tenant or overhead changed", "export g: its size changed", "export n was added", "export f was removed"] {
             assert!(text.contains(want), "{want:?} missing in {text}");
         }
+        // Issue 38 item 10: turning on mutual TLS or changing cooperation on a
+        // running daemon is not silently ignored.
+        let r = diff(&cfg("tls='require'\n[coop]\nlisten='unix:/c'\n"), &cfg("tls='require'\ntls_verify_peer=true\n[coop]\nlisten='unix:/c'\nkey_file='/k'\n"));
+        assert_eq!(r.restart, ["tls_verify_peer changed", "[coop] changed"]);
+        assert!(apply(&r, &Registry::new()).iter().all(|l| l.starts_with("not applied, needs a restart")));
         let r = diff(&cfg("[[export]]\nname='e'\nspec='memory:1MiB'\n"), &cfg("[[export]]\nname='e'\nspec='memory:2MiB'\n"));
         assert_eq!(r.restart, ["export e: memory exports change only on restart"]);
         assert_eq!(diff(&old, &old), Reload::default(), "no change, nothing to do");

@@ -536,3 +536,88 @@ fn etcd_membership_tracks_node_leases() {
     assert!(fs::read(m.dir.join("f")).unwrap() == pattern(8, 2_500_000));
     bb.wait_persisted("/", Duration::from_secs(60));
 }
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl (Debian package openssl)");
+    assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A member of the burst buffer's CA in `ca`: `out/{ca-cert,node-cert,node-key}.pem`.
+fn member(ca: &Path, out: &Path) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    fs::create_dir_all(ca).unwrap();
+    fs::create_dir_all(out).unwrap();
+    if !ca.join("ca-key.pem").exists() {
+        openssl(ca, &[&["req", "-x509"], &ec[..], &["-keyout", "ca-key.pem", "-out", "ca-cert.pem", "-days", "2", "-subj", "/CN=bb-ca"]].concat());
+    }
+    fs::write(out.join("ext.cnf"), "subjectAltName=DNS:surge-bb\nextendedKeyUsage=serverAuth,clientAuth\n").unwrap();
+    openssl(out, &[&["req"], &ec[..], &["-keyout", "node-key.pem", "-out", "node.csr", "-subj", "/CN=member"]].concat());
+    let (c, k) = (ca.join("ca-cert.pem"), ca.join("ca-key.pem"));
+    openssl(out, &["x509", "-req", "-in", "node.csr", "-CA", c.to_str().unwrap(), "-CAkey", k.to_str().unwrap(), "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", "node-cert.pem"]);
+    fs::copy(ca.join("ca-cert.pem"), out.join("ca-cert.pem")).unwrap();
+}
+
+/// Issue 38 item 1: nodes and mounts given `--tls-dir` speak mutual TLS
+/// (the file written through FUSE is read back and written back to S3); a
+/// mount without it cannot read a chunk; a node off loopback without TLS
+/// does not start.
+#[test]
+fn nodes_and_mounts_with_a_tls_dir_serve_and_others_are_refused() {
+    let mut bb = Bb::new("tls", "256KiB");
+    bb.replicas = 1;
+    let pki = bb.dir.path().join("pki");
+    member(&pki.join("ca"), &pki.join("node"));
+    member(&pki.join("ca"), &pki.join("client"));
+    let dir = |n: &str| pki.join(n).to_str().unwrap().to_string();
+    let _node = bb.node(&["--tls-dir", &dir("node")]);
+    let data = pattern(38, 700_000);
+    {
+        let m = bb.mount("m", &["--tls-dir", &dir("client")]);
+        fs::write(m.dir.join("f"), &data).unwrap();
+        assert!(fs::read(m.dir.join("f")).unwrap() == data);
+    }
+    bb.wait_persisted("/", Duration::from_secs(60));
+    assert!(bb.s3().get("f").unwrap().unwrap().to_vec() == data, "written back through TLS nodes");
+    // A mount without the certificate stores nothing on the node (it still
+    // reaches Redis and S3: those have logins of their own).
+    let m = bb.mount("plain", &[]);
+    let f = fs::File::create(m.dir.join("g")).unwrap();
+    let stored = (&f).write_all(b"no certificate").and_then(|_| f.sync_all());
+    assert!(stored.is_err(), "a mount without a certificate stored a chunk");
+    drop(f);
+    drop(m);
+    // Off loopback without TLS: refused before anything starts.
+    let (ok, _, err) = bb.run(&["node", "--listen", "0.0.0.0:0"]);
+    assert!(!ok && err.contains("--tls-dir") && err.contains("--insecure"), "{err}");
+}
+
+/// Issue 38 item 7, through the mount with coreutils: `/.surge` is the
+/// bucket's own prefix (EPERM), `truncate -s 7E` fails with EFBIG, and a
+/// sparse file is written back with its holes as zeros.
+#[test]
+fn the_internal_prefix_and_huge_sizes_are_refused_through_the_mount() {
+    let mut bb = Bb::new("names", "256KiB");
+    bb.replicas = 1;
+    let _node = bb.node(&[]);
+    let m = bb.mount("m", &[]);
+    assert_eq!(errno(&fs::create_dir(m.dir.join(".surge"))), Some(libc::EPERM));
+    assert_eq!(errno(&fs::write(m.dir.join(".surge"), b"x")), Some(libc::EPERM));
+    fs::write(m.dir.join("a"), b"x").unwrap();
+    assert_eq!(errno(&fs::rename(m.dir.join("a"), m.dir.join(".surge"))), Some(libc::EPERM));
+    // 7E (coreutils takes no more: 8E overflows off_t) and just past 5 TiB.
+    for size in ["7E", "5497558138881"] {
+        let t = std::process::Command::new("truncate").args(["-s", size]).arg(m.dir.join("huge")).output().unwrap();
+        assert!(!t.status.success() && String::from_utf8_lossy(&t.stderr).contains("File too large"), "{size}: {}", String::from_utf8_lossy(&t.stderr));
+    }
+    assert_eq!(fs::metadata(m.dir.join("huge")).map(|m| m.len()).unwrap_or(0), 0);
+    // Sparse: 2 MiB of hole, then 4 bytes.
+    let f = OpenOptions::new().create(true).write(true).open(m.dir.join("sparse")).unwrap();
+    f.write_all_at(b"tail", 2 << 20).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    bb.wait_persisted("/", Duration::from_secs(60));
+    let mut want = vec![0u8; 2 << 20];
+    want.extend_from_slice(b"tail");
+    assert!(bb.s3().get("sparse").unwrap().unwrap().to_vec() == want, "the sparse file's object");
+    assert!(bb.s3().get(".surge").unwrap().is_none());
+}

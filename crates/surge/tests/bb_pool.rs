@@ -507,6 +507,7 @@ fn an_added_node_takes_exactly_its_share_of_the_clean_chunks() {
         }),
         replicas: 2,
         chunk_size: 256 << 10,
+        access: Default::default(),
     }
     .open()
     .unwrap();

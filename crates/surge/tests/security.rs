@@ -302,8 +302,13 @@ fn non_loopback_listeners_need_tls_require_or_insecure() {
     assert!(err.contains("nothing-here") && err.contains("server-cert.pem"), "{err}");
     let err = serve_must_fail(&["--export", "m=memory:1MiB", "--allow", "m=10.0.0.0/8,bogus"]);
     assert!(err.contains("bogus"), "{err}");
+    // Issue 38 item 3: TLS required but nobody told apart (no client
+    // certificates, an export without an allow-list): refused too.
+    let err = serve_must_fail(&["--listen", &public, "--tls", "require", "--tls-certs", certs, "--export", "m=memory:1MiB"]);
+    assert!(err.contains("does not authenticate") && err.contains("--tls-verify-peer") && err.contains("\"m\""), "{err}");
 
-    // With TLS required, the same listener starts; clients reach it on loopback only.
+    // With TLS required and an allow-list on the export, the same listener
+    // starts; clients reach it on loopback only.
     // A port picked just before it is served, not before the refusals above.
     let port = free_port();
     let public = format!("tcp:0.0.0.0:{port}");
@@ -313,7 +318,7 @@ fn non_loopback_listeners_need_tls_require_or_insecure() {
     let mut cmd = Command::new(SURGE);
     cmd.arg("serve").arg("--data-dir").arg(sock_dir.path()).arg("--control").arg(&control);
     cmd.args(["--listen", &format!("unix:{}", sock.display()), "--listen", &public, "--tls", "require", "--tls-certs", certs]);
-    cmd.args(["--export", "m=memory:1MiB"]);
+    cmd.args(["--export", "m=memory:1MiB", "--allow", "m=127.0.0.1,unix"]);
     let _s = Surge::spawn(cmd, sock_dir, sock, control);
     let out = nbdinfo(&["--size", &tls_uri(port, "m", &pki.client)]);
     assert_eq!(text(&out.stdout).trim(), "1048576", "{}", text(&out.stderr));
@@ -392,4 +397,42 @@ fn tls_verify_peer_admits_only_client_certificates_signed_by_the_ca() {
     assert!(err.contains("ca-cert.pem"), "{err}");
     let err = serve_must_fail(&["--tls-verify-peer", "--export", "m=memory:1MiB"]);
     assert!(err.contains("--tls-verify-peer") && err.contains("--tls"), "{err}");
+}
+
+/// Issue 38 item 10: SIGHUP re-reads the certificates in --tls-certs: a
+/// renewed certificate (here: from another CA) is served without a restart,
+/// and a broken file leaves the running one in place.
+#[test]
+fn sighup_reloads_the_tls_certificates() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (openssl_pki(a_dir.path()), openssl_pki(b_dir.path()));
+    let live = tempfile::tempdir().unwrap();
+    let copy = |from: &Path| {
+        for f in ["server-cert.pem", "server-key.pem"] {
+            std::fs::copy(from.join(f), live.path().join(f)).unwrap();
+        }
+    };
+    copy(&a.server);
+    let port = free_port();
+    let s = serve_tcp(port, &["--tls", "require", "--tls-certs", live.path().to_str().unwrap(), "--export", "disk=memory:1MiB"]);
+    let size = |certs: &Path| nbdinfo(&["--size", &tls_uri(port, "disk", certs)]);
+    assert!(size(&a.client).status.success(), "{}", s.logs());
+    fails(&size(&b.client));
+    copy(&b.server);
+    s.signal(libc::SIGHUP);
+    let t = Instant::now();
+    while !size(&b.client).status.success() {
+        assert!(t.elapsed() < Duration::from_secs(10), "the new certificate is not served after SIGHUP:\n{}", s.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    fails(&size(&a.client));
+    // A key that does not load: logged, and the running certificate stays.
+    std::fs::write(live.path().join("server-key.pem"), "not a key\n").unwrap();
+    s.signal(libc::SIGHUP);
+    let t = Instant::now();
+    while !s.logs().contains("TLS certificates not reloaded") {
+        assert!(t.elapsed() < Duration::from_secs(10), "no error logged:\n{}", s.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(size(&b.client).status.success(), "{}", s.logs());
 }

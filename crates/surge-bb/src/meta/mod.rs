@@ -164,7 +164,17 @@ pub enum MetaError {
     Unavailable(String),
     #[error("metadata store answered something unexpected: {0}")]
     Corrupt(String),
+    /// The name is the bucket's internal prefix (`/.surge`), kept for surge.
+    #[error("/{} is reserved for the burst buffer's own objects in the bucket", crate::s3::INTERNAL_PREFIX)]
+    Reserved,
+    /// Past [`MAX_FILE_SIZE`] (the largest object S3 stores: every file is one).
+    #[error("file size {0} is past the largest a file may be ({MAX_FILE_SIZE} bytes)")]
+    TooBig(u64),
 }
+
+/// The largest file (5 TiB: S3's largest object, which every file is
+/// published as). Writes and truncates past it fail with EFBIG.
+pub const MAX_FILE_SIZE: u64 = 5 << 40;
 
 impl MetaError {
     pub fn errno(&self) -> i32 {
@@ -175,6 +185,8 @@ impl MetaError {
             MetaError::IsDir => libc::EISDIR,
             MetaError::NotEmpty => libc::ENOTEMPTY,
             MetaError::Invalid => libc::EINVAL,
+            MetaError::Reserved => libc::EPERM,
+            MetaError::TooBig(_) => libc::EFBIG,
             MetaError::Conflict(_) | MetaError::Unavailable(_) | MetaError::Corrupt(_) => libc::EIO,
         }
     }

@@ -393,8 +393,72 @@ return ino
     )
 });
 
+/// How to log in to Redis: an ACL user and its password (`AUTH user pass`),
+/// and for `rediss://` URLs the CA to check the server with (and a client
+/// certificate, for servers that ask for one). The password never appears
+/// in logs or errors (`Debug` hides it).
+#[derive(Clone, Default)]
+pub struct RedisAuth {
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// `ca-cert.pem`, and optionally `client-cert.pem` + `client-key.pem`.
+    pub tls_dir: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for RedisAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisAuth")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("tls_dir", &self.tls_dir)
+            .finish()
+    }
+}
+
+impl RedisAuth {
+    /// The password in `path` (its first line).
+    pub fn read_password(path: &std::path::Path) -> std::io::Result<String> {
+        let text = std::fs::read_to_string(path).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        Ok(text.lines().next().unwrap_or("").to_string())
+    }
+}
+
+/// A Redis URL fit for logs: the password of `redis://user:password@host`
+/// replaced by `***` (everything else kept, so the server is named).
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let end = rest.find('/').unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            let hidden = if rest[..at].contains(':') { format!("{user}:***") } else { "***".into() };
+            format!("{scheme}://{hidden}{}", &rest[at..])
+        }
+        None => url.to_string(),
+    }
+}
+
+/// A TLS directory is for `rediss://` URLs only (a plain URL would silently ignore it).
+fn require_tls_url(info: &::redis::ConnectionInfo, shown: &str) -> MetaResult<()> {
+    match info.addr {
+        ::redis::ConnectionAddr::TcpTls { .. } => Ok(()),
+        _ => Err(MetaError::Unavailable(format!("Redis TLS is configured but {shown} is not a rediss:// URL"))),
+    }
+}
+
+fn tls_certificates(dir: &std::path::Path) -> std::io::Result<::redis::TlsCertificates> {
+    let read = |f: &str| std::fs::read(dir.join(f)).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.join(f).display())));
+    let client_tls = match (dir.join("client-cert.pem").exists(), dir.join("client-key.pem").exists()) {
+        (true, true) => Some(::redis::ClientTlsConfig { client_cert: read("client-cert.pem")?, client_key: read("client-key.pem")? }),
+        (false, false) => None,
+        _ => return Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("{}: client-cert.pem and client-key.pem go together", dir.display()))),
+    };
+    Ok(::redis::TlsCertificates { client_tls, root_cert: Some(read("ca-cert.pem")?) })
+}
+
 pub struct RedisMeta {
     client: ::redis::Client,
+    /// The URL as logs show it (no password).
     url: String,
     prefix: String,
     pool: Mutex<Vec<Connection>>,
@@ -462,17 +526,44 @@ impl RedisMeta {
     /// Connects to `url` (redis://host:port[/db]); `fs` names the file system
     /// so several can share one Redis.
     pub fn connect(url: &str, fs: &str) -> MetaResult<RedisMeta> {
-        let client = ::redis::Client::open(url).map_err(|e| MetaError::Unavailable(format!("bad Redis URL {url}: {e}")))?;
+        Self::connect_with(url, &RedisAuth::default(), fs)
+    }
+
+    /// [`RedisMeta::connect`], logging in as `auth` says (a user and password
+    /// given there win over any in the URL).
+    pub fn connect_with(url: &str, auth: &RedisAuth, fs: &str) -> MetaResult<RedisMeta> {
+        use ::redis::IntoConnectionInfo as _;
+        let shown = redact(url);
+        let bad = |e: String| MetaError::Unavailable(format!("bad Redis URL {shown}: {e}"));
+        let mut info = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
+        if auth.user.is_some() {
+            info.redis.username = auth.user.clone();
+        }
+        if auth.password.is_some() {
+            info.redis.password = auth.password.clone();
+        }
+        let client = match &auth.tls_dir {
+            Some(dir) => {
+                require_tls_url(&info, &shown)?;
+                let certs = tls_certificates(dir).map_err(|e| MetaError::Unavailable(format!("Redis TLS: {e}")))?;
+                ::redis::Client::build_with_tls(info, certs)
+            }
+            None => ::redis::Client::open(info),
+        }
+        .map_err(|e| bad(e.to_string()))?;
+        let url = shown;
         let m = RedisMeta {
             client,
-            url: url.to_string(),
+            url: url.clone(),
             prefix: format!("bb:{fs}:"),
             pool: Mutex::default(),
             retry_for: Duration::from_secs(20),
             inos: Mutex::new(0..0),
         };
         // Fail fast with a clear message when Redis is not there at all.
-        let c = m.open_conn().map_err(|e| MetaError::Unavailable(format!("Redis at {url} unreachable: {e}")))?;
+        let mut c = m.open_conn().map_err(|e| MetaError::Unavailable(format!("Redis at {url} unreachable: {e}")))?;
+        // A server that wants a login (or another one) says so now, not at the first file.
+        ::redis::cmd("PING").query::<String>(&mut c).map_err(|e| MetaError::Unavailable(format!("Redis at {url} refused us: {e} (see --redis-user, --redis-password-file)")))?;
         m.pool.lock().push(c);
         Ok(m)
     }

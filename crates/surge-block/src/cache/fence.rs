@@ -125,7 +125,8 @@ impl FileFences {
         std::fs::create_dir_all(dir)?;
         let tmp = self.path.with_extension("tmp");
         {
-            let mut file = std::fs::File::create(&tmp)?;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(crate::file::DATA_FILE_MODE).open(&tmp)?;
             file.write_all(&f.encode())?;
             file.sync_all()?;
         }

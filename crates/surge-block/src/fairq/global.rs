@@ -44,7 +44,23 @@ pub struct GlobalConfig {
     /// A tenant owed service is waited for only on servers it used this recently.
     #[serde(with = "micros")]
     pub recent: Duration,
+    /// Peers remembered at most (the daemon sets it to the number it was
+    /// given): a report from one more sender is ignored unless a silent peer
+    /// can make room.
+    #[serde(default = "default_max_peers")]
+    pub max_peers: usize,
 }
+
+fn default_max_peers() -> usize {
+    MAX_PEERS
+}
+
+/// Default [`GlobalConfig::max_peers`].
+pub const MAX_PEERS: usize = 64;
+
+/// A peer silent for this many peer timeouts is forgotten (its next report
+/// only sets a baseline again, as a stale one's does).
+pub const FORGET_AFTER_TIMEOUTS: u32 = 10;
 
 impl Default for GlobalConfig {
     fn default() -> Self {
@@ -54,6 +70,7 @@ impl Default for GlobalConfig {
             lag: 1 << 20,
             anticipate: Anticipate::Auto,
             recent: Duration::from_secs(1),
+            max_peers: MAX_PEERS,
         }
     }
 }
@@ -188,7 +205,10 @@ struct PeerView {
 #[derive(Debug)]
 pub struct Ledger {
     timeout: Duration,
+    max_peers: usize,
     peers: BTreeMap<String, PeerView>,
+    /// Reports ignored because `max_peers` others were live.
+    refused: u64,
 }
 
 /// A peer as `surge status` shows it.
@@ -203,11 +223,45 @@ pub struct PeerStatus {
 
 impl Ledger {
     pub fn new(peer_timeout: Duration) -> Self {
-        Ledger { timeout: peer_timeout, peers: BTreeMap::new() }
+        Ledger { timeout: peer_timeout, max_peers: MAX_PEERS, peers: BTreeMap::new(), refused: 0 }
     }
 
     pub fn set_timeout(&mut self, peer_timeout: Duration) {
         self.timeout = peer_timeout;
+    }
+
+    pub fn set_max_peers(&mut self, max_peers: usize) {
+        self.max_peers = max_peers.max(1);
+    }
+
+    /// Reports ignored so far because the ledger was full of live peers.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Forgets peers silent for [`FORGET_AFTER_TIMEOUTS`] timeouts.
+    fn forget_silent(&mut self, now: Duration) {
+        let keep = self.timeout.saturating_mul(FORGET_AFTER_TIMEOUTS);
+        self.peers.retain(|_, p| now.saturating_sub(p.received) <= keep);
+    }
+
+    /// Whether a report from `from` may be kept: a known peer, or room for a
+    /// new one (a stale peer gives its place up).
+    fn admit(&mut self, from: &str, now: Duration) -> bool {
+        if self.peers.contains_key(from) || self.peers.len() < self.max_peers {
+            return true;
+        }
+        let stalest = self.peers.iter().filter(|(_, p)| !self.is_fresh(p, now)).min_by_key(|(_, p)| p.received).map(|(n, _)| n.clone());
+        match stalest {
+            Some(n) => {
+                self.peers.remove(&n);
+                true
+            }
+            None => {
+                self.refused += 1;
+                false
+            }
+        }
     }
 
     fn is_fresh(&self, p: &PeerView, now: Duration) -> bool {
@@ -217,7 +271,15 @@ impl Ledger {
     /// Take in a report received at `now`; returns the service it adds. The
     /// first report of a peer, of a new incarnation, or after the peer was
     /// stale only sets the baseline. Old or repeated reports are ignored.
+    ///
+    /// Peers are remembered up to `max_peers` (a report from one more sender
+    /// is ignored while they are all live) and forgotten once silent for
+    /// [`FORGET_AFTER_TIMEOUTS`] timeouts, so senders cannot grow it.
     pub fn apply(&mut self, r: &Report, now: Duration) -> Vec<Credit> {
+        self.forget_silent(now);
+        if !self.admit(&r.from, now) {
+            return Vec::new();
+        }
         let rebase = match self.peers.get(&r.from) {
             None => true,
             Some(p) if p.incarnation != r.incarnation || !self.is_fresh(p, now) => true,
@@ -415,5 +477,29 @@ mod tests {
         }
         let e = g.expected_within().unwrap();
         assert!(e >= ms(20) && e < ms(21), "{e:?}");
+    }
+
+    // Issue 38 item 4: a sender cannot grow the ledger: more senders than
+    // `max_peers` are ignored while the others are live, and silent ones are
+    // forgotten.
+    #[test]
+    fn senders_beyond_the_peer_cap_are_ignored_and_silent_peers_forgotten() {
+        let mut l = Ledger::new(ms(100));
+        l.set_max_peers(2);
+        for (i, p) in ["a", "b"].iter().enumerate() {
+            l.apply(&report(p, 1, 1, &[("t", 0, 0, true)]), ms(i as u64));
+        }
+        // A third name while both are live: no baseline, no credit, not listed.
+        assert_eq!(l.apply(&report("forged", 1, 1, &[("t", 0, 0, true)]), ms(5)), vec![]);
+        assert_eq!(l.apply(&report("forged", 1, 2, &[("t", u64::MAX, 0, true)]), ms(6)), vec![]);
+        assert_eq!(l.refused(), 2);
+        assert_eq!(l.peers(ms(6)).iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        // "b" falls silent: a new sender takes its place once it is stale.
+        l.apply(&report("a", 1, 2, &[("t", 10, 0, true)]), ms(150));
+        l.apply(&report("c", 1, 1, &[("t", 0, 0, true)]), ms(151));
+        assert_eq!(l.peers(ms(151)).iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["a", "c"]);
+        // Silent for ten timeouts: forgotten altogether.
+        l.apply(&report("c", 1, 2, &[("t", 0, 0, true)]), ms(1500));
+        assert_eq!(l.peers(ms(1500)).iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["c"]);
     }
 }

@@ -116,8 +116,10 @@ pub struct QueueStats {
 
 impl FairQueue {
     pub fn new(dev: Arc<dyn BlockDev>, cfg: SchedConfig, clock: Arc<dyn Clock>) -> Arc<Self> {
-        let timeout = cfg.global.as_ref().map_or(GlobalConfig::default().peer_timeout, |g| g.peer_timeout);
-        let shared = Shared { sched: Scheduler::new(cfg), waiters: HashMap::new(), tenants: Vec::new(), ledger: Ledger::new(timeout) };
+        let g = cfg.global.clone().unwrap_or_default();
+        let mut ledger = Ledger::new(g.peer_timeout);
+        ledger.set_max_peers(g.max_peers);
+        let shared = Shared { sched: Scheduler::new(cfg), waiters: HashMap::new(), tenants: Vec::new(), ledger };
         Arc::new(FairQueue { dev, clock, shared: Mutex::new(shared) })
     }
 
@@ -181,6 +183,7 @@ impl FairQueue {
         let _ = self.update(|s, now| {
             if let Some(g) = &global {
                 s.ledger.set_timeout(g.peer_timeout);
+                s.ledger.set_max_peers(g.max_peers);
             }
             s.sched.set_global(global);
             refresh_activity(s, now);

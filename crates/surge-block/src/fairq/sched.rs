@@ -255,7 +255,7 @@ impl Scheduler {
         let vtime = self.vtime;
         let ts = &mut self.tenants[t];
         ts.cfg = sanitize(cfg);
-        ts.last_finish = ts.last_finish.min(vtime + ts.last_span);
+        ts.last_finish = ts.last_finish.min(vtime.saturating_add(ts.last_span));
         if ts.head.take().is_some() {
             self.retag(t, now);
         }
@@ -360,10 +360,11 @@ impl Scheduler {
         };
         // Service elsewhere since the last tagging (DSFQ's delay, dmClock's delta and rho).
         let (elsewhere, reserved_elsewhere) = (std::mem::take(&mut ts.pending), std::mem::take(&mut ts.pending_reserved));
-        let start = vtime.max(ts.last_finish + elsewhere as u128 * WSCALE / ts.cfg.weight as u128);
-        let finish = start + p.cost as u128 * WSCALE / ts.cfg.weight as u128;
+        // Saturating: service reported by peers is not trusted to stay small.
+        let start = vtime.max(ts.last_finish.saturating_add(elsewhere as u128 * WSCALE / ts.cfg.weight as u128));
+        let finish = start.saturating_add(p.cost as u128 * WSCALE / ts.cfg.weight as u128);
         let now = nanos(now);
-        let tag = |prev: Option<u128>, rate: u64, extra: u64| prev.map_or(now, |prev| (prev + rate_step(p.cost + extra, rate)).max(now));
+        let tag = |prev: Option<u128>, rate: u64, extra: u64| prev.map_or(now, |prev| prev.saturating_add(rate_step(p.cost.saturating_add(extra), rate)).max(now));
         let r = ts.cfg.reservation.map(|rate| tag(ts.last_r, rate, reserved_elsewhere));
         let l = ts.cfg.limit.map(|rate| tag(ts.last_l, rate, elsewhere));
         ts.head = Some(Head { start, finish, r, l });
@@ -445,7 +446,7 @@ impl Scheduler {
                 && o.cfg.limit.is_none()
                 && o.remote_busy > 0
                 && o.last_arrival.is_some_and(|a| now.saturating_sub(a) <= recent)
-                && me.global > o.global + lag;
+                && me.global > o.global.saturating_add(lag);
             owed.then_some(u)
         })
     }
@@ -498,25 +499,29 @@ impl Scheduler {
     /// A waiting head is re-tagged at once (else a tenant's tags would lag the
     /// service it gets elsewhere by a whole wait each time); otherwise the next
     /// tagging takes it.
+    ///
+    /// The figures come from the network, so the arithmetic saturates: a
+    /// report of a huge cost pushes the tenant back as far as it goes, and
+    /// never panics the scheduler (release builds check overflow).
     pub fn credit(&mut self, t: TenantId, cost: u64, reserved: u64) {
         let ts = &mut self.tenants[t];
         let norm = cost as u128 * WSCALE / ts.cfg.weight as u128;
-        ts.global += norm;
-        ts.counters.remote_cost += cost;
+        ts.global = ts.global.saturating_add(norm);
+        ts.counters.remote_cost = ts.counters.remote_cost.saturating_add(cost);
         match &mut ts.head {
             Some(h) => {
-                h.start += norm;
-                h.finish += norm;
+                h.start = h.start.saturating_add(norm);
+                h.finish = h.finish.saturating_add(norm);
                 if let (Some(l), Some(rate)) = (h.l.as_mut(), ts.cfg.limit) {
-                    *l += rate_step(cost, rate);
+                    *l = l.saturating_add(rate_step(cost, rate));
                 }
                 if let (Some(r), Some(rate)) = (h.r.as_mut(), ts.cfg.reservation) {
-                    *r += rate_step(reserved, rate);
+                    *r = r.saturating_add(rate_step(reserved, rate));
                 }
             }
             None => {
-                ts.pending += cost;
-                ts.pending_reserved += reserved;
+                ts.pending = ts.pending.saturating_add(cost);
+                ts.pending_reserved = ts.pending_reserved.saturating_add(reserved);
             }
         }
     }
@@ -575,7 +580,7 @@ impl Scheduler {
         c.in_flight += 1;
         c.dispatched += 1;
         c.dispatched_cost += p.cost;
-        ts.global += p.cost as u128 * WSCALE / ts.cfg.weight as u128;
+        ts.global = ts.global.saturating_add(p.cost as u128 * WSCALE / ts.cfg.weight as u128);
         ts.busy_since_report = true;
         if phase == Phase::Reservation {
             c.by_reservation += 1;

@@ -435,3 +435,33 @@ fn live_changes_show_in_stats() {
     assert_eq!(st.tenants[0].bytes, 12288);
     assert!(st.tenants[0].recent.iops > 0.0);
 }
+
+// Issue 38 item 4: peers' figures come off the network; any value is taken
+// without panicking (release builds check overflow) and the other tenants
+// keep being served.
+#[test]
+fn huge_credits_from_peers_saturate_instead_of_overflowing() {
+    let mut s = Scheduler::new(SchedConfig { depth: 1, global: Some(GlobalConfig::default()), ..Default::default() });
+    s.add_tenant(TenantConfig { weight: 1, reservation: Some(MIB), limit: Some(64 * MIB) });
+    s.add_tenant(TenantConfig::default());
+    // Credited while idle (pending), then again with a head queued.
+    for _ in 0..3 {
+        s.credit(0, u64::MAX, u64::MAX);
+    }
+    s.enqueue(0, 4096, ms(1));
+    s.enqueue(1, 4096, ms(1));
+    for _ in 0..3 {
+        s.credit(0, u64::MAX, u64::MAX);
+        s.set_remote_busy(0, 1);
+    }
+    let order = serve_one_by_one(&mut s, 1, ms(1));
+    assert_eq!(order, [1], "the other tenant goes first");
+    for i in 0..4 {
+        s.enqueue(1, 4096, ms(2 + i));
+        s.credit(1, u64::MAX, 0);
+    }
+    while let Some(d) = s.dispatch(ms(10)) {
+        s.complete(d.req, ms(10));
+    }
+    assert_eq!(s.counters(0).remote_cost, u64::MAX, "the counter saturates");
+}

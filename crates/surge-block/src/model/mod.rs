@@ -39,12 +39,24 @@ pub struct ModelDev {
     inner: Arc<dyn BlockDev>,
     clock: Arc<dyn Clock>,
     sched: Mutex<Scheduler>,
+    /// The link every volume of one instance shares (its EBS bandwidth and
+    /// IOPS), if modelled: an I/O completes when both it and the volume allow.
+    link: Option<Link>,
 }
+
+/// The EBS limits of one instance, shared by the models of its volumes.
+pub type Link = Arc<Mutex<Scheduler>>;
 
 impl ModelDev {
     pub fn new(inner: Arc<dyn BlockDev>, clock: Arc<dyn Clock>, shape: Shape) -> Self {
         let sched = Mutex::new(Scheduler::new(shape, clock.now()));
-        ModelDev { inner, clock, sched }
+        ModelDev { inner, clock, sched, link: None }
+    }
+
+    /// The same, its I/O also held to `link` (shared with the instance's other volumes).
+    pub fn with_link(mut self, link: Option<Link>) -> Self {
+        self.link = link;
+        self
     }
 
     pub fn shape(&self) -> Shape {
@@ -72,7 +84,10 @@ impl ModelDev {
 
     /// Reserve service for a request submitted at `submitted` and wait for it.
     fn pace(&self, submitted: Duration, kind: IoKind, offset: u64, len: u64) {
-        let done = self.sched.lock().reserve_at(submitted, kind, offset, len);
+        let mut done = self.sched.lock().reserve_at(submitted, kind, offset, len);
+        if let Some(l) = &self.link {
+            done = done.max(l.lock().reserve_at(submitted, kind, offset, len));
+        }
         self.clock.sleep_until(done);
     }
 }

@@ -353,3 +353,25 @@ mod props {
         }
     }
 }
+
+#[test]
+fn volumes_sharing_an_instance_link_are_held_to_its_limit_together() {
+    // Two volumes of 1,000 IOPS each behind a 1,000 IOPS instance link: 1,000
+    // reads spread over both take a second, not half of one.
+    let clock = Arc::new(VirtualClock::new());
+    let vol = Shape { iops: Some(1_000), ..Shape::default() };
+    let link: Link = Arc::new(Mutex::new(Scheduler::new(Shape { iops: Some(1_000), ..Shape::default() }, clock.now())));
+    let devs: Vec<ModelDev> = (0..2).map(|_| ModelDev::new(Arc::new(MemoryDev::new(1 << 20)), clock.clone(), vol.clone()).with_link(Some(link.clone()))).collect();
+    let mut buf = [0u8; 4096];
+    for i in 0..1_000 {
+        devs[i % 2].read_at(&mut buf, 0).unwrap();
+    }
+    assert!(clock.now() >= Duration::from_millis(998), "held to the link: {:?}", clock.now());
+    // Without the link the two volumes serve 2,000 IOPS together.
+    let clock = Arc::new(VirtualClock::new());
+    let devs: Vec<ModelDev> = (0..2).map(|_| ModelDev::new(Arc::new(MemoryDev::new(1 << 20)), clock.clone(), vol.clone())).collect();
+    for i in 0..1_000 {
+        devs[i % 2].read_at(&mut buf, 0).unwrap();
+    }
+    assert!(clock.now() <= Duration::from_millis(500), "{:?}", clock.now());
+}

@@ -1,9 +1,10 @@
 //! How the local cloud emulates EBS's elastic-volume modification rules.
 //!
-//! - Cooldown: after a modification a volume cannot be modified again for
-//!   `cooldown` (EBS: "you must wait at least six hours"; AWS relaxed this in
-//!   2025 to four modifications per rolling 24 h, each after the previous one
-//!   completed; the classic rule is what we model).
+//! - Which modifications are allowed, two rules: the classic one, a
+//!   `cooldown` after each modification (EBS: "you must wait at least six
+//!   hours", [`ModifyRules::ebs`]), and AWS's newer one, at most `per_window`
+//!   modifications in any rolling `window`, each only once the previous one
+//!   completed (four per rolling 24 hours, [`ModifyRules::ebs_rolling`]).
 //! - Optimizing: new performance takes effect gradually. EBS: "while the volume
 //!   is in the optimizing state, your volume performance is in between the
 //!   source and target configuration specifications", "from a few minutes to a
@@ -24,21 +25,61 @@ use surge_block::model::{ModelDev, Shape};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ModifyRules {
-    /// Least time between two modifications of one volume (EBS: 6 h).
+    /// Least time between two modifications of one volume (EBS classic: 6 h).
     pub cooldown: Duration,
     /// How long new performance takes to arrive, linearly (EBS: minutes to hours).
     pub optimizing: Duration,
+    /// At most `per_window` modifications in any rolling `window` (0: no such limit).
+    #[serde(default)]
+    pub window: Duration,
+    #[serde(default)]
+    pub per_window: u32,
+    /// A modification may start only once the previous one completed.
+    #[serde(default)]
+    pub after_complete: bool,
 }
 
 impl ModifyRules {
-    /// EBS's classic rule with the short end of "a few minutes to a few hours".
+    /// EBS's classic rule (one modification per 6 hours) with the short end
+    /// of "a few minutes to a few hours" for the new performance to arrive.
     pub fn ebs() -> Self {
-        ModifyRules { cooldown: Duration::from_secs(6 * 3_600), optimizing: Duration::from_secs(300) }
+        ModifyRules { cooldown: Duration::from_secs(6 * 3_600), optimizing: Duration::from_secs(300), ..ModifyRules::default() }
+    }
+
+    /// EBS's newer rule: up to four modifications in a rolling 24 hours, as
+    /// long as each completes before the next starts.
+    pub fn ebs_rolling() -> Self {
+        ModifyRules { optimizing: Duration::from_secs(300), window: Duration::from_secs(24 * 3_600), per_window: 4, after_complete: true, ..ModifyRules::default() }
     }
 
     /// Durations multiplied by `f` (an experiment at time scale f).
     pub fn scaled(self, f: f64) -> Self {
-        ModifyRules { cooldown: self.cooldown.mul_f64(f), optimizing: self.optimizing.mul_f64(f) }
+        ModifyRules { cooldown: self.cooldown.mul_f64(f), optimizing: self.optimizing.mul_f64(f), window: self.window.mul_f64(f), ..self }
+    }
+
+    /// Why a modification at `now` is refused after the ones made at `past`
+    /// (any order, same clock), or `None` if it is allowed.
+    pub fn refuses(&self, past: &[Duration], now: Duration) -> Option<String> {
+        let last = past.iter().copied().max()?;
+        let ago = now.saturating_sub(last);
+        if ago < self.cooldown {
+            return Some(format!("modified {:.1} s ago; a volume may be modified once per {:?} (EBS's cooldown)", ago.as_secs_f64(), self.cooldown));
+        }
+        if self.after_complete && ago < self.optimizing {
+            return Some(format!("the modification {:.1} s ago is still optimizing (for {:?}); the next may start once it completed", ago.as_secs_f64(), self.optimizing));
+        }
+        if self.per_window > 0 {
+            let recent = past.iter().filter(|&&t| now.saturating_sub(t) < self.window).count();
+            if recent >= self.per_window as usize {
+                return Some(format!("{recent} modifications in the last {:?}; at most {} per rolling {:?}", self.window, self.per_window, self.window));
+            }
+        }
+        None
+    }
+
+    /// How many past modifications matter to [`ModifyRules::refuses`].
+    pub fn memory(&self) -> usize {
+        (self.per_window as usize).max(1)
     }
 }
 
@@ -119,6 +160,36 @@ impl Optimizing {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    fn h(x: u64) -> Duration {
+        Duration::from_secs(x * 3_600)
+    }
+
+    #[test]
+    fn the_classic_rule_allows_one_modification_per_six_hours() {
+        let r = ModifyRules::ebs();
+        assert!(r.refuses(&[], h(0)).is_none());
+        assert!(r.refuses(&[h(1)], h(6)).unwrap().contains("once per"));
+        assert!(r.refuses(&[h(1)], h(7)).is_none());
+    }
+
+    #[test]
+    fn the_rolling_rule_allows_four_a_day_each_after_the_previous_completed() {
+        let r = ModifyRules::ebs_rolling();
+        let m = |x: u64| Duration::from_secs(x * 60);
+        // Five minutes of optimizing: not before it completed.
+        assert!(r.refuses(&[m(0)], m(4)).unwrap().contains("optimizing"));
+        assert!(r.refuses(&[m(0)], m(5)).is_none());
+        // Four within 24 h, then the fifth waits until the first is a day old.
+        let four = [m(0), m(10), m(20), m(30)];
+        assert!(r.refuses(&four, m(40)).unwrap().contains("at most 4"));
+        assert!(r.refuses(&four, h(24) - m(1)).is_some());
+        assert!(r.refuses(&four, h(24)).is_none());
+        // Scaled: the same at 1/100 of the time.
+        let s = r.scaled(0.01);
+        assert!(s.refuses(&[Duration::ZERO], Duration::from_secs(3)).is_none());
+        assert_eq!(s.window, Duration::from_secs(864));
+    }
     use surge_block::model::{VolumeModel, GIB};
     use surge_block::{BlockDev, Clock, MemoryDev, VirtualClock};
 

@@ -81,11 +81,10 @@ impl Conn {
             if let Some(why) = &inf.broken {
                 return Err(Failure::Broken(why.clone()));
             }
-            // Block status descriptors are clamped by the caller, so the length
-            // check of the shared chunk parser is widened (some servers describe
-            // a little past the request).
-            let plen = if cmd == CMD_BLOCK_STATUS { u32::MAX } else { len };
-            inf.waiters.insert(cookie, Waiter { pending: Pending::new(cookie, cmd, offset, plen), tx });
+            // The chunk parser bounds what a reply may describe by the request
+            // (block status: the last descriptor may reach past it, and the
+            // caller clamps it).
+            inf.waiters.insert(cookie, Waiter { pending: Pending::new(cookie, cmd, offset, len), tx });
         }
         let hdr = encode_request(&Request { flags, cmd, cookie, offset, len });
         let sent = write_all_parts(&mut *self.writer.lock(), &[&hdr, payload]);

@@ -260,3 +260,21 @@ mod limits {
         }
     }
 }
+
+#[test]
+fn no_cache_volume_is_provisioned_beyond_the_instances_ebs_limits() {
+    // 32,000 writes/s of 4-16 KiB (6 KiB mean) on 4 KiB blocks are 48,000
+    // cache I/Os per second: beyond an r5.12xlarge's 40,000 EBS IOPS.
+    let d = small_writes(32_000.0, 6 * KIB, 640_000, GIB);
+    let free = plan(&cfg(Worth::PerHour(3.024), 4 * KIB), &PriceTable::default(), &spec("gp3:100GiB"), &d);
+    let iops = |p: &Plan| p.choice.as_ref().and_then(|c| c.spec.shape().ok()).and_then(|s| s.iops).unwrap_or(0);
+    assert!(iops(&free) > 40_000, "without the instance: {}", free.reason);
+    let mut c = cfg(Worth::PerHour(3.024), 4 * KIB);
+    c.instance = Some(PriceTable::default().instance_ebs("r5.12xlarge").unwrap().sustained());
+    let held = plan(&c, &PriceTable::default(), &spec("gp3:100GiB"), &d);
+    assert!(iops(&held) <= 40_000, "{}", held.reason);
+    // What the instance lets through is what keeps up: io2 at its 40,000.
+    let got = held.choice.as_ref().unwrap_or_else(|| panic!("declined: {}", held.reason));
+    assert!(got.meets && got.kind == Kind::Io2 && iops(&held) == 40_000, "{}", held.reason);
+    assert!(held.candidates.iter().all(|k| k.spec.shape().unwrap().iops.unwrap_or(0) <= 40_000), "{:?}", held.candidates.iter().map(|k| k.spec.to_string()).collect::<Vec<_>>());
+}

@@ -18,7 +18,7 @@ use surge_block::units::{parse_duration, parse_size};
 #[derive(clap::Args, Debug)]
 #[command(
     about = "Burst buffer: a shared memory tier in front of S3 (I/O nodes, FUSE mount)",
-    after_long_help = "One machine:\n  surge bb redis --dir /tmp/bb-redis &\n  export SURGE_BB_S3_ENDPOINT=http://127.0.0.1:9000 SURGE_BB_BUCKET=bb\n  surge bb node --listen 127.0.0.1:7401 &\n  surge bb node --listen 127.0.0.1:7402 &\n  surge bb mount /mnt/bb &\n  surge bb status /"
+    after_long_help = "One machine:\n  surge bb redis --dir /tmp/bb-redis &\n  export SURGE_BB_REDIS_USER=surge SURGE_BB_REDIS_PASSWORD_FILE=/tmp/bb-redis/password\n  export SURGE_BB_S3_ENDPOINT=http://127.0.0.1:9000 SURGE_BB_BUCKET=bb\n  surge bb node --listen 127.0.0.1:7401 &\n  surge bb node --listen 127.0.0.1:7402 &\n  surge bb mount /mnt/bb &\n  surge bb status /\n\nAcross machines (docs/security.md): nodes off loopback need --tls-dir DIR\n(ca-cert.pem, node-cert.pem, node-key.pem; every node and client holds a\ncertificate of the same CA), Redis an ACL user and password\n(--redis-user, --redis-password-file; rediss:// with --redis-tls-dir), etcd\n--etcd-user/--etcd-password-file (https:// with --etcd-tls-dir)."
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -27,9 +27,36 @@ pub struct Args {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
-    /// Metadata store (Redis URL).
+    /// Metadata store (Redis URL: redis://HOST:PORT/ or, with TLS, rediss://).
+    /// Put no password in it on the command line (every user sees it in `ps`):
+    /// use --redis-password-file, or SURGE_BB_REDIS in the environment.
     #[arg(long, env = "SURGE_BB_REDIS", default_value = "redis://127.0.0.1:6379/")]
     pub redis: String,
+    /// Redis ACL user to log in as (with --redis-password-file).
+    #[arg(long, env = "SURGE_BB_REDIS_USER")]
+    pub redis_user: Option<String>,
+    /// File holding the Redis password (its first line; keep it mode 0600).
+    #[arg(long, env = "SURGE_BB_REDIS_PASSWORD_FILE")]
+    pub redis_password_file: Option<PathBuf>,
+    /// For rediss:// URLs: a directory with ca-cert.pem (the CA of Redis's
+    /// certificate) and, if Redis asks for one, client-cert.pem + client-key.pem.
+    #[arg(long, env = "SURGE_BB_REDIS_TLS_DIR")]
+    pub redis_tls_dir: Option<PathBuf>,
+    /// etcd user (etcd auth; with --etcd-password-file).
+    #[arg(long, env = "SURGE_BB_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// File holding the etcd password (its first line).
+    #[arg(long, env = "SURGE_BB_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+    /// For etcd:https:// endpoints: ca-cert.pem, and client-cert.pem +
+    /// client-key.pem for an etcd started with --client-cert-auth.
+    #[arg(long, env = "SURGE_BB_ETCD_TLS_DIR")]
+    pub etcd_tls_dir: Option<PathBuf>,
+    /// The node protocol over mutual TLS: a directory with ca-cert.pem (the
+    /// burst buffer's CA), node-cert.pem and node-key.pem (this process's
+    /// certificate, subjectAltName DNS:surge-bb). Nodes and clients alike.
+    #[arg(long, env = "SURGE_BB_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
     /// File-system name (several may share one Redis).
     #[arg(long, env = "SURGE_BB_FS", default_value = "default")]
     pub fs: String,
@@ -55,10 +82,12 @@ pub struct Common {
 }
 
 impl Common {
-    /// The same settings as command-line arguments (for the nodes a pool starts).
+    /// The same settings as command-line arguments (for the nodes a pool
+    /// starts), but the Redis URL, which may hold a password: it goes in
+    /// their environment ([`Common::child_env`]). Paths of secret files are
+    /// no secret.
     fn to_args(&self) -> Vec<String> {
         let mut v = vec![
-            "--redis".into(), self.redis.clone(),
             "--fs".into(), self.fs.clone(),
             "--membership".into(), self.membership.clone(),
             "--region".into(), self.region.clone(),
@@ -71,7 +100,55 @@ impl Common {
         if let Some(b) = &self.bucket {
             v.extend(["--bucket".into(), b.clone()]);
         }
+        let path = |flag: &str, p: &Option<PathBuf>| p.as_ref().map(|p| [flag.to_string(), p.display().to_string()]);
+        for (flag, p) in [
+            ("--redis-password-file", &self.redis_password_file),
+            ("--redis-tls-dir", &self.redis_tls_dir),
+            ("--etcd-password-file", &self.etcd_password_file),
+            ("--etcd-tls-dir", &self.etcd_tls_dir),
+            ("--tls-dir", &self.tls_dir),
+        ] {
+            v.extend(path(flag, p).into_iter().flatten());
+        }
+        for (flag, u) in [("--redis-user", &self.redis_user), ("--etcd-user", &self.etcd_user)] {
+            if let Some(u) = u {
+                v.extend([flag.to_string(), u.clone()]);
+            }
+        }
         v
+    }
+
+    /// What the nodes a pool starts get in their environment.
+    fn child_env(&self) -> Vec<(String, String)> {
+        vec![("SURGE_BB_REDIS".into(), self.redis.clone())]
+    }
+
+    /// Passwords from their files, certificates from their directories.
+    fn access(&self) -> anyhow::Result<surge_bb::tier::Access> {
+        let password = |f: &Option<PathBuf>, what: &str| {
+            f.as_ref().map(|p| surge_bb::meta::redis::RedisAuth::read_password(p).with_context(|| format!("reading the {what} password"))).transpose()
+        };
+        if surge_bb::meta::redis::redact(&self.redis) != self.redis && std::env::args().any(|a| a.contains(&self.redis)) {
+            tracing::warn!("the Redis password is on the command line (--redis), where every user of this machine can read it: use --redis-password-file");
+        }
+        let node_tls = self
+            .tls_dir
+            .as_ref()
+            .map(|d| surge_bb::tls::NodeTls::from_dir(d).map(Arc::new).with_context(|| format!("--tls-dir {}", d.display())))
+            .transpose()?;
+        Ok(surge_bb::tier::Access {
+            node_tls,
+            redis: surge_bb::meta::redis::RedisAuth {
+                user: self.redis_user.clone(),
+                password: password(&self.redis_password_file, "Redis")?,
+                tls_dir: self.redis_tls_dir.clone(),
+            },
+            etcd: surge_bb::membership::EtcdAuth {
+                user: self.etcd_user.clone(),
+                password: password(&self.etcd_password_file, "etcd")?,
+                tls_dir: self.etcd_tls_dir.clone(),
+            },
+        })
     }
 
     fn tier(&self) -> anyhow::Result<Arc<surge_bb::tier::Tier>> {
@@ -89,6 +166,7 @@ impl Common {
             s3,
             replicas: self.replicas,
             chunk_size: self.chunk_size,
+            access: self.access()?,
         };
         Ok(cfg.open()?)
     }
@@ -130,6 +208,10 @@ pub enum Action {
         /// memory already mapped instead of faulting in fresh pages.
         #[arg(long)]
         no_prefault: bool,
+        /// Serve off loopback without --tls-dir: any host that reaches the
+        /// node can read, overwrite, delete and drain its chunks.
+        #[arg(long)]
+        insecure: bool,
     },
     /// Mount the burst buffer at DIR (FUSE) until unmounted or signalled.
     Mount {
@@ -223,12 +305,18 @@ pub enum Action {
         #[arg(long)]
         prefix: Option<String>,
     },
-    /// Run a local redis-server (append-only, fsync always) for a one-machine setup.
+    /// Run a local redis-server (append-only, fsync always) for a one-machine
+    /// setup, on 127.0.0.1. Only ACL user `surge` may log in, with the
+    /// password in DIR/password (made if missing, mode 0600).
     Redis {
         #[arg(long)]
         dir: PathBuf,
         #[arg(long, default_value_t = 6379)]
         port: u16,
+        /// No user and no password: every local user can read and change the
+        /// metadata (owners and modes of every file included).
+        #[arg(long)]
+        no_auth: bool,
     },
 }
 
@@ -248,7 +336,9 @@ fn wait_for(stop: &AtomicBool) {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.action {
-        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline, rebalance_rate, rebalance_quiet, no_prefault } => {
+        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline, rebalance_rate, rebalance_quiet, no_prefault, insecure } => {
+            let tls = common.access()?.node_tls;
+            surge_bb::node::check_exposure(&listen, tls.is_some(), insecure)?;
             let tier = common.tier()?;
             let cfg = NodeConfig {
                 listen,
@@ -256,6 +346,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 writeback: WritebackConfig { delay: writeback_delay, deadline: writeback_deadline, ..Default::default() },
                 rebalance: RebalanceConfig { rate: rebalance_rate, quiet: rebalance_quiet, ..Default::default() },
                 prefault: !no_prefault,
+                tls,
+                insecure,
             };
             let stop = stop_flag()?;
             let node = surge_bb::node::start(cfg, tier).context("starting the I/O node")?;
@@ -369,7 +461,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut args = vec!["--memory".to_string(), node_memory.to_string()];
             args.extend(common.to_args());
             args.extend(node_arg);
-            let mut provider = surge_bb::pool::LocalNodes::new(std::env::current_exe()?, args);
+            let mut provider = surge_bb::pool::LocalNodes::new(std::env::current_exe()?, args).with_env(common.child_env());
             let clock: Arc<dyn surge_block::Clock> = Arc::new(surge_block::SystemClock::new());
             let meter = surge_cloud::CostMeter::new(surge_cloud::PriceTable::default(), surge_cloud::WallClock::anchored(clock));
             let settings = surge_bb::pool::PoolSettings {
@@ -396,12 +488,49 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("imported {n} objects");
             Ok(())
         }
-        Action::Redis { dir, port } => {
+        Action::Redis { dir, port, no_auth } => {
             let stop = stop_flag()?;
-            let _r = surge_bb::local::LocalRedis::start(&dir, port)?;
+            let _r = if no_auth {
+                surge_bb::local::LocalRedis::start(&dir, port)?
+            } else {
+                surge_bb::local::LocalRedis::start_secured(&dir, port)?
+            };
             println!("redis://127.0.0.1:{port}/");
+            if !no_auth {
+                let pw = surge_bb::local::password_file(&dir);
+                println!("export SURGE_BB_REDIS_USER={} SURGE_BB_REDIS_PASSWORD_FILE={}", surge_bb::local::ACL_USER, pw.display());
+            }
             wait_for(&stop);
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        c: Common,
+    }
+
+    // Issue 38 item 2: the nodes a pool starts must not get the Redis URL
+    // (which may hold a password) on their command line, where `ps` shows it
+    // to every user: it goes in their environment.
+    #[test]
+    fn pool_nodes_get_the_redis_url_in_their_environment_not_their_arguments() {
+        let t = T::try_parse_from(["x", "--redis", "redis://surge:s3cret@10.0.0.1:6379/", "--redis-user", "surge", "--redis-password-file", "/etc/bb/pw", "--tls-dir", "/etc/bb/tls"]).unwrap();
+        let args = t.c.to_args();
+        assert!(!args.iter().any(|a| a.contains("s3cret") || a.contains("10.0.0.1")), "{args:?}");
+        for want in ["--redis-user", "--redis-password-file", "/etc/bb/pw", "--tls-dir", "/etc/bb/tls"] {
+            assert!(args.iter().any(|a| a == want), "{want} missing: {args:?}");
+        }
+        assert_eq!(t.c.child_env(), [("SURGE_BB_REDIS".to_string(), "redis://surge:s3cret@10.0.0.1:6379/".to_string())]);
+        // The arguments parse back as the same settings.
+        let back = T::try_parse_from(std::iter::once("x".to_string()).chain(args)).unwrap().c;
+        assert_eq!((back.redis_password_file, back.tls_dir, back.fs), (t.c.redis_password_file, t.c.tls_dir, t.c.fs));
     }
 }

@@ -3,6 +3,7 @@
 pub mod bb;
 pub mod cloud;
 pub mod experiment;
+pub mod load;
 pub mod plan;
 pub mod qos;
 pub mod serve;

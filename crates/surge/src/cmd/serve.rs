@@ -5,6 +5,7 @@ use crate::config::{self, ExportAllow, FileConfig, ListenAddr, TlsSetting, NBD_P
 use crate::control::{self, Controllable, ControlServer, Registry};
 use crate::coop::{Coop, CoopConfig};
 use crate::stack::share::{self, CoopTiming};
+use crate::stack::volume::LocalCloud;
 use crate::stack::{self, BuildContext, ExportSpec};
 use anyhow::Context as _;
 use parking_lot::RwLock;
@@ -60,7 +61,10 @@ CA in DIR/ca-cert.pem: others are refused during the TLS handshake. Clients keep
 client-cert.pem and client-key.pem beside their ca-cert.pem (libnbd's \
 tls-certificates=DIR, qemu's tls-creds-x509 dir). rustls has no server-side PSK, \
 so TLS-PSK is not offered. A TCP listener on a non-loopback address is refused \
-unless --tls require is set or --insecure is passed (--tls allow is not enough).
+unless --tls require is set and clients are told apart, by --tls-verify-peer or an \
+--allow list on every export, or --insecure is passed (--tls allow is not enough). \
+Certificates are re-read on SIGHUP. Connections are capped (--max-connections, \
+--max-connections-per-address) and a handshake must finish within 30 s.
 
 --allow NAME=RULES limits export NAME to clients whose address matches one of \
 RULES (comma-separated: 127.0.0.1, ::1, 10.0.0.0/8, fd00::/8, or `unix` for \
@@ -74,7 +78,9 @@ storage server, with a `share:` pool of the same name, cooperate when given \
 each other daemon. Every --coop-period (20ms) each sends the others what each \
 tenant was served; weights, reservations and limits then hold over the total. \
 A peer unheard for --coop-timeout (500ms) stops counting: its pools fall back \
-to local SFQ(D); I/O never waits for a peer. A tenant with clients=RANGE+RANGE \
+to local SFQ(D); I/O never waits for a peer. --coop-key FILE (a secret every \
+peer holds, mode 0600) signs reports (HMAC-SHA256) and drops unsigned ones; a \
+--coop-listen address off loopback needs it (or --insecure). A tenant with clients=RANGE+RANGE \
 serves every connection from those client addresses to its pool's exports.
 
 SIGINT or SIGTERM stops accepting connections, finishes the requests already \
@@ -138,9 +144,16 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Allow TCP listeners on non-loopback addresses without `--tls require`
-    /// (plaintext NBD: anyone on the path can read and change the data).
+    /// and client authentication (plaintext NBD: anyone on the path can read
+    /// and change the data), and coop and metrics listeners without their guards.
     #[arg(long)]
     pub insecure: bool,
+    /// NBD connections open at once; more are closed before the greeting [default: 512].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// NBD connections open at once from one client address [default: 64].
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_address: Option<usize>,
     /// TLS (NBD_OPT_STARTTLS): off refuses it, allow lets clients choose, require
     /// makes every client upgrade first [default: off].
     #[arg(long, value_enum, value_name = "MODE")]
@@ -177,13 +190,38 @@ pub struct Args {
     /// A peer unheard this long no longer counts [default: 500ms].
     #[arg(long, value_name = "DURATION")]
     pub coop_timeout: Option<String>,
+    /// Sign reports to peers and accept only signed ones (HMAC-SHA256 with the
+    /// secret in FILE, which every peer holds; mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub coop_key: Option<PathBuf>,
     /// Serve Prometheus metrics on HOST:PORT at /metrics (docs/metrics.md).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Only these scrapers may read the metrics (RULE[,RULE...]: addresses or
+    /// networks); others get 403. Needed for a non-loopback --metrics address.
+    #[arg(long, value_name = "RULES")]
+    pub metrics_allow: Option<AllowList>,
     /// Cloud of volume exports (NAME=gp3:100GiB,...): local (emulated, in the
     /// data dir) or aws (EBS; settings under [aws] in the config, README) [default: local].
     #[arg(long, value_enum, value_name = "PROVIDER")]
     pub provider: Option<crate::cloud::ProviderKind>,
+    /// Run the local cloud at reduced scale, for experiments: `time=F,rate=R`.
+    /// Volumes serve their type's rates x R and hold R x F of their size; the
+    /// daemon's durations (attach delay, windows, ID, EBS's modification
+    /// rules) run x F, its cache sizes x R x F, and billing counts each second
+    /// as 1/F; timing between requests (idle gap, polls) is not scaled. Specs and prices stay full-scale [default: full scale].
+    #[arg(long, value_name = "time=F,rate=R", value_parser = LocalCloud::parse_scale)]
+    pub local_scale: Option<surge_block::model::Scale>,
+    /// EBS's volume-modification rules in the local cloud: none, ebs-6h (one
+    /// modification per 6 hours) or ebs-24h (four per rolling 24 hours, each
+    /// after the previous one completed) [default: none].
+    #[arg(long, value_name = "RULES", value_parser = LocalCloud::parse_rules)]
+    pub local_modify_rules: Option<surge_cloud::ModifyRules>,
+    /// The instance type the local cloud's volumes are attached to (e.g.
+    /// r5.12xlarge): all of them together are held to its EBS bandwidth and
+    /// IOPS (the price table's `instance_ebs`) [default: no instance limit].
+    #[arg(long, value_name = "TYPE", value_parser = LocalCloud::parse_instance)]
+    pub local_instance: Option<surge_cloud::cost::InstanceEbs>,
 }
 
 /// Everything `serve` will do, resolved from flags, the config file and defaults.
@@ -207,7 +245,13 @@ pub struct Plan {
     pub allow: Vec<(String, AllowList)>,
     pub coop: Option<CoopConfig>,
     pub metrics: Option<std::net::SocketAddr>,
+    /// Scrapers allowed to read the metrics (`None`: anyone who reaches it).
+    pub metrics_allow: Option<AllowList>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_address: Option<usize>,
     pub provider: crate::cloud::ProviderKind,
+    /// How the local cloud behaves (scale, modification rules).
+    pub local: LocalCloud,
     /// The config file and what it said at start (SIGHUP compares against it).
     pub config: Option<(PathBuf, FileConfig)>,
 }
@@ -235,8 +279,7 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
     if tls_verify_peer && tls == TlsSetting::Off {
         anyhow::bail!("--tls-verify-peer checks TLS client certificates: it needs --tls allow or --tls require");
     }
-    // Plaintext off the machine needs an explicit --insecure; TLS for every client is enough.
-    let insecure = args.insecure || file.insecure || tls == TlsSetting::Require;
+    let insecure = args.insecure || file.insecure;
 
     let mut listeners: Vec<ListenAddr> =
         file.listen.iter().map(|s| s.parse()).collect::<anyhow::Result<_>>().context("config: listen")?;
@@ -246,10 +289,6 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
         listeners.push(ListenAddr::Unix(data_dir.join("surge.sock")));
         optional_tcp = Some(ListenAddr::Tcp(([127, 0, 0, 1], NBD_PORT).into()));
     }
-    for l in &listeners {
-        l.check_exposure(insecure)?;
-    }
-
     let mut exports = file.export_specs()?;
     exports.extend(args.exports.into_iter().map(|s| (s, false)));
     if exports.is_empty() {
@@ -258,20 +297,45 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
     apply_read_only(&mut exports, &args.read_only)?;
     check_unique(exports.iter().map(|(s, _)| s.name.as_str()), "export")?;
     let allow = merge_allows(file.export_allows()?.into_iter().chain(args.allow), &exports)?;
+    // Off the machine: TLS for every client, who must be told apart (by a
+    // client certificate or an allow-list), or an explicit --insecure.
+    let exposure = config::Exposure {
+        insecure,
+        tls,
+        verify_peer: tls_verify_peer,
+        open_exports: exports.iter().map(|(s, _)| s.name.clone()).filter(|n| !allow.iter().any(|(a, _)| a == n)).collect(),
+    };
+    for l in &listeners {
+        l.check_exposure(&exposure)?;
+    }
 
     let mut pools = file.pool_specs()?;
     pools.extend(args.pools);
     check_unique(pools.iter().map(|s| s.name.as_str()), "pool")?;
-    let coop = coop_plan(&args.coop_listen, &args.coop_peers, &args.coop_name, &args.coop_period, &args.coop_timeout, file.coop.as_ref())?;
+    let coop_key = args.coop_key.or(file.coop.as_ref().and_then(|c| c.key_file.clone()));
+    let coop = coop_plan(&args.coop_listen, &args.coop_peers, &args.coop_name, &args.coop_period, &args.coop_timeout, coop_key.as_deref(), file.coop.as_ref())?;
     if let Some(c) = &coop {
-        c.listen.check_exposure(insecure).context("--coop-listen")?;
+        c.listen.check_coop_exposure(c.key.is_some(), insecure).context("--coop-listen")?;
     }
 
     let metrics = args.metrics.or(file.metrics);
+    let metrics_allow = match (args.metrics_allow, &file.metrics_allow) {
+        (Some(a), _) => Some(a),
+        (None, Some(rules)) => Some(rules.join(",").parse().context("config: metrics_allow")?),
+        (None, None) => None,
+    };
+    if let Some(m) = &metrics {
+        config::check_metrics_exposure(m, metrics_allow.as_ref(), insecure)?;
+    }
     let provider = args.provider.or(file.provider).unwrap_or_default();
+    let local = LocalCloud { scale: args.local_scale.unwrap_or_default(), modify_rules: args.local_modify_rules.unwrap_or_default(), instance: args.local_instance };
     Ok(Plan {
         metrics,
+        metrics_allow,
+        max_connections: args.max_connections.or(file.max_connections),
+        max_connections_per_address: args.max_connections_per_address.or(file.max_connections_per_address),
         provider,
+        local,
         config: args.config.map(|p| (p, file.clone())),
         data_dir,
         control,
@@ -296,6 +360,7 @@ fn coop_plan(
     name: &Option<String>,
     period: &Option<String>,
     timeout: &Option<String>,
+    key_file: Option<&Path>,
     file: Option<&config::CoopEntry>,
 ) -> anyhow::Result<Option<CoopConfig>> {
     let listen = match (listen, file) {
@@ -322,7 +387,8 @@ fn coop_plan(
     let peer_timeout = dur(timeout, file.and_then(|f| f.peer_timeout.as_ref()), "500ms", "--coop-timeout")?;
     anyhow::ensure!(peer_timeout > period, "--coop-timeout ({peer_timeout:?}) must be longer than --coop-period ({period:?})");
     let name = name.clone().or(file.and_then(|f| f.name.clone())).unwrap_or_else(|| listen.to_string());
-    Ok(Some(CoopConfig { name, listen, peers: all, period, peer_timeout }))
+    let key = key_file.map(crate::coop::CoopKey::from_file).transpose().context("--coop-key")?;
+    Ok(Some(CoopConfig { name, listen, peers: all, period, peer_timeout, key }))
 }
 
 /// One allow-list per export (rules for the same name add up); every name must be an export.
@@ -413,6 +479,7 @@ struct Prepared {
 
 fn build_context(plan: &Plan) -> anyhow::Result<BuildContext> {
     let mut ctx = BuildContext::new(plan.data_dir.clone(), Arc::new(SystemClock::new()));
+    ctx.local = plan.local;
     if plan.provider != crate::cloud::ProviderKind::Local {
         let aws = plan.config.as_ref().and_then(|(_, f)| f.aws.as_ref());
         ctx.cloud = Some(crate::cloud::open(plan.provider, aws, &plan.data_dir)?);
@@ -511,7 +578,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&plan.data_dir).with_context(|| format!("creating data dir {}", plan.data_dir.display()))?;
 
     let ctx = build_context(&plan)?;
-    share::set_coop(&ctx, plan.coop.as_ref().map(|c| CoopTiming { period: c.period, peer_timeout: c.peer_timeout }));
+    share::set_coop(&ctx, plan.coop.as_ref().map(|c| CoopTiming { period: c.period, peer_timeout: c.peer_timeout, max_peers: c.peers.len() }));
     let cell: ServerCell = Arc::new(RwLock::new(None));
     let registry = Registry::new();
     let metrics = plan.metrics.map(|_| crate::metrics::Metrics::new(registry.clone()));
@@ -538,12 +605,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     cfg.tls_mode = plan.tls.mode();
     cfg.zero_copy = plan.zero_copy;
+    if let Some(n) = plan.max_connections {
+        cfg.max_connections = n;
+    }
+    if let Some(n) = plan.max_connections_per_address {
+        cfg.max_connections_per_address = n;
+    }
     if let Some(dir) = &plan.tls_certs {
-        let tls = surge_nbd::tls::server_config(dir, plan.tls_verify_peer).with_context(|| {
-            let ca = if plan.tls_verify_peer { ", and ca-cert.pem for --tls-verify-peer" } else { "" };
-            format!("--tls-certs {}: loading server-cert.pem and server-key.pem{ca}", dir.display())
-        })?;
-        cfg.tls = Some(tls);
+        cfg.tls = Some(load_tls(dir, plan.tls_verify_peer)?);
         tracing::info!(mode = %plan.tls, certs = %dir.display(), verify_peer = plan.tls_verify_peer, "TLS enabled");
     }
     let server = Server::start(cfg).context("starting the NBD server")?;
@@ -575,7 +644,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         registry.register(c.control())?;
     }
     let metrics_server = match (plan.metrics, metrics) {
-        (Some(addr), Some(m)) => match crate::metrics::MetricsServer::start(addr, m) {
+        (Some(addr), Some(m)) => match crate::metrics::MetricsServer::start(addr, m, plan.metrics_allow.clone()) {
             Ok(s) => Some(s),
             Err(e) => {
                 drop(control);
@@ -601,6 +670,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             return true;
         }
         reload_config(&mut running, &registry);
+        reload_certificates(&plan, &cell);
         false
     });
     tracing::info!(signal = ?sig, "shutting down: finishing in-flight requests and flushing");
@@ -668,6 +738,30 @@ fn reload_config(running: &mut Option<(PathBuf, FileConfig)>, registry: &Registr
         }
     }
     *old = next;
+}
+
+/// The server certificate and key in `dir` (and the CA of client
+/// certificates with `verify_peer`).
+fn load_tls(dir: &Path, verify_peer: bool) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    surge_nbd::tls::server_config(dir, verify_peer).with_context(|| {
+        let ca = if verify_peer { ", and ca-cert.pem for --tls-verify-peer" } else { "" };
+        format!("--tls-certs {}: loading server-cert.pem and server-key.pem{ca}", dir.display())
+    })
+}
+
+/// SIGHUP: re-read the TLS certificates (same directory, same client
+/// verification as at start); new sessions use them. A file that fails to
+/// load leaves the running certificates in place.
+fn reload_certificates(plan: &Plan, cell: &ServerCell) {
+    let Some(dir) = &plan.tls_certs else { return };
+    let loaded = load_tls(dir, plan.tls_verify_peer).and_then(|tls| match cell.read().as_ref() {
+        Some(server) => server.set_tls(tls).map_err(anyhow::Error::from),
+        None => Ok(()),
+    });
+    match loaded {
+        Ok(()) => tracing::info!(certs = %dir.display(), "SIGHUP: TLS certificates reloaded; new sessions use them"),
+        Err(e) => tracing::error!("SIGHUP: TLS certificates not reloaded, the running ones stay: {e:#}"),
+    }
 }
 
 /// The control target of a `share:` export's tenant.
@@ -817,8 +911,16 @@ mod tests {
     #[test]
     fn tls_require_satisfies_the_exposure_rule_and_allow_does_not() {
         let base = ["--data-dir", "/d", "--listen", "tcp:0.0.0.0:10809", "--tls-certs", "/certs"];
-        let p = plan(args(&[&base[..], &["--tls", "require"]].concat())).unwrap();
+        let p = plan(args(&[&base[..], &["--tls", "require", "--tls-verify-peer"]].concat())).unwrap();
         assert_eq!((p.tls, p.tls_certs.as_deref()), (TlsSetting::Require, Some(Path::new("/certs"))));
+        // Encrypted but not authenticated: every export needs an allow-list then.
+        let e = plan(args(&[&base[..], &["--tls", "require"]].concat())).unwrap_err().to_string();
+        assert!(e.contains("--tls-verify-peer") && e.contains("\"default\""), "{e}");
+        let allowed = ["--tls", "require", "--export", "a=memory:1M", "--export", "b=memory:1M", "--allow", "a=10.0.0.0/8"];
+        let e = plan(args(&[&base[..], &allowed[..]].concat())).unwrap_err().to_string();
+        assert!(e.contains("export \"b\"") && !e.contains("export \"a\""), "{e}");
+        plan(args(&[&base[..], &allowed[..], &["--allow", "b=10.1.0.0/16"]].concat())).unwrap();
+        plan(args(&[&base[..], &["--tls", "require", "--insecure"]].concat())).unwrap();
         let e = plan(args(&[&base[..], &["--tls", "allow"]].concat())).unwrap_err().to_string();
         assert!(e.contains("--tls require") && e.contains("--insecure"), "{e}");
         plan(args(&[&base[..], &["--tls", "allow", "--insecure"]].concat())).unwrap();
@@ -895,6 +997,15 @@ mod tests {
         let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../dist/surge.service")).unwrap();
         assert!(unit.contains("ExecStart=/usr/local/bin/surge serve --config /etc/surge/surge.toml"));
         assert!(unit.contains("ExecReload=/bin/kill -HUP $MAINPID"));
+        // Issue 38 item 9: private files, no capabilities, a closed device
+        // list and the usual sandbox (docs/security.md has the score).
+        for line in [
+            "UMask=0077", "CapabilityBoundingSet=\n", "DevicePolicy=closed", "DeviceAllow=block-blkext rw", "NoNewPrivileges=yes",
+            "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", "SystemCallFilter=@system-service", "ProtectKernelTunables=yes",
+            "ProtectKernelModules=yes", "ProtectKernelLogs=yes", "RestrictNamespaces=yes", "LockPersonality=yes", "RestrictSUIDSGID=yes",
+        ] {
+            assert!(unit.contains(line), "dist/surge.service lacks {line:?}");
+        }
     }
 
     #[test]

@@ -3,13 +3,15 @@
 //! - static-slow: the backing volume alone (gp3 at its baseline);
 //! - static-fast: the peak provisioned all the time;
 //! - modify-volume: one volume raised to the peak in place when a burst starts
-//!   and lowered when EBS allows (one modification per 6 hours, new
-//!   performance arriving over 5 minutes, see `surge_cloud::local`);
+//!   and lowered when EBS allows (four modifications per rolling 24 hours,
+//!   each after the previous completed; `modify-volume-6h`: the classic one
+//!   per 6 hours; new performance arriving over 5 minutes, see
+//!   `surge_cloud::local`);
 //! - adaptive: the elastic volume with `cache=auto`: the price-aware planner
 //!   chooses each cache volume (type, IOPS, throughput, size) or none.
 //!
-//! The application is fio, one process per burst, reaching the volume through
-//! NBD; compute phases are sleeps. Everything runs at reduced scale (durations
+//! The application is `surge load`, one process for the whole run, reaching the
+//! volume through NBD; compute phases are its think time. Everything runs at reduced scale (durations
 //! x time, rates x rate, amounts x both) on the scaled local cloud; dollars are
 //! list prices for the full-scale volumes and instance over full-scale seconds
 //! (measured emulated seconds / time), per second with 60 s minimums.
@@ -55,7 +57,6 @@ pub fn scenarios(p: &Plan) -> Vec<Scaled> {
 pub fn run(plan: &Plan, work: &Path) -> anyhow::Result<Priced> {
     let scen = scenarios(plan);
     std::fs::create_dir_all(work)?;
-    let refs: Vec<_> = scen.iter().map(|s| rig::reference(s, work)).collect::<anyhow::Result<_>>()?;
     let total = scen.len() * Approach::ALL.len() * plan.reps;
     let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(indicatif::ProgressStyle::with_template("priced {bar:30} {pos}/{len} runs, ETA {eta} {msg}").expect("valid template"));
@@ -75,7 +76,7 @@ pub fn run(plan: &Plan, work: &Path) -> anyhow::Result<Priced> {
         }
         let one = |(i, s, a): (usize, &Scaled, Approach)| -> anyhow::Result<(usize, RunResult)> {
             let dir = work.join(format!("{}-{}-{rep}", s.sc.key, a.name()));
-            let r = rig::run(s, a, rep, &dir, &refs[i])?;
+            let r = rig::run(s, a, rep, &dir)?;
             bar.inc(1);
             bar.println(format!("priced {} {}: {:.1} s, ${:.4} storage + ${:.4} compute", s.sc.key, a.name(), r.completion_s, r.storage_usd, r.compute_usd));
             Ok((i, r))

@@ -238,6 +238,24 @@ struct Results {
     /// /proc/loadavg at start and end: the machine is shared, CPU-bound cases
     /// (64 KiB requests) slow down under load.
     load_avg: [String; 2],
+    /// What ran the workload and how it reached surge; settings that differ
+    /// from the daemon's defaults, with the reason.
+    setup: serde_json::Value,
+}
+
+/// `setup.application` and `setup.deviations` of results.json.
+fn setup(plan: &Plan) -> serde_json::Value {
+    let d = AdaptiveConfig::default();
+    serde_json::json!({
+        "application": {
+            "single_server": format!("Figs. 2-7: {} closed-loop client threads per tenant inside the experiment process, each with its own NBD connection (unix socket) and one request in flight, against an in-process NBD server exporting the two tenants' share handles of one fair queue over an emulated reserved-bandwidth volume (not yet `surge serve` and client processes)", plan.streams),
+            "across_servers": "surge stripe-bench processes (one per client, connecting from their application's addresses) over TCP to surge serve proxies (share: pools, cooperating over --coop-peer) in front of surge serve storage servers",
+        },
+        "deviations": [
+            {"setting": format!("adaptive depth: latency target {} ms (default {} ms)", plan.adaptive.latency_target_us / 1000, d.latency_target_us / 1000), "reason": "set when the experiment was written (96b36ca) with no recorded reason; not yet measured against the default (issue 40, item 11)"},
+            {"setting": "server threads per connection = streams + 2 (default 8), single-server part", "reason": "one worker per stream, so the NBD server never queues requests ahead of the scheduler"},
+        ],
+    })
 }
 
 fn load_avg() -> String {
@@ -408,6 +426,7 @@ pub fn run(out: &Path, quick: bool, servers: usize) -> anyhow::Result<()> {
         global,
         elapsed_s: started.elapsed().as_secs_f64(),
         load_avg: [load0, load_avg()],
+        setup: setup(&plan),
     };
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     plots(out, &results)?;
@@ -479,6 +498,12 @@ fn report(r: &Results) -> String {
     if p.quick {
         w(&mut s, "Quick mode: same device, clients and D; shorter runs (durations above), fewer overhead/asymmetric cases, and 64 KiB requests at 16:1 only.\n".into());
     }
+    w(&mut s, format!("Application: {}\n", r.setup["application"]["single_server"].as_str().unwrap_or("")));
+    w(&mut s, "Settings that differ from the daemon's defaults:\n".into());
+    for d in r.setup["deviations"].as_array().into_iter().flatten() {
+        w(&mut s, format!("- {}: {}", d["setting"].as_str().unwrap_or(""), d["reason"].as_str().unwrap_or("")));
+    }
+    w(&mut s, String::new());
 
     w(&mut s, "## Proportional sharing (paper Figs. 4 and 5)\n".into());
     w(&mut s, "| target | request | paper achieved | surge achieved | a MB/s | b MB/s | backlogged | $/TB a / b (computed) |\n|---|---|---|---|---|---|---|---|".into());

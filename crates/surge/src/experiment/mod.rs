@@ -2,6 +2,7 @@
 
 pub mod burstable;
 pub mod burstbuffer;
+pub mod daemon;
 pub mod fairshare;
 pub mod elastic;
 pub mod progress;

@@ -18,7 +18,7 @@
 //! record (`DATA/elastic/NAME.fences.json`) makes a restart honour all of it.
 
 mod boost;
-pub use boost::{BoostSettings, LoggedPlan};
+pub use boost::BoostSettings;
 
 use crate::control::Controllable;
 use parking_lot::Mutex;
@@ -59,6 +59,9 @@ pub struct ElasticParams {
     pub fences: Option<PathBuf>,
     /// Fault injection on the backing volume and on every cache volume.
     pub faults: ElasticFaults,
+    /// The provider's scale (`Scale::FULL` but in experiments): cache sizes
+    /// from the policy are the provider's bytes, specs are full-scale.
+    pub scale: surge_block::model::Scale,
 }
 
 /// Fault rules (`surge_block::fault`) for an elastic volume's devices.
@@ -358,7 +361,8 @@ impl ElasticVolume {
         );
         let n = self.cache_seq.fetch_add(1, Relaxed);
         let planned = self.next_spec.lock().take();
-        let spec = planned.unwrap_or(VolumeSpec { model: VolumeModel::Reserved { bw: Some(self.p.cache_bw), iops: None }, size, latency: Duration::ZERO });
+        let full = |b: u64| if self.p.scale.is_full() { b } else { ((b as f64 / (self.p.scale.rate * self.p.scale.time)).ceil() as u64).div_ceil(1 << 20) << 20 };
+        let spec = planned.unwrap_or(VolumeSpec { model: VolumeModel::Reserved { bw: Some(self.p.cache_bw), iops: None }, size: full(size), latency: Duration::ZERO });
         let name = format!("{}-cache-{n}", self.p.name);
         let info = self.provider.create(CreateRequest { spec, name: Some(name) })?;
         let (dev, fault) = match self.provider.attach(&info.id) {
@@ -498,6 +502,7 @@ impl ElasticVolume {
         Ok(())
     }
 
+    #[cfg(test)]
     pub fn cache(&self) -> &Arc<ElasticCache> {
         &self.cache
     }
@@ -528,15 +533,14 @@ impl ElasticVolume {
         io_total(&self.backing_io) + self.old_cache_bytes.load(Relaxed) + self.vol.lock().as_ref().map_or(0, |v| io_total(&v.io))
     }
     /// The newest decisions (at most [`LOG_CAP`]), oldest first.
+    #[cfg(test)]
     pub fn decisions(&self) -> Vec<LoggedDecision> {
         self.log.lock().to_vec()
     }
     /// Size of the newest cache volumes provisioned (at most [`LOG_CAP`]), in order.
+    #[cfg(test)]
     pub fn cache_sizes(&self) -> Vec<u64> {
         self.sizes.lock().to_vec()
-    }
-    pub fn policy_state(&self) -> State {
-        self.policy.lock().state()
     }
     /// Volumes waiting to be deleted (a delete failed, retried each tick).
     pub fn doomed_volumes(&self) -> Vec<String> {
@@ -668,6 +672,9 @@ impl Controllable for ElasticVolume {
             "cache_fault": self.cache_fault().map(|f| serde_json::json!({"rules": f.rules().to_string(), "stats": f.stats()})),
             "stats": s,
             "cost": {"agbs": agbs, "usd": usd},
+            "io": {"app_bytes": self.app_bytes(), "device_bytes": self.device_bytes()},
+            // The clock decisions' `at_s` are read on.
+            "clock_s": self.clock.now().as_secs_f64(),
             "cache_sizes": sizes.to_vec(),
             "caches_provisioned": sizes.total,
             "decisions": log.items.iter().rev().take(8).collect::<Vec<_>>(),
@@ -687,6 +694,24 @@ impl Controllable for ElasticVolume {
             },
             _ => Err(format!("{} has no setting {key:?} (settable: mode, ack_lost)", self.name())),
         }
+    }
+}
+
+/// The policy of a full-scale spec on a local cloud at `local`'s scale:
+/// durations x time, cache sizes x rate x time, the backing's rates x rate.
+pub(crate) fn scaled_policy(pol: ElasticConfig, local: &crate::stack::volume::LocalCloud, attach_delay: Duration) -> ElasticConfig {
+    let rate = local.scale.rate;
+    ElasticConfig {
+        window: local.duration(pol.window),
+        inactivity_delay: local.duration(pol.inactivity_delay),
+        attach_delay,
+        backing_bw: pol.backing_bw * rate,
+        backing_iops: pol.backing_iops.map(|i| i * rate),
+        initial_cache: local.bytes(pol.initial_cache),
+        min_cache: local.bytes(pol.min_cache),
+        max_cache: local.bytes(pol.max_cache),
+        granularity: local.bytes(pol.granularity),
+        ..pol
     }
 }
 
@@ -783,12 +808,19 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
     let shape = backing.shape().map_err(|e| err(format!("backing: {e}")))?;
     pol.backing_bw = shape.bps.ok_or_else(|| err("the backing volume needs a throughput limit (e.g. bw=RATE) to measure utilization".into()))? as f64;
     pol.backing_iops = shape.iops.map(|i| i as f64);
-    let mut cfg = surge_cloud::LocalConfig::new(crate::stack::volume::cloud_dir(&ctx.data_dir));
+    let mut delays = surge_cloud::Delays::default();
     if let Some(d) = attach_delay {
-        cfg.delays.attach = d;
-        cfg.delays.detach = d;
+        delays.attach = d;
+        delays.detach = d;
     }
-    pol.attach_delay = cfg.delays.attach;
+    // Every value above is full-scale; a local cloud at reduced scale runs them x its scale.
+    let local = ctx.local;
+    let cfg = local.config(&ctx.data_dir, delays);
+    let pol = scaled_policy(pol, &local, cfg.delays.attach);
+    // The idle gap is measured between requests, whose service times do not
+    // scale (request sizes and, at rate 1, bandwidths are full-scale): not scaled.
+    boost.scale = local.scale;
+    boost.instance = local.instance;
     let provider = Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);
     let tick = pol.window / 10;
     let boost = auto.then_some(boost);
@@ -803,6 +835,7 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
         flusher_poll: Duration::from_millis(20),
         fences: Some(fences_path(&ctx.data_dir, name)),
         faults: faults.clone(),
+        scale: local.scale,
     };
     let vol = ElasticVolume::open(p, provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
     vol.start();
@@ -879,6 +912,7 @@ mod tests {
             flusher_poll: Duration::from_millis(1),
             fences: Some(d.path().join("v.fences.json")),
             faults: ElasticFaults::default(),
+            scale: Default::default(),
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         v.step().unwrap();
@@ -938,6 +972,7 @@ mod failure_tests {
             fences: Some(dir.join("v.fences.json")),
             // An empty rule set: the cache volumes sit behind a fault layer the test drives.
             faults: ElasticFaults { backing: None, cache: Some(FaultRules::default()) },
+            scale: Default::default(),
         }
     }
 

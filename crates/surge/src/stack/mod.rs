@@ -104,11 +104,13 @@ pub struct BuildContext {
     /// The real cloud of cloud volume exports (`--provider aws`); `None`: the
     /// local cloud of the data directory.
     pub cloud: Option<Arc<dyn surge_cloud::Provider>>,
+    /// How the local cloud behaves (scale, modification rules).
+    pub local: volume::LocalCloud,
 }
 
 impl BuildContext {
     pub fn new(data_dir: PathBuf, clock: Arc<dyn Clock>) -> Self {
-        BuildContext { data_dir, clock, pools: BTreeMap::new(), fair_queues: Default::default(), cloud: None }
+        BuildContext { data_dir, clock, pools: BTreeMap::new(), fair_queues: Default::default(), cloud: None, local: Default::default() }
     }
 
     /// Relative paths in specs are taken from the data directory.

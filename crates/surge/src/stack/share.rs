@@ -37,11 +37,13 @@ pub struct Shares {
     pub coop: Option<CoopTiming>,
 }
 
-/// Report period and peer timeout of the daemon's cooperation.
+/// Report period and peer timeout of the daemon's cooperation, and how many
+/// peers it has (a pool remembers no more senders than that).
 #[derive(Debug, Clone, Copy)]
 pub struct CoopTiming {
     pub period: Duration,
     pub peer_timeout: Duration,
+    pub max_peers: usize,
 }
 
 /// Fair queues by pool name, shared by every `share:` export of a daemon.
@@ -194,6 +196,7 @@ fn global_config(timing: Option<CoopTiming>) -> GlobalConfig {
     if let Some(t) = timing {
         g.period = t.period;
         g.peer_timeout = t.peer_timeout;
+        g.max_peers = t.max_peers.max(1);
     }
     g
 }
@@ -512,12 +515,12 @@ mod tests {
         assert!(pool_of(&c).stats().config.global.is_none());
 
         let c = ctx();
-        set_coop(&c, Some(CoopTiming { period: Duration::from_millis(10), peer_timeout: Duration::from_millis(300) }));
+        set_coop(&c, Some(CoopTiming { period: Duration::from_millis(10), peer_timeout: Duration::from_millis(300), max_peers: 2 }));
         build_share("a", "pool,lag=2MiB,anticipate=off", &c).unwrap();
         let g = pool_of(&c).stats().config.global.unwrap();
         assert_eq!((g.period, g.peer_timeout, g.lag, g.anticipate), (Duration::from_millis(10), Duration::from_millis(300), 2 << 20, Anticipate::Off));
         let c2 = ctx();
-        set_coop(&c2, Some(CoopTiming { period: Duration::from_millis(10), peer_timeout: Duration::from_millis(300) }));
+        set_coop(&c2, Some(CoopTiming { period: Duration::from_millis(10), peer_timeout: Duration::from_millis(300), max_peers: 2 }));
         build_share("a", "pool,global=off", &c2).unwrap();
         assert!(pool_of(&c2).stats().config.global.is_none());
         assert!(build_share("x", "pool,anticipate=soon", &c2).err().unwrap().to_string().contains("anticipate"));

@@ -15,9 +15,92 @@ pub fn cloud_dir(data_dir: &std::path::Path) -> PathBuf {
     data_dir.join("cloud")
 }
 
+/// How the local emulated cloud behaves (`surge serve --local-scale`,
+/// `--local-modify-rules`). Full scale and no modification rules by default.
+///
+/// At reduced scale (experiments) every volume serves its type's rates x
+/// `rate`, holds `rate x time` of its size, and bills each second as
+/// 1/`time` seconds; the daemon's durations (attach delay, utilization
+/// window, inactivity delay, EBS's modification rules) run x `time` and its
+/// cache sizes x `rate x time`. Timing between requests (the cache's idle
+/// gap, the flusher's poll) is not scaled: request sizes are not. Specs, limits and prices, and
+/// every value written in a spec, stay full-scale: the daemon at scale f
+/// behaves as the full-scale daemon with time running 1/f times faster.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LocalCloud {
+    pub scale: surge_block::model::Scale,
+    /// EBS's volume-modification rules, full-scale.
+    pub modify_rules: surge_cloud::ModifyRules,
+    /// The instance's EBS limits (`--local-instance TYPE`): every volume of the
+    /// daemon's local cloud together is held to them, and `cache=auto` never
+    /// buys more than they let through.
+    pub instance: Option<surge_cloud::cost::InstanceEbs>,
+}
+
+impl LocalCloud {
+    /// The provider config for `data_dir`, with `delays` (full-scale) scaled.
+    pub fn config(&self, data_dir: &std::path::Path, delays: Delays) -> LocalConfig {
+        let t = self.scale.time;
+        LocalConfig {
+            delays: Delays { create: delays.create.mul_f64(t), attach: delays.attach.mul_f64(t), detach: delays.detach.mul_f64(t), delete: delays.delete.mul_f64(t) },
+            scale: self.scale,
+            modify_rules: self.modify_rules.scaled(t),
+            instance: self.instance,
+            ..LocalConfig::new(cloud_dir(data_dir))
+        }
+    }
+
+    /// A full-scale duration at this scale.
+    pub fn duration(&self, d: std::time::Duration) -> std::time::Duration {
+        d.mul_f64(self.scale.time)
+    }
+
+    /// A full-scale amount of bytes at this scale, in whole 4 KiB.
+    pub fn bytes(&self, b: u64) -> u64 {
+        if self.scale.is_full() {
+            return b;
+        }
+        ((b as f64 * self.scale.rate * self.scale.time) as u64).div_ceil(4096).max(1) * 4096
+    }
+
+    /// Parse `time=F[,rate=R]` (`rate` 1 when left out).
+    pub fn parse_scale(s: &str) -> Result<surge_block::model::Scale, String> {
+        let mut sc = surge_block::model::Scale::FULL;
+        for item in s.split(',').filter(|x| !x.trim().is_empty()) {
+            let (k, v) = item.split_once('=').ok_or_else(|| format!("{item:?}: expected time=F or rate=R"))?;
+            let f: f64 = v.trim().parse().map_err(|_| format!("{item:?}: {v:?} is not a number"))?;
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(format!("{item:?}: a scale factor is in (0, 1]"));
+            }
+            match k.trim() {
+                "time" => sc.time = f,
+                "rate" => sc.rate = f,
+                other => return Err(format!("unknown scale {other:?} (time=F, rate=R)")),
+            }
+        }
+        Ok(sc)
+    }
+
+    /// The EBS limits of instance type `name` from the price table.
+    pub fn parse_instance(name: &str) -> Result<surge_cloud::cost::InstanceEbs, String> {
+        surge_cloud::PriceTable::default().instance_ebs(name.trim()).map_err(|e| e.to_string())
+    }
+
+    /// `none`, `ebs-6h` (one modification per 6 hours) or `ebs-24h` (four per
+    /// rolling 24 hours, each after the previous one completed).
+    pub fn parse_rules(s: &str) -> Result<surge_cloud::ModifyRules, String> {
+        match s.trim() {
+            "none" => Ok(surge_cloud::ModifyRules::default()),
+            "ebs-6h" => Ok(surge_cloud::ModifyRules::ebs()),
+            "ebs-24h" => Ok(surge_cloud::ModifyRules::ebs_rolling()),
+            other => Err(format!("{other:?}: modification rules are none, ebs-6h or ebs-24h")),
+        }
+    }
+}
+
 /// `surge status` entry of a served cloud volume: its credits and spec; `surge
-/// set NAME/volume spec=TYPE:SIZE,...` modifies the volume (same type and size),
-/// live and in the provider's state.
+/// set NAME/volume spec=TYPE:SIZE,...` modifies the volume (same size; the type
+/// may change, as EBS allows), live and in the provider's state.
 struct VolumeControl {
     export: String,
     id: String,
@@ -51,10 +134,10 @@ impl Controllable for VolumeControl {
         if new.size != cur.size {
             return Err(format!("only the parameters can change while served, not the size (now {})", cur.spec));
         }
-        // The export was declared with its type; the provider could change it
-        // (as EBS does), but a served export keeps what its spec says.
+        // EBS changes the type in place (gp3 to io2 and back); the export's
+        // spec then names the old type, so a restarted daemon needs the new one.
         if new.kind() != cur.kind {
-            return Err(format!("a served volume cannot change the type ({} to {})", cur.kind, new.kind()));
+            tracing::warn!(export = %self.export, from = %cur.kind, to = %new.kind(), "volume type changed in place: restart the daemon with the new spec");
         }
         self.provider.modify(&self.id, new).map(|_| ()).map_err(|e| e.to_string())
     }
@@ -72,8 +155,7 @@ pub fn build_volume(name: &str, kind: &str, args: &str, ctx: &BuildContext) -> R
     if let Some(cloud) = &ctx.cloud {
         return super::remote::build_remote_volume(name, &spec, cloud.clone()).map_err(|e| err(format!("{e:#}")));
     }
-    let mut cfg = LocalConfig::new(cloud_dir(&ctx.data_dir));
-    cfg.delays = Delays::none();
+    let cfg = ctx.local.config(&ctx.data_dir, Delays::none());
     let p = Arc::new(LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);
     let dev = p.open_export(name, &spec).map_err(|e| err(e.to_string()))?;
     let id = p.list().map_err(|e| err(e.to_string()))?.into_iter().find(|v| v.name.as_deref() == Some(name)).map(|v| v.id).unwrap_or_default();
@@ -133,11 +215,28 @@ mod tests {
         let c = &b.controls[0];
         c.set("spec", "gp3:8GiB,iops=6000").unwrap();
         assert_eq!(c.status()["spec"], "gp3:8GiB,iops=6000");
-        assert!(c.set("spec", "gp2:8GiB").unwrap_err().contains("cannot change the type"));
         assert!(c.set("spec", "gp3:9GiB").unwrap_err().contains("not the size"));
         assert!(c.set("iops", "1").is_err());
         drop(b);
         let b = build_volume("g", "gp3", "8GiB,iops=6000", &ctx(d.path())).unwrap();
         assert_eq!(b.controls[0].status()["spec"], "gp3:8GiB,iops=6000", "the change was saved");
+        // The type changes in place, as EBS's modify-volume does.
+        b.controls[0].set("spec", "io2:8GiB,iops=16000").unwrap();
+        assert_eq!(b.controls[0].status()["spec"], "io2:8GiB,iops=16000");
+    }
+
+    #[test]
+    fn a_scaled_local_cloud_serves_scaled_volumes_with_full_scale_specs() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = ctx(d.path());
+        c.local.scale = surge_block::model::Scale { rate: 0.25, time: 0.5 };
+        let b = build_volume("g", "gp3", "8GiB", &c).unwrap();
+        assert_eq!(b.dev.size(), 1 << 30, "8 GiB x 0.25 x 0.5");
+        assert_eq!(b.controls[0].status()["spec"], "gp3:8GiB");
+        assert_eq!(LocalCloud::parse_scale("time=0.05,rate=0.0625").unwrap(), surge_block::model::Scale { rate: 0.0625, time: 0.05 });
+        assert!(LocalCloud::parse_scale("time=2").is_err());
+        assert!(LocalCloud::parse_scale("speed=0.5").is_err());
+        assert_eq!(LocalCloud::parse_rules("ebs-24h").unwrap(), surge_cloud::ModifyRules::ebs_rolling());
+        assert!(LocalCloud::parse_rules("weekly").is_err());
     }
 }

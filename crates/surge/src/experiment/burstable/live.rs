@@ -82,6 +82,9 @@ fn fio(uri: &str, size: &str, extra: &[&str]) -> anyhow::Result<FioOutcome> {
     })
 }
 
+/// The live run's export.
+pub const SPEC: &str = "p=burstable:persistent,size=4GiB,members=4,swap_below=99.9%,min_interval=2s,tick=250ms,attach_delay=200ms,rebuild_rate=64MiB/s";
+
 pub fn run(out: &Path, quick: bool) -> anyhow::Result<LiveResult> {
     let started = Instant::now();
     let exe = std::env::current_exe()?;
@@ -91,7 +94,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<LiveResult> {
     let d = dir.as_path();
     let sock = d.join("nbd.sock");
     let control = d.join("control.sock");
-    let spec = "p=burstable:persistent,size=4GiB,members=4,swap_below=99.9%,min_interval=2s,tick=250ms,attach_delay=200ms,rebuild_rate=64MiB/s";
+    let spec = SPEC;
     let log = std::fs::File::create(out.join("live-serve.log"))?;
     let child = Command::new(&exe)
         .args(["--log", "info", "serve", "--data-dir"])

@@ -204,8 +204,23 @@ impl Results {
             "setting": s,
             "runs": runs,
             "prices": PriceTable::default(),
+            "setup": setup(),
         })
     }
+}
+
+/// `setup.application` and `setup.deviations` of results.json.
+pub fn setup() -> serde_json::Value {
+    json!({
+        "application": {
+            "figures_1_3_5": "simulated on virtual time: fio-like workers inside the experiment process (burstable/sim.rs) call the real layers (stripe, mirror, cache, device models, volume files) directly, all threads on one discrete-event clock; not through NBD",
+            "live": format!("fio (its nbd engine, randwrite 4 KiB, iodepth 8, verify=crc32c) against `surge serve --export {}` over a unix socket, in real time", super::live::SPEC),
+        },
+        "deviations": [
+            {"setting": "figures: every duration and size x f (the run's scale), rates as published", "reason": "hours of the paper's workloads on virtual time at reduced scale; every proportion holds"},
+            {"setting": "live: swap_below=99.9%, min_interval=2s, tick=250ms, attach_delay=200ms (defaults: computed from the margin, 60 s, 5 s, 3 s)", "reason": "several member swaps (mirror rebuilds) under fio within a run of about a minute in real time"},
+        ],
+    })
 }
 
 fn g(b: u64) -> String {

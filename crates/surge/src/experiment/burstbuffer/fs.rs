@@ -139,7 +139,11 @@ pub fn start_redis(surge: &Path, dir: &Path) -> anyhow::Result<(Proc, String)> {
     let mut p = Proc::spawn("redis", &mut cmd, &dir.join("redis.log"))?;
     proc::wait_until("redis", Duration::from_secs(30), || p.check_alive().is_ok() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())?;
     p.check_alive()?;
-    Ok((p, format!("redis://127.0.0.1:{port}/")))
+    // `surge bb redis` lets in only its ACL user, with the password it made;
+    // the URL goes to the processes in their environment (surge) or to
+    // JuiceFS as its meta URL.
+    let password = surge_bb::meta::redis::RedisAuth::read_password(&surge_bb::local::password_file(dir))?;
+    Ok((p, format!("redis://{}:{password}@127.0.0.1:{port}/", surge_bb::local::ACL_USER)))
 }
 
 /// Where surge's I/O nodes come from.

@@ -88,6 +88,21 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
     root.insert("prices".into(), json!(prices));
     root.insert("montage_input".into(), json!({"images": setup.images, "bytes": setup.fits_bytes, "side": plan.fits_side}));
     root.insert("deviations".into(), json!(setup.deviations));
+    let mut daemon = vec![json!({"setting": "none but the pool's (below); mount, nodes and writeback with their defaults", "reason": "-"})];
+    if let super::fs::Nodes::Pool { min, max, node_memory_mib } = plan.nodes {
+        daemon = vec![
+            json!({"setting": format!("surge bb pool --node-memory {node_memory_mib}MiB (default 512 MiB)"), "reason": "so this small workflow is a comparable share of the pool's memory"}),
+            json!({"setting": format!("surge bb pool --min {min} --max {max} (defaults 2, 8)"), "reason": "as many nodes as one 2-core machine holds next to the clients and S3 server"}),
+        ];
+    }
+    if let super::fs::Nodes::Fixed(n) = plan.nodes {
+        daemon = vec![json!({"setting": format!("{n} I/O nodes, fixed"), "reason": "the elastic pool daemon is not in this build"})];
+    }
+    daemon.extend(setup.deviations.iter().map(|d| json!({"setting": d, "reason": "this machine"})));
+    root.insert("setup".into(), json!({
+        "application": "fsbench.py (throughput, mdtest-style metadata, read-after-write, FITS images) and Montage as separate processes on each file system's FUSE mount (surge bb mount, s3fs, JuiceFS), one moto S3 server for all",
+        "deviations": daemon,
+    }));
     root.insert("total_s".into(), json!(setup.total_s));
     serde_json::Value::Object(root)
 }

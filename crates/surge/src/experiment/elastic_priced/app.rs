@@ -1,119 +1,92 @@
-//! The application under test: one fio process for the whole run, reaching
-//! the volume through NBD (`--ioengine=nbd`). Its compute phases are fio's own
-//! think time (after a burst's last write completes, `thinktime_blocks_type=
-//! complete`), each burst ends with an fsync, and the first starts after
-//! `startdelay`. Its data is deterministic (seeded, buffers refilled from the
-//! seed, overlapping in-flight writes serialised), so a run against a plain
-//! memory export gives the exact bytes every approach must end with.
+//! The application under test: one `surge load` process for the whole run,
+//! reaching the volume through NBD, as a user's application would. Its
+//! compute phases are the load generator's think time (after all jobs' part
+//! of a burst has completed and been flushed), and the first burst starts
+//! after `start_delay`. Its writes carry bytes derived from the seed, the
+//! request and the position, so the volume is checked afterwards against
+//! the configuration alone (`crate::load::Expected`).
 
 use super::scenario::{App, Scaled};
+use crate::load::report::Parsed;
+use crate::load::{Expected, LoadConfig, OutputFormat, Rw};
 use anyhow::{ensure, Context};
-use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 use surge_block::BlockDev;
 
-/// Runs the application against the NBD export `export` on `socket`.
-pub struct Fio {
-    uri: String,
+/// The application: its load generator's configuration.
+pub struct Application {
+    pub cfg: LoadConfig,
 }
 
-fn us(secs: f64) -> String {
-    format!("{}us", (secs * 1e6).round() as u64)
+/// What one run of the application reported.
+pub struct AppRun {
+    pub parsed: Parsed,
 }
 
-impl Fio {
-    pub fn new(socket: &Path, export: &str) -> Self {
-        Fio { uri: format!("nbd+unix:///{export}?socket={}", socket.display()) }
-    }
-
-    /// fio's arguments for the whole application.
-    pub fn args(&self, s: &Scaled) -> Vec<String> {
+impl Application {
+    pub fn new(uri: &str, s: &Scaled) -> Self {
         let bursts = s.sc.bursts.len() as u64;
         let (per, _) = s.per_burst();
-        let mut a: Vec<String> = vec![
-            "--name=app".into(),
-            "--ioengine=nbd".into(),
-            format!("--uri={}", self.uri),
-            "--refill_buffers".into(),
-            "--scramble_buffers=0".into(),
-            "--randseed=1000".into(),
-            "--clocksource=clock_gettime".into(),
-            "--output-format=terse".into(),
-            "--group_reporting".into(),
-            format!("--startdelay={}", us(s.secs(s.sc.init_compute_s))),
-            format!("--thinktime={}", us(s.secs(s.sc.compute_s))),
-            "--thinktime_blocks_type=complete".into(),
-        ];
+        let mut c = LoadConfig::new(uri);
+        c.seed = 1000;
+        c.flush_each_burst = true;
+        c.output_format = OutputFormat::Json;
+        c.group_reporting = true;
+        c.name = format!("app-{}", s.sc.key);
+        c.start_delay = Duration::from_secs_f64(s.secs(s.sc.init_compute_s));
+        c.think = Duration::from_secs_f64(s.secs(s.sc.compute_s));
+        c.think_jitter = s.sc.compute_jitter;
+        c.bursts = Some(bursts as u32);
         match s.sc.app {
             App::Checkpoint { writers, request, qd } => {
-                let blocks = per / request;
-                a.extend([
-                    "--rw=write".into(),
-                    format!("--bs={request}"),
-                    format!("--iodepth={qd}"),
-                    format!("--numjobs={writers}"),
-                    "--offset=0".into(),
-                    format!("--size={}", per * bursts),
-                    format!("--offset_increment={}", per * bursts),
-                    // Stop right after the last burst (not after one more think time).
-                    format!("--number_ios={}", blocks * bursts),
-                    format!("--thinktime_blocks={blocks}"),
-                    format!("--fsync={blocks}"),
-                ]);
+                c.rw = Rw::Write;
+                c.bs = crate::load::Sizes::one(request);
+                c.iodepth = qd;
+                c.numjobs = writers;
+                c.size = Some(per * bursts);
+                c.offset_increment = Some(per * bursts);
+                c.burst_bytes = vec![per];
             }
             App::RandomWrites { bssplit, qd, region, .. } => {
-                a.extend([
-                    "--rw=randwrite".into(),
-                    format!("--bssplit={bssplit}"),
-                    "--blockalign=4k".into(),
-                    "--norandommap".into(),
-                    "--serialize_overlap=1".into(),
-                    format!("--iodepth={qd}"),
-                    "--offset=0".into(),
-                    format!("--size={}", s.region(region)),
-                    // Bytes never end the job first: the count of writes does.
-                    format!("--io_size={}", per * bursts * 16 * 1024),
-                    format!("--number_ios={}", per * bursts),
-                    format!("--thinktime_blocks={per}"),
-                    format!("--fsync={per}"),
-                ]);
+                c.rw = Rw::Randwrite;
+                c.bs = bssplit.parse().expect("scenario bssplit is valid");
+                c.blockalign = Some(4096);
+                c.iodepth = qd;
+                c.size = Some(s.region(region));
+                c.burst_ios = vec![per];
             }
         }
-        a
+        Application { cfg: c }
     }
 
-    /// Run the application to completion.
-    pub fn run(&self, s: &Scaled) -> anyhow::Result<()> {
-        let out = Command::new("fio").args(self.args(s)).stdin(Stdio::null()).output().context("running fio (apt-get install fio)")?;
+    /// How the application is started, for the report.
+    pub fn command_line(&self) -> String {
+        self.cfg.command_line()
+    }
+
+    /// Run the application to completion as its own process.
+    pub fn run(&self) -> anyhow::Result<AppRun> {
+        let exe = std::env::current_exe().context("finding the surge binary")?;
+        let out = Command::new(exe).args(["--log", "warn", "load"]).args(self.cfg.args()).stdin(Stdio::null()).output().context("running surge load")?;
         ensure!(
             out.status.success(),
-            "fio failed ({}): {}{}",
+            "surge load failed ({}): {}{}",
             out.status,
             String::from_utf8_lossy(&out.stderr),
             String::from_utf8_lossy(&out.stdout).chars().take(400).collect::<String>()
         );
-        Ok(())
+        let parsed = Parsed::from_output(&String::from_utf8_lossy(&out.stdout)).context("reading surge load's figures")?;
+        Ok(AppRun { parsed })
     }
-}
 
-/// Compare `ranges` of `got` with the reference device; bytes verified.
-pub fn verify(s: &Scaled, got: &dyn BlockDev, want: &dyn BlockDev) -> anyhow::Result<u64> {
-    let mut a = vec![0u8; 1 << 20];
-    let mut b = vec![0u8; 1 << 20];
-    let mut n = 0;
-    for (start, len) in s.written_ranges() {
-        let mut off = start;
-        while off < start + len {
-            let l = (start + len - off).min(a.len() as u64) as usize;
-            got.read_at(&mut a[..l], off).with_context(|| format!("reading back at {off}"))?;
-            want.read_at(&mut b[..l], off)?;
-            if let Some(i) = (0..l).find(|&i| a[i] != b[i]) {
-                anyhow::bail!("data differs from the reference at byte {} (region {start}+{len})", off + i as u64);
-            }
-            ensure!(b[..l].iter().any(|&x| x != 0) || l < 4096, "the reference is empty at {off}: fio wrote nothing there");
-            off += l as u64;
-            n += l as u64;
-        }
+    /// Check that `got` holds what the run wrote; bytes verified.
+    pub fn verify(&self, run: &AppRun, got: &dyn BlockDev) -> anyhow::Result<u64> {
+        let issued = &run.parsed.jobs.first().context("no job in the output")?.surge.ios_issued_per_job;
+        let jobs = self.cfg.jobs(got.size())?;
+        ensure!(issued.len() == jobs.len(), "{} jobs reported, {} configured", issued.len(), jobs.len());
+        let expected = Expected::of(&jobs.into_iter().zip(issued.iter().copied()).collect::<Vec<_>>()).map_err(anyhow::Error::msg)?;
+        ensure!(expected.bytes() > 0, "the application wrote nothing");
+        expected.check(|off, buf| got.read_at(buf, off).with_context(|| format!("reading back at {off}")))
     }
-    Ok(n)
 }

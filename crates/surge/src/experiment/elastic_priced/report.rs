@@ -35,6 +35,7 @@ impl Stat {
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub completion_s: Stat,
+    pub instance_s: Stat,
     pub storage_usd: Stat,
     pub compute_usd: Stat,
     pub total_usd: Stat,
@@ -80,6 +81,7 @@ pub fn aggregate(plan: &Plan, scen: &[Scaled], runs: Vec<(usize, RunResult)>) ->
                     let stat = |f: fn(&RunResult) -> f64| Stat::of(rs.iter().map(f).collect());
                     let sum = Summary {
                         completion_s: stat(|r| r.completion_s),
+                        instance_s: stat(|r| r.instance_s),
                         storage_usd: stat(|r| r.storage_usd),
                         compute_usd: stat(|r| r.compute_usd),
                         total_usd: stat(|r| r.total_usd),
@@ -109,10 +111,11 @@ impl Priced {
                     a.name().into(),
                     serde_json::json!({
                         "completion_s": sum.completion_s.median,
+                        "instance_s": sum.instance_s.median,
                         "storage_usd": sum.storage_usd.median,
                         "compute_usd": sum.compute_usd.median,
                         "total_usd": sum.total_usd.median,
-                        "spread": {"completion_s": range(&sum.completion_s), "storage_usd": range(&sum.storage_usd), "compute_usd": range(&sum.compute_usd), "total_usd": range(&sum.total_usd)},
+                        "spread": {"completion_s": range(&sum.completion_s), "instance_s": range(&sum.instance_s), "storage_usd": range(&sum.storage_usd), "compute_usd": range(&sum.compute_usd), "total_usd": range(&sum.total_usd)},
                         "runs": sum.runs,
                         "plans": sum.typical().plans,
                         "timeline": sum.typical().samples,
@@ -120,9 +123,26 @@ impl Priced {
                 );
             }
             priced.insert(s.scaled.sc.key.into(), serde_json::Value::Object(m));
-            settings.insert(s.scaled.sc.key.into(), serde_json::json!({"scenario": s.scaled.sc, "time_scale": s.scaled.time, "rate_scale": s.scaled.rate, "policy": super::rig::policy(&s.scaled)}));
+            let app = super::app::Application::new("nbd+unix:///app?socket=DIR/nbd.sock", &s.scaled);
+            settings.insert(s.scaled.sc.key.into(), serde_json::json!({"scenario": s.scaled.sc, "time_scale": s.scaled.time, "rate_scale": s.scaled.rate, "policy": super::rig::policy(&s.scaled), "application": app.command_line()}));
         }
         (serde_json::Value::Object(priced), serde_json::json!({"plan": self.plan, "scenarios": settings}))
+    }
+
+    /// Each scenario's application command line.
+    pub fn applications(&self) -> serde_json::Value {
+        self.scenarios.iter().map(|s| (s.scaled.sc.key.to_string(), serde_json::json!(super::app::Application::new("nbd+unix:///app?socket=DIR/nbd.sock", &s.scaled).command_line()))).collect::<serde_json::Map<_, _>>().into()
+    }
+
+    /// Settings of the priced runs that differ from the daemon's defaults, with the reason.
+    pub fn deviations(&self) -> Vec<serde_json::Value> {
+        let mut v = vec![serde_json::json!({"setting": "priced: value_per_hour = the instance's list price", "reason": "cache=auto requires it (no default): what an hour of the application's time is worth"})];
+        for s in &self.scenarios {
+            for d in &s.scaled.sc.deviations {
+                v.push(serde_json::json!({"setting": format!("priced {}: {}", s.scaled.sc.key, d.split(':').next().unwrap_or(d)), "reason": d}));
+            }
+        }
+        v
     }
 
     pub fn plot(&self, out: &Path) -> anyhow::Result<Vec<String>> {
@@ -156,12 +176,13 @@ impl Priced {
             scenario_md(&mut m, s, p);
         }
         let _ = writeln!(m, "## How the priced runs are set up\n");
-        let _ = writeln!(m, "- The application is fio (one process per burst, `--ioengine=nbd`) against the approach's volume exported by an in-process NBD server on a unix socket; compute phases are sleeps. Its data is seeded (refilled buffers, overlapping in-flight writes serialised) and every run's final bytes are compared with a run of the same bursts against a plain memory export.");
-        let _ = writeln!(m, "- Scale: durations x {} (windows, ID, attach/detach delays, EBS's 6 h modification cooldown and 5 min optimizing ramp, compute phases), rates x {} (every volume's IOPS and MiB/s, the planner's observed demand divided back), amounts x {} (bytes written, cache sizes, volume files). Prices and limits are those of the full-scale specs.", p.time, p.rate, p.time * p.rate);
-        let _ = writeln!(m, "- Policy: the daemon's defaults (UT 30 %, window 5 s, ID 30 s, initial cache 10 GiB, min 1 GiB, granularity 1 GiB, attach/detach 3 s, idle gap 200 ms, all at scale; `cache=auto` with its defaults: every type, drain spec on). Deviations in every scenario: learn=true (burst-period learning, off by default; the paper replica uses it too); value_per_hour = the instance's list price (required with cache=auto, no default). Per-scenario deviations are listed with each scenario.");
-        let _ = writeln!(m, "- Billing: the data volume is billed until the application completes (the user keeps it, at the spec it has then: modify-volume's raised spec stays, EBS would not lower it for 6 h); cache volumes until they are deleted after draining. Compute: the named instance from the application's start to its completion.");
-        let _ = writeln!(m, "- modify-volume: the same utilization window, UT and ID decide; the local cloud enforces EBS's rules: one modification per 6 hours, type changes in place (gp3 to io2), new performance ramping linearly over 5 minutes (the short end of AWS's \"a few minutes to a few hours\"; a fully used 1 TiB volume takes about 6 hours), billed at the new spec from the request. AWS's 2025 rule (four modifications per rolling 24 h, each after the previous completed) is not modelled.");
-        let _ = writeln!(m, "- After the last burst the run ends. A daemon left running would pre-provision one more cache for the burst the learned period predicts; it is released after attach delay + ID + window (about 38 s, billed 60 s) and is not in these figures.\n");
+        let learn = self.scenarios.first().map(|s| super::rig::policy(&s.scaled).learn_period).unwrap_or(false);
+        let _ = writeln!(m, "- Every part is its own process, as a user runs it: `surge serve` with the approach's export (the spec strings above, built by the daemon's own builders) on a local cloud at the run's scale (`--local-scale`), and the application, `surge load` (one process for the whole run: bursts, then think time), over NBD on the daemon's unix socket. Its writes carry bytes derived from the seed, the request and the position (overlapping requests in flight serialised); once the daemon has stopped, every run's data volume is read back and checked against what the application's configuration and its count of requests say it must hold.");
+        let _ = writeln!(m, "- Scale: durations x {} (windows, ID, attach/detach delays, EBS's modification rules and 5 min optimizing ramp, compute phases), rates x {} (every volume's IOPS and MiB/s, the planner's observed demand divided back), amounts x {} (bytes written, cache sizes, volume files). Prices, limits and every value in a spec are full-scale.", p.time, p.rate, p.time * p.rate);
+        let _ = writeln!(m, "- Policy: the daemon's defaults (UT 30 %, window 5 s, ID 30 s, initial cache 10 GiB, min 1 GiB, max 64 GiB, granularity 1 GiB, attach/detach 3 s, idle gap 200 ms, flusher poll 20 ms, burst-period learning {}, all at scale but the idle gap and the poll, which are timed between requests; `cache=auto` with its defaults: every type, drain spec on). The one setting every adaptive run adds: value_per_hour = the instance's list price (required with cache=auto, no default). Per-scenario deviations are listed with each scenario.", if learn { "on" } else { "off" });
+        let _ = writeln!(m, "- Billing: the data volume is billed until the application completes (the user keeps it, at the spec it has then: modify-volume's raised spec stays until the rules let it down); cache volumes until they are deleted after draining. Compute: the named instance from the application's start until it could stop: the application's completion, and for adaptive the end of the drain (the daemon on the instance flushes the cache to the backing volume, then deletes it), `instance billed (s)`.");
+        let _ = writeln!(m, "- modify-volume: a script beside the daemon (as a user would write one with the AWS CLI) reads the export's I/O from the control API every window/10 and decides with the same utilization window, UT and ID; it changes the volume with `surge set app/volume spec=...` (type changes in place, gp3 to io2). The local cloud enforces EBS's rules: `modify-volume` the newer one (up to four modifications per rolling 24 hours, each once the previous one completed, `--local-modify-rules ebs-24h`), `modify-volume-6h` the classic one (one per 6 hours, `ebs-6h`); new performance ramps linearly over 5 minutes (the short end of AWS's \"a few minutes to a few hours\"; a fully used 1 TiB volume takes about 6 hours), billed at the new spec from the request.");
+        let _ = writeln!(m, "- After the last burst the run ends once the cache is released. A daemon left running with learning on would pre-provision one more cache for the burst the learned period predicts; it is released after attach delay + ID + window (about 38 s, billed 60 s) and is not in these figures.\n");
         m
     }
 }
@@ -181,6 +202,14 @@ fn scenario_md(m: &mut String, s: &ScenarioResult, p: &Plan) {
     let prices = PriceTable::default();
     let inst = prices.instance_usd_hour(sc.instance, sc.nodes).unwrap_or(f64::NAN);
     let _ = writeln!(m, "## {}: {}\n", sc.key, sc.title);
+    let _ = writeln!(m, "Application: `{}`\n", super::app::Application::new("nbd+unix:///app?socket=DIR/nbd.sock", &s.scaled).command_line());
+    let _ = writeln!(m, "Daemons (one per run):\n");
+    for (a, _) in &s.approaches {
+        if let Ok(d) = super::rig::daemon_spec(&s.scaled, *a) {
+            let _ = writeln!(m, "- {}: `{}`", a.name(), d.command_line());
+        }
+    }
+    let _ = writeln!(m);
     let _ = writeln!(
         m,
         "Backing `{}` (${:.2}/month); peak `{}` (${:.2}/month); compute {} x {} (${inst}/h, {}).\n",
@@ -192,17 +221,21 @@ fn scenario_md(m: &mut String, s: &ScenarioResult, p: &Plan) {
         sc.instance,
         sc.instance_why
     );
-    let _ = writeln!(m, "| approach | completion (s) | vs static-fast | storage $ | storage vs static-fast | compute $ | total $ | total vs static-fast |");
-    let _ = writeln!(m, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    if let Ok(e) = prices.instance_ebs(sc.instance) {
+        let _ = writeln!(m, "The {}'s EBS limits hold every approach's volumes together (`--local-instance`): {} MB/s and {} IOPS sustained (price table `instance_ebs`, AWS's EBS-optimized figures); `cache=auto` never buys more than they let through.\n", sc.instance, e.baseline_mbps, e.baseline_iops);
+    }
+    let _ = writeln!(m, "| approach | completion (s) | vs static-fast | instance billed (s) | storage $ | storage vs static-fast | compute $ | total $ | total vs static-fast |");
+    let _ = writeln!(m, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let spread = |x: &Stat, f: &dyn Fn(f64) -> String| if p.reps > 1 { format!("{} [{}-{}]", f(x.median), f(x.min), f(x.max)) } else { f(x.median) };
     for (a, sum) in &s.approaches {
         let pct = |v: f64, base: f64| format!("{:+.1} %", (v / base - 1.0) * 100.0);
         let _ = writeln!(
             m,
-            "| {} | {} | {} | {} | {:.0} % | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} % | {} | {} | {} |",
             a.name(),
             spread(&sum.completion_s, &|v| format!("{v:.1}")),
             if *a == Approach::Fast { "–".into() } else { pct(sum.completion_s.median, fast_t.median) },
+            spread(&sum.instance_s, &|v| format!("{v:.1}")),
             spread(&sum.storage_usd, &usd),
             sum.storage_usd.median / fast_storage.median * 100.0,
             spread(&sum.compute_usd, &usd),
@@ -211,16 +244,18 @@ fn scenario_md(m: &mut String, s: &ScenarioResult, p: &Plan) {
         );
     }
     let best = s.approaches.iter().min_by(|a, b| a.1.total_usd.median.total_cmp(&b.1.total_usd.median)).map(|x| x.0.name()).unwrap_or("-");
-    let _ = writeln!(m, "\nLowest total: **{best}**. Medians{}; full-scale seconds and dollars.\n", if p.reps > 1 { " [min-max]" } else { "" });
+    let _ = writeln!(m, "\nLowest total, with the instance billed until it could stop (adaptive: until its cache is drained and deleted): **{best}**. Medians{}; full-scale seconds and dollars.\n", if p.reps > 1 { " [min-max]" } else { "" });
     if let (Some(ad), Some(f), Some(sl)) = (s.get(Approach::Adaptive), s.get(Approach::Fast), s.get(Approach::Slow)) {
-        let (ta, tf, ts) = (ad.completion_s.median, f.completion_s.median, sl.completion_s.median);
+        // The instance is billed until it could stop: compare instance seconds.
+        let (ta, tf, ts) = (ad.instance_s.median, f.instance_s.median, sl.instance_s.median);
         let (sa, sf, ss) = (ad.storage_usd.median, f.storage_usd.median, sl.storage_usd.median);
-        let vs_fast = if ta > tf { format!("while the waiting compute costs less than ${:.2}/h", (sf - sa) * 3_600.0 / (ta - tf)) } else { "at any compute price (it was not slower)".into() };
-        let vs_slow = if ts > ta { format!("once the compute costs more than ${:.3}/h", ((sa - ss) * 3_600.0 / (ts - ta)).max(0.0)) } else { "never (it was not faster)".into() };
+        let vs_fast = if ta > tf { format!("while the instance costs less than ${:.2}/h", (sf - sa) * 3_600.0 / (ta - tf)) } else { "at any instance price (it was not billed longer)".into() };
+        let vs_slow = if ts > ta { format!("once the instance costs more than ${:.3}/h", ((sa - ss) * 3_600.0 / (ts - ta)).max(0.0)) } else { "never (it was not billed shorter)".into() };
         let _ = writeln!(
             m,
-            "*Computed* from these medians (same completion times, other instance prices): adaptive costs less than static-fast {vs_fast}, and less than static-slow {vs_slow}; the {} here costs ${inst}/h.\n",
-            sc.instance
+            "*Computed* from these medians (same instance seconds, other instance prices): adaptive costs less than static-fast {vs_fast}, and less than static-slow {vs_slow}; the {} here costs ${inst}/h. Adaptive's instance ran {:.1} s past the application's completion: the daemon on it drains the last burst from the cache to the backing volume before deleting the cache.\n",
+            sc.instance,
+            ad.instance_s.median - ad.completion_s.median
         );
     }
     if let Some(ad) = s.get(Approach::Adaptive).map(|x| x.typical()) {
@@ -268,6 +303,7 @@ fn plot_dollars(path: &Path, s: &ScenarioResult) -> anyhow::Result<()> {
         Approach::Slow => RED,
         Approach::Fast => BLUE,
         Approach::Modify => MAGENTA,
+        Approach::ModifyClassic => RGBColor(200, 120, 0),
         Approach::Adaptive => GREEN,
     };
     let series: Vec<(&str, &[Sample], RGBColor)> = s.approaches.iter().map(|(a, sum)| (a.name(), sum.typical().samples.as_slice(), color(*a))).collect();

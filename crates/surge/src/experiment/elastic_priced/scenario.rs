@@ -8,12 +8,11 @@ use surge_cloud::VolumeSpec;
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum App {
-    /// A checkpoint: `writers` fio jobs write `request`-sized blocks
+    /// A checkpoint: `writers` jobs (connections) write `request`-sized blocks
     /// sequentially at queue depth `qd`, each appending its part of the
     /// checkpoint to its own region, then fsync. Bytes in flight are not
     /// scaled with rates, so they are kept small (writers x qd x request =
     /// 1 MiB): at reduced rates a deep queue would make completions lumpy.
-    /// (fio with iodepth 1 thinks once more after its last write: qd >= 2.)
     Checkpoint { writers: u32, request: u64, qd: u32 },
     /// A bulk load: random writes of the `bssplit` sizes at queue depth `qd`
     /// over a hot `region` (pages rewritten many times), then fsync.
@@ -24,7 +23,8 @@ pub enum App {
 pub struct Scenario {
     pub key: &'static str,
     pub title: &'static str,
-    /// The instance that waits on the storage, and why this one.
+    /// The instance that waits on the storage (its EBS limits hold every
+    /// approach's volumes), and why this one.
     pub instance: &'static str,
     pub nodes: u32,
     pub instance_why: &'static str,
@@ -40,8 +40,10 @@ pub struct Scenario {
     pub max_bps: f64,
     pub init_compute_s: f64,
     pub compute_s: f64,
-    /// Per burst: bytes (checkpoint) or requests (random writes); fio's
-    /// think time repeats one size, so all bursts are alike.
+    /// Each compute phase is compute_s x (1 + u x this), u uniform in [-1, 1] (seeded).
+    pub compute_jitter: f64,
+    /// Per burst: bytes (checkpoint) or requests (random writes); all
+    /// bursts are alike.
     pub bursts: Vec<u64>,
     pub app: App,
     /// Settings that differ from the daemon's defaults, with the reason.
@@ -73,6 +75,7 @@ impl Scenario {
             max_bps: 1_000.0 * MIB as f64,
             init_compute_s: 30.0,
             compute_s: 350.0,
+            compute_jitter: 0.0,
             bursts: vec![12 * GIB; 4],
             app: App::Checkpoint { writers: 2, request: 256 * KIB, qd: 2 },
             deviations: vec![
@@ -97,6 +100,7 @@ impl Scenario {
             max_bps: 1_000.0 * MIB as f64,
             init_compute_s: 30.0,
             compute_s: 350.0,
+            compute_jitter: 0.0,
             bursts: vec![640_000; 4],
             // Mostly 4 KiB (many small files, index pages), some 8 and 16 KiB.
             app: App::RandomWrites { bssplit: "4k/70:8k/20:16k/10", mean_request: 6_144, qd: 32, region: GIB },
@@ -136,19 +140,6 @@ impl Scaled {
         }
     }
 
-    /// The bytes the application can have written: what is verified.
-    /// Checkpoint writers each own a contiguous region holding their part of
-    /// every burst; random writes stay in the hot region at the start.
-    pub fn written_ranges(&self) -> Vec<(u64, u64)> {
-        match self.sc.app {
-            App::Checkpoint { .. } => {
-                let (per, writers) = self.per_burst();
-                vec![(0, per * writers * self.sc.bursts.len() as u64)]
-            }
-            App::RandomWrites { region, .. } => vec![(0, self.region(region))],
-        }
-    }
-
     pub fn region(&self, full: u64) -> u64 {
         self.amount(full, 16 * KIB)
     }
@@ -163,9 +154,8 @@ mod tests {
         let s = Scaled { sc: Scenario::throughput(), time: 0.05, rate: 1.0 / 16.0 };
         // 6 GiB per writer x 1/320 = 19.2 MiB, in whole 256 KiB requests.
         assert_eq!(s.per_burst(), (19 * MIB + 256 * KIB, 2));
-        assert_eq!(s.written_ranges(), vec![(0, 154 * MIB)]);
         let i = Scaled { sc: Scenario::iops(), time: 0.05, rate: 1.0 / 16.0 };
         assert_eq!(i.per_burst(), (2_000, 1), "640,000 writes / 320");
-        assert_eq!(i.written_ranges(), vec![(0, 205 * 16 * KIB)], "1 GiB / 320 in 16 KiB steps");
+        assert_eq!(i.region(GIB), 205 * 16 * KIB, "1 GiB / 320 in 16 KiB steps");
     }
 }

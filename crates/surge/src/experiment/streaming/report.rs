@@ -163,10 +163,17 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
         configs.insert(cfg.name().into(), serde_json::Value::Object(o));
     }
     let checks = checks(&med);
+    let mut setup_json = serde_json::to_value(setup)?;
+    setup_json["application"] = json!("fio, pgbench (PostgreSQL) and sort as their users run them, on ext4 in the guest's view of the volume: nbdfuse + loop (direct I/O) over NBD to each server (surge serve, qemu-nbd, nbdkit) on a unix socket; the base image is served over NBD across a veth pair shaped with tbf");
+    let mut deviations = vec![json!({"setting": "none for surge's exports (cow: with its defaults; cor,stream is the surge-cow-cor configuration under test)", "reason": "-"})];
+    if let Ok(more) = std::env::var("SURGE_STREAMING_COW_OPTS") {
+        deviations.push(json!({"setting": format!("cow options {more} (SURGE_STREAMING_COW_OPTS)"), "reason": "set by whoever ran this experiment"}));
+    }
+    setup_json["deviations"] = json!(deviations);
     let results = json!({
         "experiment": "streaming",
         "plan": plan,
-        "setup": setup,
+        "setup": setup_json,
         "prices": pricing,
         "configs": configs,
         "checks": checks.iter().map(|c| json!({ "what": c.what, "value": c.value, "target": c.target, "ok": c.ok })).collect::<Vec<_>>(),

@@ -35,6 +35,9 @@ pub struct BoostSettings {
     pub prices: PriceTable,
     /// Emulated to full scale (experiments); `Scale::FULL` in the daemon.
     pub scale: Scale,
+    /// The instance's EBS limits (`surge serve --local-instance`): no cache
+    /// volume beyond them.
+    pub instance: Option<surge_cloud::cost::InstanceEbs>,
 }
 
 impl BoostSettings {
@@ -48,6 +51,7 @@ impl BoostSettings {
             lower_for_drain: true,
             prices: PriceTable::default(),
             scale: Scale::FULL,
+            instance: None,
         }
     }
 
@@ -136,6 +140,7 @@ impl Booster {
             lead: full(pol.attach_delay + 2 * pol.window),
             settle: full(pol.inactivity_delay + pol.window),
             lower_for_drain: s.lower_for_drain,
+            instance: s.instance.map(|i| i.sustained()),
         };
         Booster {
             planner,
@@ -260,6 +265,7 @@ impl Booster {
         self.current = None;
     }
 
+    #[cfg(test)]
     pub(super) fn plans(&self) -> &[LoggedPlan] {
         &self.plans
     }
@@ -334,6 +340,7 @@ impl ElasticVolume {
     }
 
     /// Every plan so far (reports).
+    #[cfg(test)]
     pub fn boost_plans(&self) -> Vec<LoggedPlan> {
         self.booster.as_ref().map_or_else(Vec::new, |b| b.lock().plans().to_vec())
     }
@@ -466,6 +473,7 @@ mod tests {
             flusher_poll: Duration::from_millis(1),
             fences: Some(dir.join("v.fences.json")),
             faults: Default::default(),
+            scale: Default::default(),
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         (clock, prov, v)
