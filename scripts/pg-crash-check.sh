@@ -141,10 +141,16 @@ as_pg "$PGBIN/pgbench" -h "$SOCK" -U postgres -c "$CLIENTS" -j 2 -T 600 -l --log
 PGBENCH=$!
 if [ "$KIND" = burstable ]; then
   # The swap starts 3 s before the kill; at rebuild_rate=4MiB/s the member's
-  # data (about 60 MB) is still being copied then.
+  # data (about 60 MB) is still being copied then. On a loaded machine the
+  # controller may take a while to attach the new member: wait for its
+  # rebuild (up to 30 s) before the last 2 s.
   sleep $(( KILL_AFTER > 3 ? KILL_AFTER - 3 : 0 ))
   "$BIN" set --data-dir "$S" v/burstable swap=0 >/dev/null
-  sleep 3
+  for _ in $(seq 300); do
+    "$BIN" status --data-dir "$S" --json 2>/dev/null | python3 -c 'import json,sys; t={x["name"]:x["status"] for x in json.load(sys.stdin)}; sys.exit(0 if any(m["rebuild"] for m in t["v/burstable"]["members"]) else 1)' && break
+    sleep 0.1
+  done
+  sleep 2
 else
   sleep "$KILL_AFTER"
 fi
