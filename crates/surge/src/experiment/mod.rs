@@ -6,5 +6,6 @@ pub mod daemon;
 pub mod fairshare;
 pub mod elastic;
 pub mod progress;
+pub mod stat;
 pub mod streaming;
 pub mod elastic_priced;

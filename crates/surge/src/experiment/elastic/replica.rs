@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use surge_block::model::{Scale, GIB, MIB};
 use surge_cloud::Provider;
+pub use crate::experiment::stat::Stat;
 
 /// The paper's setting at full scale (per VM); the run's scale.
 #[derive(Debug, Clone, Serialize)]
@@ -274,29 +275,6 @@ pub fn run(s: &Setting, v: Variant, a: Approach, rep: usize, dir: &Path) -> anyh
     drop(prov);
     let _ = std::fs::remove_dir_all(dir);
     Ok(RunResult { variant: v.key, approach: a, rep, completion_s: (done - t0).as_secs_f64() / f, cost_agbs: agbs, cost_usd: usd, bursts, verified_bytes: verified, cache_sizes, decisions, samples })
-}
-
-/// Median and range.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Stat {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-}
-
-impl Stat {
-    pub fn of(mut v: Vec<f64>) -> Stat {
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let median = if n == 0 {
-            f64::NAN
-        } else if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Stat { median, min: v.first().copied().unwrap_or(f64::NAN), max: v.last().copied().unwrap_or(f64::NAN) }
-    }
 }
 
 /// An approach's runs in one variant.
