@@ -22,6 +22,19 @@ mod run;
 pub use pattern::{Expected, JobPattern, Rw, Sizes};
 pub use run::run;
 
+/// The start handshake of a client process an experiment runs (`--wait-go`):
+/// print `ready`, then wait for a line on stdin, so that every client's
+/// connections are open before any starts timing.
+pub fn ready_then_wait_for_go() -> std::io::Result<()> {
+    use std::io::{BufRead, Write};
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(())
+}
+
 use std::net::IpAddr;
 use std::time::Duration;
 use surge_block::units::{format_size, parse_duration, parse_rate, parse_size};

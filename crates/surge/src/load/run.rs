@@ -8,7 +8,6 @@ use super::{Amount, LoadConfig};
 use anyhow::{bail, Context as _};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::VecDeque;
-use std::io::{BufRead, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -191,11 +190,7 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Outcome> {
         bail!("export {:?} is read-only", uri.export);
     }
     if cfg.wait_go {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "ready")?;
-        out.flush()?;
-        let mut line = String::new();
-        std::io::stdin().lock().read_line(&mut line)?;
+        crate::load::ready_then_wait_for_go()?;
     }
     let started = Instant::now();
     let started_ns = crate::experiment::fairshare::client::monotonic_ns();

@@ -13,7 +13,6 @@
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -167,11 +166,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<BenchOutcome> {
         streams.push(Stream { conns });
     }
     if cfg.wait_go {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "ready")?;
-        out.flush()?;
-        let mut line = String::new();
-        std::io::stdin().lock().read_line(&mut line)?;
+        crate::load::ready_then_wait_for_go()?;
     }
     let started_ns = monotonic_ns();
     let end = Instant::now() + cfg.duration;
