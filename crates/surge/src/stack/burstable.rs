@@ -34,7 +34,7 @@ use anyhow::{bail, Context};
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use surge_block::cache::{CacheConfig, CacheMode, ElasticCache};
@@ -154,11 +154,26 @@ pub struct BurstableVolume {
     history: Mutex<Vec<SwapRecord>>,
     manual: Mutex<Vec<Vec<usize>>>,
     last_io_ns: AtomicU64,
+    /// Requests being served: a volume with one in flight is not idle, however
+    /// long ago it started.
+    in_flight: AtomicU64,
+    /// Requests started, ever: what an ephemeral reset checks nothing came since.
+    started_io: AtomicU64,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Serialises controller steps (the thread and `step()` callers).
     stepping: Mutex<()>,
     bars: Mutex<Option<RebuildBars>>,
+}
+
+/// A request in flight on a [`BurstableVolume`]; its end is stamped too.
+struct InFlight<'a>(&'a BurstableVolume);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.note_io();
+        self.0.in_flight.fetch_sub(1, SeqCst);
+    }
 }
 
 /// A slot at open: member id and device, and a resumed swap (target id, device, mirror).
@@ -305,6 +320,8 @@ impl BurstableVolume {
             history: Mutex::new(Vec::new()),
             manual: Mutex::new(Vec::new()),
             last_io_ns: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            started_io: AtomicU64::new(0),
             stop: Arc::new(AtomicBool::new(false)),
             threads: Mutex::new(Vec::new()),
             stepping: Mutex::new(()),
@@ -388,19 +405,25 @@ impl BurstableVolume {
         let _g = self.stepping.lock();
         self.resume_rebuilds();
         self.finish_swaps()?;
+        let started_io = self.started_io.load(SeqCst);
         let obs = self.observe()?;
         let now = self.clock.now();
         let mut todo: Vec<(Vec<usize>, String)> = self.manual.lock().drain(..).map(|s| (s, "requested with surge set".to_string())).collect();
+        let manual = todo.len();
         let decisions = self.policy.lock().tick(now, &obs);
         todo.extend(decisions.into_iter().map(|d| match d.action {
             Action::Swap { slots } => (slots, d.reason),
         }));
-        for (slots, reason) in todo {
+        for (k, (slots, reason)) in todo.into_iter().enumerate() {
             tracing::info!(volume = %self.p.name, ?slots, %reason, "burstable swap");
             self.log.lock().push(LoggedDecision { at_s: secs(now), slots: slots.clone(), reason });
+            // The policy decides an ephemeral reset on idle time: it must not
+            // discard what is written while the fresh set attaches. One asked
+            // for with `surge set` discards whatever is there, as asked.
+            let idle_since = (self.p.mode == Mode::Ephemeral && k >= manual).then_some(started_io);
             let r = match self.p.mode {
                 Mode::Persistent => slots.iter().try_for_each(|&i| self.start_persistent_swap(i)),
-                Mode::Cache | Mode::Ephemeral => self.swap_all(),
+                Mode::Cache | Mode::Ephemeral => self.swap_all(idle_since),
             };
             r?;
         }
@@ -416,8 +439,12 @@ impl BurstableVolume {
             members.push(MemberObs { credits: c.ops, capacity: c.ops_capacity, swapping: *swapping });
         }
         let attached = slots.len() + slots.iter().filter(|s| s.1).count() + usize::from(self.cache.is_some());
-        let last = self.last_io_ns.load(Relaxed);
-        let idle_for = if last == 0 { Duration::MAX } else { self.clock.now().saturating_sub(Duration::from_nanos(last - 1)) };
+        let last = self.last_io_ns.load(SeqCst);
+        let idle_for = match (self.in_flight.load(SeqCst), last) {
+            (0, 0) => Duration::MAX,
+            (0, last) => self.clock.now().saturating_sub(Duration::from_nanos(last - 1)),
+            _ => Duration::ZERO,
+        };
         Ok(Obs { members, attached, idle_for })
     }
 
@@ -553,8 +580,11 @@ impl BurstableVolume {
         self.save(&s)
     }
 
-    /// Cache and ephemeral: a whole new set of empty members.
-    fn swap_all(&self) -> anyhow::Result<()> {
+    /// Cache and ephemeral: a whole new set of empty members. With
+    /// `idle_since` (requests started when an ephemeral reset was decided),
+    /// the reset is called off if a request came since: the
+    /// scratch data an application wrote after its idle time stays.
+    fn swap_all(&self, idle_since: Option<u64>) -> anyhow::Result<()> {
         let started = self.clock.now();
         let gen = {
             let mut s = self.saved.lock();
@@ -573,7 +603,17 @@ impl BurstableVolume {
                 c.attach(stripe.clone()).context("attaching the fresh cache")?;
                 *self.stripe.write() = stripe;
             }
-            None => *self.stripe.write() = stripe,
+            None => {
+                let mut current = self.stripe.write();
+                // Requests stamp themselves before they take the stripe (see
+                // `begin_io`): with the lock held, none can start on the old set
+                // unseen.
+                if idle_since.is_some_and(|t| self.in_flight.load(SeqCst) > 0 || self.started_io.load(SeqCst) != t) {
+                    drop(current);
+                    return self.call_off_reset(&fresh);
+                }
+                *current = stripe;
+            }
         }
         let old: Vec<String> = {
             let mut slots = self.slots.lock();
@@ -619,6 +659,20 @@ impl BurstableVolume {
             ok: true,
         });
         Ok(())
+    }
+
+    /// An ephemeral reset that found the volume busy again: the fresh set
+    /// goes (recorded first, so a crash here deletes it at the next start).
+    fn call_off_reset(&self, fresh: &[(String, Arc<dyn BlockDev>)]) -> anyhow::Result<()> {
+        let ids: Vec<String> = fresh.iter().map(|(id, _)| id.clone()).collect();
+        tracing::info!(volume = %self.p.name, "ephemeral reset called off: requests arrived while the fresh members attached; the next idle period retries");
+        self.log.lock().push(LoggedDecision { at_s: secs(self.clock.now()), slots: vec![], reason: "reset called off: requests arrived while the fresh members attached".into() });
+        {
+            let mut s = self.saved.lock();
+            s.retired.extend(ids.iter().cloned());
+            self.save(&s)?;
+        }
+        self.retire(&ids)
     }
 
     /// Ephemeral `keep`: delete kept member sets (`all` or one generation).
@@ -678,7 +732,16 @@ impl BurstableVolume {
     }
 
     fn note_io(&self) {
-        self.last_io_ns.store(self.clock.now().as_nanos() as u64 + 1, Relaxed);
+        self.last_io_ns.store(self.clock.now().as_nanos() as u64 + 1, SeqCst);
+    }
+
+    /// A request starts: counted in flight and stamped *before* it takes the
+    /// device, which an ephemeral reset relies on (`swap_all`).
+    fn begin_io(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, SeqCst);
+        self.started_io.fetch_add(1, SeqCst);
+        self.note_io();
+        InFlight(self)
     }
 
     fn dev(&self) -> Arc<dyn BlockDev> {
@@ -799,22 +862,22 @@ impl BlockDev for BurstableVolume {
         self.dev().caps()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
-        self.note_io();
+        let _io = self.begin_io();
         self.dev().read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
-        self.note_io();
+        let _io = self.begin_io();
         self.dev().write_at(buf, offset, fua)
     }
     fn flush(&self) -> surge_block::Result<()> {
         self.dev().flush()
     }
     fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
-        self.note_io();
+        let _io = self.begin_io();
         self.dev().discard(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
-        self.note_io();
+        let _io = self.begin_io();
         self.dev().write_zeroes(offset, len, mode)
     }
     fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
@@ -1330,4 +1393,68 @@ mod tests {
         assert!(prov.list().unwrap().iter().all(|i| !before.contains(&i.id)));
         assert!(v.set("release", "all").is_err());
     }
+
+    /// A spent ephemeral volume, idle long enough for a reset, over a
+    /// provider that runs `during_attach` while each fresh member attaches.
+    fn spent_ephemeral(dir: &Path, clock: &Arc<VirtualClock>, during_attach: Arc<dyn Fn() + Send + Sync>) -> (Arc<BurstableVolume>, Arc<LocalProvider>) {
+        let local = provider(dir, clock.clone());
+        let wrap: surge_cloud::faulty::Wrap = Box::new(move |dev| {
+            during_attach();
+            dev
+        });
+        let faulty: Arc<dyn Provider> = Arc::new(surge_cloud::FaultyProvider::with_wrap(local.clone(), clock.clone(), wrap));
+        let v = BurstableVolume::open(params(dir, "ephemeral,size=2GiB,members=2,idle=5s,min_interval=0s,swap_below=50%"), faulty, clock.clone()).unwrap();
+        (v, local)
+    }
+
+    /// Spend every member's credits between two controller steps, so the
+    /// policy sees them drain; then 6 s of idle time (they earn a little back).
+    fn spend_credits(v: &BurstableVolume, local: &LocalProvider, clock: &VirtualClock) {
+        v.step().unwrap();
+        for id in v.member_ids() {
+            local.model(&id).unwrap().set_credits(Some(0), None);
+        }
+        clock.advance(Duration::from_secs(6));
+    }
+
+    #[test]
+    fn an_ephemeral_reset_is_called_off_when_data_arrives_while_the_fresh_set_attaches() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let cell: Arc<std::sync::OnceLock<std::sync::Weak<BurstableVolume>>> = Default::default();
+        let writer = cell.clone();
+        let hook: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            if let Some(v) = writer.get().and_then(|w| w.upgrade()) {
+                v.write_at(&[0x5a; 4096], 8192, false).unwrap();
+            }
+        });
+        let (v, local) = spent_ephemeral(dir.path(), &clock, hook);
+        let data = fill(v.as_ref(), 9);
+        spend_credits(&v, &local, &clock);
+        let before = v.member_ids();
+        let _ = cell.set(Arc::downgrade(&v));
+        v.step().unwrap();
+        assert_eq!(v.member_ids(), before, "the reset was called off");
+        assert!(v.decisions().iter().any(|d| d.reason.contains("called off")), "{:?}", v.decisions());
+        let mut want = data;
+        want[8192..8192 + 4096].fill(0x5a);
+        assert!(read_all(v.as_ref()) == want, "what was there and what came during the attach are both kept");
+        assert_eq!(local.list().unwrap().len(), 2, "the fresh members were deleted");
+    }
+
+    #[test]
+    fn an_idle_ephemeral_volume_is_reset_by_the_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let (v, local) = spent_ephemeral(dir.path(), &clock, Arc::new(|| {}));
+        fill(v.as_ref(), 4);
+        spend_credits(&v, &local, &clock);
+        let before = v.member_ids();
+        v.step().unwrap();
+        let after = v.member_ids();
+        assert!(after.iter().all(|id| !before.contains(id)), "every member replaced: {before:?} -> {after:?}");
+        assert!(read_all(v.as_ref()).iter().all(|&b| b == 0), "fresh scratch space");
+        assert_eq!(local.list().unwrap().len(), 2, "the spent members were deleted");
+    }
+
 }
