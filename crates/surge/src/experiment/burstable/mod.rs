@@ -20,6 +20,7 @@
 //! (IOPS, MiB/s) as published, so every proportion holds. The live run is real
 //! time at full scale.
 
+mod ephemeral;
 mod live;
 mod plot;
 mod report;
@@ -72,6 +73,14 @@ pub struct Setting {
     /// full buckets last half the shortest burst (5.4 M x f / 3,000 / 2 s).
     pub fig1_window_s: f64,
     pub billing_minimum_s: f64,
+    /// §3.3 (ephemeral intermediate data): capacity, data per stage, request
+    /// size, workers, compute gap between stages and the window.
+    pub ephemeral_capacity: u64,
+    pub ephemeral_stage: u64,
+    pub ephemeral_bs: u64,
+    pub ephemeral_workers: usize,
+    pub ephemeral_gap_s: f64,
+    pub ephemeral_window_s: f64,
 }
 
 impl Setting {
@@ -105,6 +114,12 @@ impl Setting {
             fig1_members: vec![1, 2, 5, 10],
             fig1_window_s: 10.0,
             billing_minimum_s: 60.0,
+            ephemeral_capacity: 100 * GIB,
+            ephemeral_stage: 32 * GIB,
+            ephemeral_bs: 16 * 1024,
+            ephemeral_workers: 32,
+            ephemeral_gap_s: 300.0,
+            ephemeral_window_s: 4.0 * 3600.0,
         }
     }
 
@@ -418,7 +433,7 @@ fn run_cache(s: &Setting, kind: CacheKind, w: &Workload, run: usize, dir: &Path)
 
 /// Figure 1(a): `members` x (500 GiB / members) gp2, 4 KiB random reads, with
 /// full or spent credits; average IOPS over a minute (full scale).
-fn run_fig1(s: &Setting, members: usize, spent: bool, dir: &Path) -> anyhow::Result<f64> {
+fn run_fig1(s: &Setting, members: usize, spent: bool, run: usize, dir: &Path) -> anyhow::Result<f64> {
     fresh_dir(dir)?;
     let clock = SimClock::new();
     let c: Arc<dyn Clock> = clock.clone();
@@ -436,7 +451,7 @@ fn run_fig1(s: &Setting, members: usize, spent: bool, dir: &Path) -> anyhow::Res
     let window = if spent { Duration::from_secs_f64(s.fig1_window_s) } else { Duration::from_secs_f64(5_400_000.0 * s.scale / 3_000.0 / 2.0) };
     let t0 = clock.now();
     let until = t0 + window;
-    sim::run_workers(&dev, &clock, &w, until, &tally, 1, clock.hold());
+    sim::run_workers(&dev, &clock, &w, until, &tally, 1 + run as u64, clock.hold());
     let ops = tally.ops.load(std::sync::atomic::Ordering::Relaxed);
     Ok(ops as f64 / (clock.now() - t0).as_secs_f64().max(1e-9))
 }
@@ -445,8 +460,27 @@ fn run_fig1(s: &Setting, members: usize, spent: bool, dir: &Path) -> anyhow::Res
 pub struct Fig1Point {
     pub members: usize,
     pub member_gib: u64,
+    /// Medians over the runs.
     pub iops_full_credits: f64,
     pub iops_spent_credits: f64,
+    pub full_credits: report::Stat,
+    pub spent_credits: report::Stat,
+}
+
+/// Figure 1's points: medians and spread of every (members, credits) over the runs.
+fn fig1_points(s: &Setting, runs: &[(usize, bool, f64)]) -> Vec<Fig1Point> {
+    let stat = |n: usize, spent: bool| {
+        let v: Vec<f64> = runs.iter().filter(|r| r.0 == n && r.1 == spent).map(|r| r.2).collect();
+        let (median, min, max) = median(&v);
+        report::Stat { median, min, max }
+    };
+    s.fig1_members
+        .iter()
+        .map(|&n| {
+            let (full, spent) = (stat(n, false), stat(n, true));
+            Fig1Point { members: n, member_gib: s.fig1_capacity / n as u64 / GIB, iops_full_credits: full.median, iops_spent_credits: spent.median, full_credits: full, spent_credits: spent }
+        })
+        .collect()
 }
 
 /// Median and (min, max) of a list.
@@ -498,9 +532,11 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             tag: TAG,
         })
         .collect();
-    let total = (s.runs * (2 * persistent_loads.len() + 3 * cache_loads.len()) + 2 * s.fig1_members.len() + 1) as u64;
+    let total = (s.runs * (2 * persistent_loads.len() + 3 * cache_loads.len() + 2 * s.fig1_members.len() + 2) + 1) as u64;
     let pb = progress(total);
     let mut runs: Vec<Run> = Vec::new();
+    let mut eph = Vec::new();
+    let mut fig1_runs = Vec::new();
     // Interleaved: every approach once per round.
     for round in 0..s.runs {
         for w in &persistent_loads {
@@ -524,24 +560,34 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
                 runs.push(r);
             }
         }
+        for striped in [false, true] {
+            let name = if striped { "striped" } else { "single" };
+            pb.set_message(format!("ephemeral stages {name}"));
+            let dir = work.join(format!("e-{name}"));
+            let r = ephemeral::run(&s, striped, round, &dir).with_context(|| format!("ephemeral {name}"))?;
+            let _ = std::fs::remove_dir_all(&dir);
+            pb.inc(1);
+            eph.push(r);
+        }
+        for &n in &s.fig1_members {
+            pb.set_message(format!("figure 1: {n} members"));
+            for spent in [false, true] {
+                let iops = run_fig1(&s, n, spent, round, &work.join(format!("f1-{n}-{spent}")))?;
+                fig1_runs.push((n, spent, iops));
+                pb.inc(1);
+            }
+        }
     }
-    let mut fig1 = Vec::new();
-    for &n in &s.fig1_members {
-        pb.set_message(format!("figure 1: {n} members"));
-        let full = run_fig1(&s, n, false, &work.join(format!("f1-{n}-full")))?;
-        pb.inc(1);
-        let spent = run_fig1(&s, n, true, &work.join(format!("f1-{n}-spent")))?;
-        pb.inc(1);
-        fig1.push(Fig1Point { members: n, member_gib: s.fig1_capacity / n as u64 / GIB, iops_full_credits: full, iops_spent_credits: spent });
-    }
+    let fig1 = fig1_points(&s, &fig1_runs);
+    let ephemeral = ephemeral::summarize(&eph);
     let _ = std::fs::remove_dir_all(&work);
     pb.set_message("live: fio verify through NBD during a swap (real time)");
     let live = live::run(out, quick).context("the real-time run (fio verify through NBD)")?;
     pb.inc(1);
     pb.finish_and_clear();
-    let results = report::Results::new(&s, &runs, fig1, live);
+    let results = report::Results::new(&s, &runs, fig1, ephemeral, live);
     plot::all(out, &s, &runs, &results)?;
-    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results.json(&s, &runs))?)?;
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results.json(&s, &runs, &eph))?)?;
     let md = report::markdown(&s, &runs, &results, quick, &work);
     std::fs::write(out.join("report.md"), &md)?;
     println!("{md}");
