@@ -13,7 +13,7 @@ $SUDO apt-get update -qq
 # tc) and postgresql (pgbench) are for the streaming experiment.
 $SUDO apt-get install -y -qq --no-install-recommends \
   gcc libc6-dev python3 \
-  qemu-utils fio nbdkit libnbd-bin python3-libnbd nbdfuse fuse3 e2fsprogs util-linux mount \
+  qemu-utils fio nbdkit nbd-server libnbd-bin python3-libnbd nbdfuse fuse3 e2fsprogs util-linux mount \
   openssl gnutls-bin ca-certificates tmux python3-pip \
   iproute2 postgresql coreutils >/dev/null
 # Burst buffer (surge-bb): Redis for metadata, etcd for membership, FUSE for the

@@ -276,13 +276,13 @@ impl S3 {
     pub fn put_streamed(
         &self,
         key: &str,
-        mut next: impl FnMut() -> Result<Option<Vec<u8>>, S3Error>,
+        mut next: impl FnMut() -> Result<Option<Bytes>, S3Error>,
     ) -> Result<(), S3Error> {
         let path = obj_path(key);
         let first = next()?;
         let Some(first) = first else { return self.put(key, Bytes::new()) };
         let second = next()?;
-        let Some(second) = second else { return self.put(key, Bytes::from(first)) };
+        let Some(second) = second else { return self.put(key, first) };
         // Pieces are produced outside the runtime (producing one may itself do
         // blocking S3 reads); each is handed to the upload inside it.
         let mut w = RT

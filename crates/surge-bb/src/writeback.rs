@@ -27,6 +27,11 @@ pub struct WritebackConfig {
     /// A dirty chunk on a node that the dirty log no longer lists, older than
     /// this, is an orphan (a client died before committing it): made evictable.
     pub orphan_grace: Duration,
+    /// A file whose holes (bytes no write covered) exceed both this and its
+    /// data gets no export object: S3 objects have no holes, so its view
+    /// would upload all of them as zeros (`truncate -s 5T` would stream
+    /// 5 TiB). Its chunks and manifest are written as for any file.
+    pub export_holes_max: u64,
 }
 
 impl Default for WritebackConfig {
@@ -36,6 +41,7 @@ impl Default for WritebackConfig {
             deadline: Duration::from_secs(30),
             parallel: 8,
             orphan_grace: Duration::from_secs(60),
+            export_holes_max: 1 << 30,
         }
     }
 }
@@ -319,28 +325,57 @@ impl Writeback {
             self.layout_recorded.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         s3.put(&manifest_key(ino, a.gen), bytes::Bytes::from(body))?;
-        let mut idx = 0;
-        s3.put_streamed(&xkey, || {
-            if idx >= n {
-                return Ok(None);
-            }
-            let want = (a.size - idx * cs).min(cs) as usize;
-            // A hole (no chunk) is zeros in the object: S3 objects have no holes.
-            let mut piece = match map.get(&idx) {
-                Some(e) => self.tier.read_chunk(ino, idx, e).map_err(|e| crate::s3::S3Error::Request {
-                    op: "assemble",
-                    key: xkey.clone(),
-                    msg: e.to_string(),
-                })?,
-                None => vec![],
-            };
-            piece.resize(want, 0);
-            idx += 1;
-            Ok(Some(piece))
-        })?;
+        let want = |idx: u64| (a.size - idx * cs).min(cs);
+        let data: u64 = map.iter().filter(|(i, _)| **i < n).map(|(i, e)| e.len.min(want(*i))).sum();
+        let holes = a.size - data;
+        if holes > self.cfg.export_holes_max.max(data) {
+            // Sparse: no export view (an older, denser one is removed, so
+            // the bucket never shows stale content); the manifest says it all.
+            tracing::info!("{path} (inode {ino}): {holes} bytes of holes, {data} of data: no export object at {xkey}, only its manifest");
+            s3.delete(&xkey)?;
+        } else {
+            self.put_export(s3, &xkey, ino, n, &map, want)?;
+        }
         if meta.mark_published(ino, a.gen, &xkey, a.import.is_some())? {
             tracing::debug!("published {path} (inode {ino}, generation {})", a.gen);
         }
+        Ok(())
+    }
+
+    /// Streams the export object of a file: its chunks, and holes as zeros
+    /// lent from one shared buffer (no read, no allocation per hole).
+    fn put_export(
+        &self,
+        s3: &crate::s3::S3,
+        xkey: &str,
+        ino: Ino,
+        n: u64,
+        map: &std::collections::BTreeMap<u64, ChunkEntry>,
+        want: impl Fn(u64) -> u64,
+    ) -> Result<(), DataError> {
+        let zeros = bytes::Bytes::from(vec![0u8; self.tier.params.chunk_size as usize]);
+        let mut idx = 0;
+        s3.put_streamed(xkey, || {
+            if idx >= n {
+                return Ok(None);
+            }
+            let want = want(idx) as usize;
+            let piece = match map.get(&idx) {
+                Some(e) => {
+                    let mut p = self.tier.read_chunk(ino, idx, e).map_err(|e| crate::s3::S3Error::Request {
+                        op: "assemble",
+                        key: xkey.to_string(),
+                        msg: e.to_string(),
+                    })?;
+                    // A short chunk's rest is zeros.
+                    p.resize(want, 0);
+                    bytes::Bytes::from(p)
+                }
+                None => zeros.slice(..want),
+            };
+            idx += 1;
+            Ok(Some(piece))
+        })?;
         Ok(())
     }
 

@@ -785,6 +785,17 @@ mod tests {
 
     #[test]
     fn block_status_descriptors_stop_at_the_requests_coverage_over_all_chunks() {
+        // Covered exactly by two chunks, then more: each extra chunk alone is
+        // within the request (all a per-chunk check sees), together they are
+        // not (the check before issue 38 took every one of them).
+        let mut q = Pending::new(1, CMD_BLOCK_STATUS, 0, 8192);
+        apply_chunk(&mut q, REPLY_TYPE_BLOCK_STATUS, &status(&[(4096, 0)])).unwrap();
+        apply_chunk(&mut q, REPLY_TYPE_BLOCK_STATUS, &status(&[(4096, 3)])).unwrap();
+        for _ in 0..3 {
+            let e = apply_chunk(&mut q, REPLY_TYPE_BLOCK_STATUS, &status(&[(512, 0)])).unwrap_err();
+            assert!(e.to_string().contains("more than the 8192 bytes"), "{e}");
+        }
+        assert_eq!(q.reply.extents.len(), 2);
         let mut p = Pending::new(1, CMD_BLOCK_STATUS, 0, 8192);
         apply_chunk(&mut p, REPLY_TYPE_BLOCK_STATUS, &status(&[(4096, 0)])).unwrap();
         // The last descriptor may reach past the request (the spec allows it).

@@ -621,3 +621,66 @@ fn the_internal_prefix_and_huge_sizes_are_refused_through_the_mount() {
     assert!(bb.s3().get("sparse").unwrap().unwrap().to_vec() == want, "the sparse file's object");
     assert!(bb.s3().get(".surge").unwrap().is_none());
 }
+
+/// Bytes the live nodes have uploaded to S3 so far (`surge bb status --json`).
+fn uploaded(bb: &Bb) -> u64 {
+    let (ok, out, err) = bb.run(&["status", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["nodes"].as_array().unwrap().iter().map(|n| n["stat"]["s3_bytes_up"].as_u64().unwrap_or(0)).sum()
+}
+
+/// Issue 38 item 7, "skip holes": a file published dense, then `truncate -s
+/// 5T` through the mount and 4 bytes at its end. Write-back persists it (its
+/// chunks and manifest) uploading its last chunk, not 5 TiB of zeros: the file gets
+/// no export object (the older, dense one is deleted, never left stale), and
+/// its manifest has the size and both chunks. Before, write-back streamed the
+/// holes as zeros, and the loop below failed once 64 MiB had gone up.
+#[test]
+fn a_sparse_file_is_written_back_without_uploading_its_holes() {
+    let mut bb = Bb::new("holes", "256KiB");
+    bb.replicas = 1;
+    let _node = bb.node(&[]);
+    let m = bb.mount("m", &[]);
+    let path = m.dir.join("huge");
+    fs::write(&path, b"dense").unwrap();
+    bb.wait_persisted("/", Duration::from_secs(60));
+    assert_eq!(bb.s3().get("huge").unwrap().as_deref(), Some(&b"dense"[..]));
+    let before = uploaded(&bb);
+    let t = std::process::Command::new("truncate").args(["-s", "5T"]).arg(&path).output().unwrap();
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let size = 5u64 << 40;
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(b"tail", size - 4).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let start = std::time::Instant::now();
+    loop {
+        let up = uploaded(&bb) - before;
+        assert!(up < 64 << 20, "write-back of a 5 TiB file with 9 bytes of data has uploaded {up} bytes");
+        let (ok, out, _) = bb.run(&["status", "/huge", "--json"]);
+        if ok && serde_json::from_str::<serde_json::Value>(&out).unwrap()[0]["persisted"] == true {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "not persisted: {out}\n{}", bb.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The last chunk (256 KiB: its 4 bytes are at its end), the manifest.
+    assert!(uploaded(&bb) - before < 1 << 20, "{} bytes uploaded", uploaded(&bb) - before);
+    let s3 = bb.s3();
+    assert!(s3.get("huge").unwrap().is_none(), "a stale or zero-filled export object is left");
+    let manifests = s3.list(Some(".surge/manifests")).unwrap();
+    let (key, _) = manifests.iter().max_by_key(|(k, _)| k.rsplit('/').next().unwrap().to_string()).unwrap();
+    let man: serde_json::Value = serde_json::from_slice(&s3.get(key).unwrap().unwrap()).unwrap();
+    assert_eq!(man["size"], size, "{man}");
+    let idx: Vec<u64> = man["chunks"].as_array().unwrap().iter().map(|c| c["idx"].as_u64().unwrap()).collect();
+    assert_eq!(idx, [0, size / (256 << 10) - 1], "{man}");
+    // The mount still reads it whole.
+    let f = fs::File::open(&path).unwrap();
+    let (mut head, mut tail, mut mid) = ([0u8; 5], [0u8; 4], [1u8; 4096]);
+    f.read_exact_at(&mut head, 0).unwrap();
+    f.read_exact_at(&mut tail, size - 4).unwrap();
+    f.read_exact_at(&mut mid, size / 2).unwrap();
+    assert_eq!((&head, &tail), (b"dense", b"tail"));
+    assert!(mid.iter().all(|b| *b == 0));
+}

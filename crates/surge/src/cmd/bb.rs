@@ -195,6 +195,11 @@ pub enum Action {
         /// A chunk dirty longer than this is logged as late.
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         writeback_deadline: std::time::Duration,
+        /// A file whose holes exceed both this and its data gets no export
+        /// object in the bucket (only its chunks and manifest): S3 objects
+        /// have no holes, so `truncate -s 5T` would upload 5 TiB of zeros.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        export_holes_max: u64,
         /// Bytes per second at most this node copies to a node that joined
         /// (rebalancing its clean chunks); 0 turns rebalancing off.
         #[arg(long, default_value = "128MiB", value_parser = parse_size)]
@@ -336,14 +341,14 @@ fn wait_for(stop: &AtomicBool) {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.action {
-        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline, rebalance_rate, rebalance_quiet, no_prefault, insecure } => {
+        Action::Node { common, listen, memory, spill_dir, spill_size, writeback_delay, writeback_deadline, export_holes_max, rebalance_rate, rebalance_quiet, no_prefault, insecure } => {
             let tls = common.access()?.node_tls;
             surge_bb::node::check_exposure(&listen, tls.is_some(), insecure)?;
             let tier = common.tier()?;
             let cfg = NodeConfig {
                 listen,
                 store: StoreConfig { capacity: memory, spill_dir, spill_capacity: spill_size },
-                writeback: WritebackConfig { delay: writeback_delay, deadline: writeback_deadline, ..Default::default() },
+                writeback: WritebackConfig { delay: writeback_delay, deadline: writeback_deadline, export_holes_max, ..Default::default() },
                 rebalance: RebalanceConfig { rate: rebalance_rate, quiet: rebalance_quiet, ..Default::default() },
                 prefault: !no_prefault,
                 tls,
