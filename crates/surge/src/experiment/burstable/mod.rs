@@ -160,6 +160,8 @@ fn burstable_params(s: &Setting, name: &str, mode: Mode, members: usize, capacit
     Ok(BurstableParams {
         name: name.into(),
         mode,
+        // The whole stripe, as the paper's volumes were.
+        size: members as u64 * member.size,
         members,
         policy: BurstableConfig {
             mode,
