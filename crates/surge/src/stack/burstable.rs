@@ -1540,15 +1540,18 @@ mod tests {
     fn the_export_has_the_size_asked_for_and_says_what_rounding_costs() {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(VirtualClock::new());
-        let mut cfg = LocalConfig::new(dir.path().join("cloud"));
-        cfg.delays = Delays::none();
-        let prov = Arc::new(LocalProvider::open(cfg, clock.clone()).unwrap());
+        // Full scale (sparse files); a new provider per open, as a restarted daemon's.
+        let prov = || {
+            let mut cfg = LocalConfig::new(dir.path().join("cloud"));
+            cfg.delays = Delays::none();
+            Arc::new(LocalProvider::open(cfg, clock.clone()).unwrap())
+        };
         let p = params(dir.path(), "persistent,size=256MiB,members=4");
         assert_eq!(p.member.to_string(), "gp2:1GiB", "each member rounds up to gp2's 1 GiB");
         let (extra, usd) = rounding_cost(&p);
         assert_eq!(extra, (4 << 30) - (256 << 20));
         assert!((usd - 0.375).abs() < 1e-9, "3.75 GiB of gp2 at $0.10: {usd}");
-        let v = BurstableVolume::open(p, prov.clone(), clock.clone()).unwrap();
+        let v = BurstableVolume::open(p, prov(), clock.clone()).unwrap();
         assert_eq!(v.size(), 256 << 20, "the size asked for, not the 4 GiB stripe");
         v.write_at(&[7u8; 4096], (256 << 20) - 4096, true).unwrap();
         assert!(v.write_at(&[7u8; 4096], 256 << 20, true).is_err(), "past the export");
@@ -1556,10 +1559,10 @@ mod tests {
         assert_eq!(v.status()["billed_bytes"], 4u64 << 30);
         drop(v);
         // A restart may grow the export within the stripe, never shrink it.
-        let v = BurstableVolume::open(params(dir.path(), "persistent,size=512MiB,members=4"), prov.clone(), clock.clone()).unwrap();
+        let v = BurstableVolume::open(params(dir.path(), "persistent,size=512MiB,members=4"), prov(), clock.clone()).unwrap();
         assert_eq!(v.size(), 512 << 20);
         drop(v);
-        let e = BurstableVolume::open(params(dir.path(), "persistent,size=256MiB,members=4"), prov, clock).err().unwrap().to_string();
+        let e = BurstableVolume::open(params(dir.path(), "persistent,size=256MiB,members=4"), prov(), clock.clone()).err().unwrap().to_string();
         assert!(e.contains("never shrinks"), "{e}");
         // Through the builder: the description says what rounding costs.
         let d2 = tempfile::tempdir().unwrap();
