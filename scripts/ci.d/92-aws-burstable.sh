@@ -17,11 +17,13 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 python3 -m moto.server -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
 moto=$!
 serve=
+udev=
 cleanup() {
   rc=$?
   [ "$rc" != 0 ] && [ -f "$work/serve.err" ] && tail -30 "$work/serve.err"
   [ -n "$serve" ] && kill "$serve" 2>/dev/null
   touch "$work/root/stop" 2>/dev/null
+  [ -n "$udev" ] && wait "$udev" 2>/dev/null
   kill $moto 2>/dev/null || true
   rm -rf "$work"
 }
@@ -53,6 +55,7 @@ while time.time() < deadline and not os.path.exists(f"{root}/stop"):
             os.remove(link)
     time.sleep(0.05)
 PY
+udev=$!
 for _ in $(seq 600); do [ -s "$work/instance" ] && break; sleep 0.1; done
 read -r instance zone <"$work/instance"
 cat >"$work/surge.toml" <<TOML
@@ -142,4 +145,5 @@ stop
 # 6. Nothing leaked: only the four members, no orphan.
 [ "$(nvol)" = 4 ]
 [ "$(cloud gc --dry-run --min-age 0s --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["orphans"]))')" = 0 ]
+touch "$work/root/stop"; wait "$udev" || true; udev=
 echo "aws burstable step: dry run, members on EBS, CloudWatch point taken, swap of 4 members, data intact, restart, no leak: $(($(date +%s) - t0)) s"
