@@ -62,7 +62,7 @@ cat >"$work/surge.toml" <<TOML
 provider = "aws"
 [[export]]
 name = "b"
-spec = "burstable:persistent,size=8GiB,members=4,rebuild_rate=off,tick=500ms,region=256KiB"
+spec = "burstable:persistent,size=8GiB,members=4,rebuild_rate=off,tick=500ms,region=256KiB,cloudwatch_every=1s"
 [aws]
 region = "us-east-1"
 endpoint_url = "http://127.0.0.1:$port"

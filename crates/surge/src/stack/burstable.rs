@@ -27,7 +27,7 @@
 //! Spec: `burstable:MODE,size=SIZE,members=N[,type=gp2][,chunk=64KiB (cache: the block size)][,strategy=all|one]
 //! [,swap_below=auto|PCT][,margin=1.5][,rebuild_rate=64MiB/s][,region=1MiB][,tick=5s]
 //! [,min_interval=60s][,attach_limit=27][,attach_delay=DUR][,backing=TYPE:SIZE][,block=32KiB]
-//! [,idle=5s][,keep]`.
+//! [,idle=5s][,keep][,cloudwatch_every=60s]`.
 
 use crate::control::Controllable;
 use anyhow::{bail, Context};
@@ -76,6 +76,9 @@ pub struct BurstableParams {
     pub parallel: bool,
     /// Draw rebuild progress bars on stderr (when it is a terminal).
     pub progress_bars: bool,
+    /// On a cloud whose credits lag: how often each member's CloudWatch
+    /// point is read (`cloudwatch_every=60s`).
+    pub cloudwatch_every: Duration,
 }
 
 /// What survives a restart (see the module docs for the write order).
@@ -205,7 +208,7 @@ impl BurstableVolume {
         // Credits that lag (CloudWatch): count what surge issues to each member.
         let (provider, credits): (Arc<dyn Provider>, _) = if provider.credits_sampled() {
             let m = Arc::new(ebs::MeteredProvider::new(provider));
-            (m.clone(), Some(ebs::SampledCredits::new(m, &p.member, clock.now())))
+            (m.clone(), Some(ebs::SampledCredits::new(m, &p.member, clock.now(), p.cloudwatch_every)))
         } else {
             (provider, None)
         };
@@ -1234,6 +1237,7 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
     let swap_setup = dur(&mut o, "attach_delay", Duration::from_secs(3))?;
     let min_interval = dur(&mut o, "min_interval", Duration::from_secs(60))?;
     let ephemeral_idle = dur(&mut o, "idle", Duration::from_secs(5))?;
+    let cloudwatch_every = dur(&mut o, "cloudwatch_every", Duration::from_secs(60))?;
     let strategy: Strategy = o.take("strategy").map(|v| v.parse().map_err(err)).transpose()?.unwrap_or(Strategy::AllAtOnce);
     let swap_below = match o.take("swap_below").as_deref() {
         None | Some("auto") => None,
@@ -1261,7 +1265,7 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
     let keep = o.flag("keep")?;
     o.finish(&[
         "size", "members", "type", "chunk", "tick", "attach_delay", "min_interval", "idle", "strategy", "swap_below", "margin", "rebuild_rate", "region", "attach_limit",
-        "backing", "block", "keep",
+        "backing", "block", "keep", "cloudwatch_every",
     ])?;
     if mode == Mode::Cache && backing.is_none() {
         return Err(err("cache mode needs backing=TYPE:SIZE (e.g. backing=st1:2TiB)".into()));
@@ -1310,6 +1314,7 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
         state_dir: data_dir.join("burstable").join(name),
         parallel: true,
         progress_bars: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        cloudwatch_every,
     })
 }
 

@@ -144,13 +144,17 @@ pub struct SampledCredits {
     est: Mutex<HashMap<String, CreditEstimator>>,
     /// Unix time of the clock's zero (points carry unix times).
     epoch_unix_ms: u64,
+    /// How often CloudWatch is asked, per member (its points come every 1 to
+    /// 5 minutes, and each GetMetricStatistics call is billed).
+    poll: Duration,
+    asked: Mutex<HashMap<String, Duration>>,
 }
 
 impl SampledCredits {
-    pub fn new(provider: Arc<MeteredProvider>, member: &VolumeSpec, clock_now: Duration) -> Self {
+    pub fn new(provider: Arc<MeteredProvider>, member: &VolumeSpec, clock_now: Duration, poll: Duration) -> Self {
         let bucket = member.shape().ok().and_then(|s| s.op_credits).map(|c| Bucket { capacity: c.capacity as f64, refill_per_s: c.baseline as f64 });
         let unix_now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        SampledCredits { provider, bucket, est: Mutex::new(HashMap::new()), epoch_unix_ms: unix_now.saturating_sub(clock_now).as_millis() as u64 }
+        SampledCredits { provider, bucket, est: Mutex::new(HashMap::new()), epoch_unix_ms: unix_now.saturating_sub(clock_now).as_millis() as u64, poll, asked: Mutex::new(HashMap::new()) }
     }
 
     /// The member's credits now: the model advanced to `now`, corrected by a
@@ -159,7 +163,15 @@ impl SampledCredits {
     pub fn observe(&self, id: &str, now: Duration) -> CreditBalance {
         let Some(b) = self.bucket else { return CreditBalance::default() };
         let issued = self.provider.issued(id);
-        let sample = self.provider.credit_sample(id);
+        let due = {
+            let mut asked = self.asked.lock();
+            let due = asked.get(id).is_none_or(|&t| now >= t + self.poll);
+            if due {
+                asked.insert(id.to_string(), now);
+            }
+            due
+        };
+        let sample = if due { self.provider.credit_sample(id) } else { Ok(None) };
         let mut est = self.est.lock();
         // A volume made here started full at its creation, and its meter at
         // zero: all it was issued counts (a rebuild's writes too).
@@ -182,6 +194,7 @@ impl SampledCredits {
     /// Forget volumes that are no longer members or targets.
     pub fn retain(&self, ids: &[String]) {
         self.est.lock().retain(|k, _| ids.contains(k));
+        self.asked.lock().retain(|k, _| ids.contains(k));
     }
 }
 
@@ -246,7 +259,7 @@ mod tests {
         let spec: VolumeSpec = "gp2:10GiB".parse().unwrap();
         let v = mp.create(CreateRequest { spec: spec.clone(), name: Some("m".into()) }).unwrap();
         let dev = mp.attach(&v.id).unwrap();
-        let sc = SampledCredits::new(mp.clone(), &spec, Duration::ZERO);
+        let sc = SampledCredits::new(mp.clone(), &spec, Duration::ZERO, Duration::from_secs(60));
         assert_eq!(sc.observe(&v.id, Duration::ZERO).ops, Some(5_400_000), "created here: full");
         // 1,000 writes of 4 KiB and one of 1 MiB (4 operations of 256 KiB).
         for i in 0..1000 {

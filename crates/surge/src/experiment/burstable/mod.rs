@@ -192,6 +192,7 @@ fn burstable_params(s: &Setting, name: &str, mode: Mode, members: usize, capacit
         // One member per request in these workloads; no thread fan-out on the sim clock.
         parallel: false,
         progress_bars: false,
+        cloudwatch_every: std::time::Duration::from_secs(60),
     })
 }
 
