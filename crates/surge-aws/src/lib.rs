@@ -14,6 +14,7 @@
 pub mod device;
 pub mod ebs;
 pub mod error;
+pub mod limits;
 pub mod provider;
 
 pub use provider::{AwsConfig, AwsProvider, NAME_TAG, OWNER_TAG};

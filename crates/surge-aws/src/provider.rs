@@ -96,6 +96,9 @@ pub struct AwsProvider {
     attached: Mutex<HashMap<String, (Arc<Attachment>, Arc<FileDev>)>>,
     /// Billing of volumes this process deleted (live ones bill from their create time).
     deleted: Mutex<Vec<UsageRecord>>,
+    /// Device names of attaches in flight: concurrent attaches (a stripe's
+    /// members) must not pick the same free name before AWS lists it.
+    naming: Mutex<Vec<String>>,
 }
 
 fn now_unix_ns() -> u64 {
@@ -140,7 +143,7 @@ impl AwsProvider {
         if let (Some(id), Some(az)) = (&cfg.instance_id, &cfg.availability_zone) {
             let _ = instance.set(Instance { id: id.clone(), az: az.clone() });
         }
-        Ok(AwsProvider { rt, ec2, cw, cfg, http, instance, attached: Mutex::new(HashMap::new()), deleted: Mutex::new(Vec::new()) })
+        Ok(AwsProvider { rt, ec2, cw, cfg, http, instance, attached: Mutex::new(HashMap::new()), deleted: Mutex::new(Vec::new()), naming: Mutex::new(Vec::new()) })
     }
 
     pub fn config(&self) -> &AwsConfig {
@@ -293,6 +296,13 @@ impl AwsProvider {
 
     /// BurstBalance (percent) of the last 10 minutes from CloudWatch, if AWS has any.
     pub fn burst_balance(&self, id: &str) -> Result<Option<f64>, CloudError> {
+        Ok(self.burst_balance_point(id)?.map(|p| p.percent))
+    }
+
+    /// The latest BurstBalance point of the last 10 minutes (the minimum of
+    /// its minute), dated at the end of its minute: a draining balance is at
+    /// its lowest there, so the point errs low.
+    pub fn burst_balance_point(&self, id: &str) -> Result<Option<surge_cloud::CreditSample>, CloudError> {
         use aws_sdk_cloudwatch::primitives::DateTime;
         use aws_sdk_cloudwatch::types::{Dimension, Statistic};
         let now = SystemTime::now();
@@ -312,7 +322,33 @@ impl AwsProvider {
             )
             .map_err(|e| map(Action::Describe, id, "GetMetricStatistics", self.attempts(), e))?;
         let latest = out.datapoints().iter().filter(|d| d.minimum().is_some()).max_by_key(|d| d.timestamp().map_or(0, |t| t.secs()));
-        Ok(latest.and_then(|d| d.minimum()))
+        Ok(latest.and_then(|d| {
+            let at = d.timestamp()?.to_millis().ok()?.max(0) as u64 + 60_000;
+            Some(surge_cloud::CreditSample { at_unix_ms: at.min(now_unix_ns() / 1_000_000), percent: d.minimum()? })
+        }))
+    }
+
+    /// This instance and its type's description (`None` if AWS has none).
+    fn instance_and_type(&self) -> Result<(aws_sdk_ec2::types::Instance, Option<aws_sdk_ec2::types::InstanceTypeInfo>), CloudError> {
+        let a = Action::Describe;
+        let inst = self.instance(a, "")?;
+        let out = self.rt.block_on(self.ec2.describe_instances().instance_ids(&inst.id).send()).map_err(|e| map(a, "", "DescribeInstances", self.attempts(), e))?;
+        let i = out.reservations().iter().flat_map(|r| r.instances()).next().cloned().ok_or_else(|| CloudError::Remote {
+            action: a,
+            volume: String::new(),
+            why: format!("DescribeInstances does not know instance {}", inst.id),
+        })?;
+        let Some(kind) = i.instance_type().cloned() else { return Ok((i, None)) };
+        // Without ec2:DescribeInstanceTypes (or on an emulator without it) the
+        // stack falls back to its configured attach_limit.
+        let info = match self.rt.block_on(self.ec2.describe_instance_types().instance_types(kind.clone()).send()) {
+            Ok(o) => o.instance_types().first().cloned(),
+            Err(e) => {
+                tracing::warn!("DescribeInstanceTypes {}: {}; using the configured attachment limit", kind.as_str(), map(a, "", "DescribeInstanceTypes", self.attempts(), e));
+                None
+            }
+        };
+        Ok((i, info))
     }
 
     /// The EC2 client, for callers that need a call surge does not make
@@ -327,6 +363,15 @@ impl AwsProvider {
 
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
+    }
+}
+
+/// Frees a device name reserved for an attach when the attach is over.
+struct Release<'a>(&'a Mutex<Vec<String>>, String);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.lock().retain(|n| *n != self.1);
     }
 }
 
@@ -417,19 +462,24 @@ impl Provider for AwsProvider {
         if v.state().map(|s| s.as_str()) != Some("available") {
             return Err(CloudError::Busy { action: a, volume: id, why: format!("not available ({}); detach it first", describe_state(Some(&v))) });
         }
+        let mut naming = self.naming.lock();
         let out = self
             .rt
             .block_on(self.ec2.describe_instances().instance_ids(&inst.id).send())
             .map_err(|e| map(a, &id, "DescribeInstances", self.attempts(), e))?;
-        let used: Vec<String> = out
+        let mut used: Vec<String> = out
             .reservations()
             .iter()
             .flat_map(|r| r.instances())
             .flat_map(|i| i.block_device_mappings())
             .filter_map(|m| m.device_name().map(str::to_string))
             .collect();
+        used.extend(naming.iter().cloned());
         let device = device::free_device_name(&used)
             .ok_or_else(|| CloudError::Busy { action: a, volume: id.clone(), why: format!("instance {} has no free device name in /dev/sdf../dev/sdp", inst.id) })?;
+        naming.push(device.clone());
+        drop(naming);
+        let _release = Release(&self.naming, device.clone());
         self.rt
             .block_on(self.ec2.attach_volume().volume_id(&id).instance_id(&inst.id).device(&device).send())
             .map_err(|e| map(a, &id, "AttachVolume", self.attempts(), e))?;
@@ -538,6 +588,23 @@ impl Provider for AwsProvider {
             return Ok(CreditBalance::default());
         }
         Ok(self.burst_balance(&info.id)?.map(|p| credits_from_percent(&spec, p)).unwrap_or_default())
+    }
+
+    fn credits_sampled(&self) -> bool {
+        true
+    }
+
+    fn credit_sample(&self, id: &str) -> Result<Option<surge_cloud::CreditSample>, CloudError> {
+        let v = self.find(Action::Describe, id)?;
+        if !matches!(v.volume_type().map(|t| t.as_str()), Some("gp2" | "st1" | "sc1")) {
+            return Ok(None);
+        }
+        self.burst_balance_point(v.volume_id().unwrap_or_default())
+    }
+
+    fn attachment_slots(&self) -> Result<Option<surge_cloud::AttachmentSlots>, CloudError> {
+        let (i, info) = self.instance_and_type()?;
+        Ok(crate::limits::slots(&i, info.as_ref()))
     }
 
     /// List prices over each live surge volume's life so far, plus what this

@@ -89,6 +89,15 @@ impl Provider for FaultyProvider {
     fn credits(&self, id: &str) -> Result<surge_block::model::CreditBalance> {
         self.inner.credits(id)
     }
+    fn credits_sampled(&self) -> bool {
+        self.inner.credits_sampled()
+    }
+    fn credit_sample(&self, id: &str) -> Result<Option<crate::CreditSample>> {
+        self.inner.credit_sample(id)
+    }
+    fn attachment_slots(&self) -> Result<Option<crate::AttachmentSlots>> {
+        self.inner.attachment_slots()
+    }
     fn cost(&self) -> Result<CostReport> {
         self.inner.cost()
     }

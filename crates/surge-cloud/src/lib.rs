@@ -13,6 +13,7 @@
 
 pub mod attachment;
 pub mod cost;
+pub mod dryrun;
 pub mod faulty;
 pub mod gc;
 pub mod local;
@@ -21,8 +22,9 @@ pub mod provider;
 pub mod spec;
 
 pub use attachment::Attachment;
+pub use dryrun::DryRunProvider;
 pub use faulty::FaultyProvider;
 pub use cost::{CostMeter, CostReport, PriceTable, S3Price, S3Usage, VolumeCost, WallClock};
 pub use local::{Delays, LocalConfig, LocalProvider, ModifyRules};
-pub use provider::{Action, CloudError, CreateRequest, Provider, VolumeInfo, VolumeState};
+pub use provider::{Action, AttachmentSlots, CloudError, CreateRequest, CreditSample, Provider, VolumeInfo, VolumeState};
 pub use spec::{SpecError, VolumeSpec};

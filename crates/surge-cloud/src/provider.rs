@@ -123,6 +123,37 @@ pub struct VolumeInfo {
     pub credits: CreditBalance,
 }
 
+/// One lagging credit reading of a real cloud (CloudWatch's `BurstBalance`):
+/// the balance in percent of the bucket, and when it held.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CreditSample {
+    pub at_unix_ms: u64,
+    pub percent: f64,
+}
+
+/// The instance's attachment slots, as the provider learned them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentSlots {
+    /// Volumes this instance can have attached at once, counting what holds a
+    /// slot now (network interfaces, the root volume, other volumes).
+    pub total: usize,
+    /// Slots taken now by things that are not volumes (extra network
+    /// interfaces, instance store), when they share the limit.
+    pub taken_by_others: usize,
+    /// Volumes attached now (the root volume and surge's own included).
+    pub attached_volumes: Vec<String>,
+    /// Where `total` comes from, for error messages and `surge status`.
+    pub source: String,
+}
+
+impl AttachmentSlots {
+    /// Slots a stack may use, not counting the volumes in `own` (already its own).
+    pub fn free_for(&self, own: &[String]) -> usize {
+        let others = self.attached_volumes.iter().filter(|v| !own.contains(v)).count();
+        self.total.saturating_sub(self.taken_by_others + others)
+    }
+}
+
 /// A volume to create.
 #[derive(Debug, Clone)]
 pub struct CreateRequest {
@@ -148,6 +179,22 @@ pub trait Provider: Send + Sync {
     /// Burst credits left now.
     fn credits(&self, id: &str) -> Result<CreditBalance> {
         Ok(self.describe(id)?.credits)
+    }
+    /// Whether [`Provider::credits`] is a lagging sample (CloudWatch's 1 to
+    /// 5 minute points) rather than the exact balance: stacks then keep a
+    /// model of the I/O they issue as well (`burstable:`).
+    fn credits_sampled(&self) -> bool {
+        false
+    }
+    /// The latest credit sample of a volume and when it held; `None`: none yet
+    /// (or the provider's credits are exact: [`Provider::credits`]).
+    fn credit_sample(&self, id: &str) -> Result<Option<CreditSample>> {
+        let _ = id;
+        Ok(None)
+    }
+    /// This instance's attachment slots; `None`: the provider cannot tell.
+    fn attachment_slots(&self) -> Result<Option<AttachmentSlots>> {
+        Ok(None)
     }
     /// Cost so far, per volume and in total (deleted volumes included).
     fn cost(&self) -> Result<CostReport>;

@@ -6,6 +6,7 @@
 
 pub mod bb_pool;
 pub mod burstable;
+pub mod credits;
 pub mod boost;
 pub mod elastic;
 pub mod modify;

@@ -222,6 +222,10 @@ pub struct Args {
     /// IOPS (the price table's `instance_ebs`) [default: no instance limit].
     #[arg(long, value_name = "TYPE", value_parser = LocalCloud::parse_instance)]
     pub local_instance: Option<surge_cloud::cost::InstanceEbs>,
+    /// Print the volumes and cloud API calls the exports would make, with
+    /// their list prices, make none of them, and exit (nothing is served).
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Everything `serve` will do, resolved from flags, the config file and defaults.
@@ -477,6 +481,17 @@ struct Prepared {
     extra: Vec<Arc<dyn Controllable>>,
 }
 
+/// `--dry-run`: the plan of every export on the daemon's provider (stack::dryrun).
+fn print_dry_run(plan: &Plan) -> anyhow::Result<()> {
+    let aws = plan.config.as_ref().and_then(|(_, f)| f.aws.as_ref());
+    let cloud = crate::cloud::open(plan.provider, aws, &plan.data_dir)?;
+    let mut base = BuildContext::new(plan.data_dir.clone(), Arc::new(SystemClock::new()));
+    base.local = plan.local;
+    let specs: Vec<ExportSpec> = plan.exports.iter().map(|(s, _)| s.clone()).collect();
+    print!("{}", stack::dryrun::plan(&specs, cloud, &plan.data_dir, &base)?);
+    Ok(())
+}
+
 fn build_context(plan: &Plan) -> anyhow::Result<BuildContext> {
     let mut ctx = BuildContext::new(plan.data_dir.clone(), Arc::new(SystemClock::new()));
     ctx.local = plan.local;
@@ -574,7 +589,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .context("installing signal handlers")?;
+    let dry_run = args.dry_run;
     let plan = plan(args)?;
+    if dry_run {
+        return print_dry_run(&plan);
+    }
     std::fs::create_dir_all(&plan.data_dir).with_context(|| format!("creating data dir {}", plan.data_dir.display()))?;
 
     let ctx = build_context(&plan)?;

@@ -27,7 +27,7 @@
 //! Spec: `burstable:MODE,size=SIZE,members=N[,type=gp2][,chunk=64KiB (cache: the block size)][,strategy=all|one]
 //! [,swap_below=auto|PCT][,margin=1.5][,rebuild_rate=64MiB/s][,region=1MiB][,tick=5s]
 //! [,min_interval=60s][,attach_limit=27][,attach_delay=DUR][,backing=TYPE:SIZE][,block=32KiB]
-//! [,idle=5s][,keep]`.
+//! [,idle=5s][,keep][,cloudwatch_every=60s]`.
 
 use crate::control::Controllable;
 use anyhow::{bail, Context};
@@ -45,11 +45,17 @@ use surge_block::{BlockDev, Caps, Clock, ClockThread, Extent, FileDev, ZeroMode}
 use surge_cloud::{CreateRequest, Provider, VolumeSpec};
 use surge_policy::burstable::{Action, BurstableConfig, BurstablePolicy, MemberObs, Mode, Obs, SlotView, Strategy};
 
+#[path = "burstable_ebs.rs"]
+pub mod ebs;
+
 #[derive(Debug, Clone)]
 pub struct BurstableParams {
     /// Export name; volumes are named `NAME-sSLOT-gGEN` (and `NAME-backing`).
     pub name: String,
     pub mode: Mode,
+    /// The size asked for (`size=`): persistent and ephemeral stripes export
+    /// exactly this much, however far the members round up.
+    pub size: u64,
     pub members: usize,
     /// One member's spec (e.g. `gp2:10GiB`).
     pub member: VolumeSpec,
@@ -70,6 +76,9 @@ pub struct BurstableParams {
     pub parallel: bool,
     /// Draw rebuild progress bars on stderr (when it is a terminal).
     pub progress_bars: bool,
+    /// On a cloud whose credits lag: how often each member's CloudWatch
+    /// point is read (`cloudwatch_every=60s`).
+    pub cloudwatch_every: Duration,
 }
 
 /// What survives a restart (see the module docs for the write order).
@@ -87,6 +96,9 @@ struct Saved {
     retired: Vec<String>,
     /// Ephemeral `keep`: replaced member sets, detached, until released.
     kept: Vec<KeptSet>,
+    /// The exported size (`size=`); it may grow, never shrink.
+    #[serde(default)]
+    size: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -164,6 +176,10 @@ pub struct BurstableVolume {
     /// Serialises controller steps (the thread and `step()` callers).
     stepping: Mutex<()>,
     bars: Mutex<Option<RebuildBars>>,
+    /// On a cloud whose credits lag (EBS): the model of surge's I/O and CloudWatch's points.
+    credits: Option<ebs::SampledCredits>,
+    /// Where the attachment limit came from, for `surge status`.
+    slots_source: String,
 }
 
 /// A request in flight on a [`BurstableVolume`]; its end is stamped too.
@@ -202,8 +218,15 @@ impl BurstableVolume {
     }
 
     /// Open (or create) the volume: members, pending swaps, leftovers.
-    pub fn open(p: BurstableParams, provider: Arc<dyn Provider>, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<Self>> {
+    pub fn open(mut p: BurstableParams, provider: Arc<dyn Provider>, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<Self>> {
         std::fs::create_dir_all(&p.state_dir).with_context(|| format!("creating {}", p.state_dir.display()))?;
+        // Credits that lag (CloudWatch): count what surge issues to each member.
+        let (provider, credits): (Arc<dyn Provider>, _) = if provider.credits_sampled() {
+            let m = Arc::new(ebs::MeteredProvider::new(provider));
+            (m.clone(), Some(ebs::SampledCredits::new(m, &p.member, clock.now(), p.cloudwatch_every)))
+        } else {
+            (provider, None)
+        };
         let saved = load_state(&p.state_dir)?;
         let fresh = saved.is_none();
         let mut saved = saved.unwrap_or(Saved { version: 1, mode: Some(p.mode), member_spec: p.member.to_string(), chunk: p.chunk, ..Saved::default() });
@@ -221,6 +244,12 @@ impl BurstableVolume {
                 p.chunk
             );
         }
+        if let Some(old) = saved.size.filter(|&old| p.size < old) {
+            bail!("{} holds a burstable volume of {}; the spec asks for {}: a volume never shrinks", p.state_dir.display(), crate::stack::format_size(old), crate::stack::format_size(p.size));
+        }
+        saved.size = Some(p.size);
+        let own: Vec<String> = saved.slots.iter().flat_map(|s| std::iter::once(s.member.clone()).chain(s.swap.as_ref().map(|w| w.target.clone()))).chain(saved.backing.clone()).collect();
+        let slots_source = check_slots(&mut p, provider.as_ref(), &own)?;
         let known = provider.list()?;
         // Cache mode: the backing volume.
         let cache = if p.mode == Mode::Cache {
@@ -244,7 +273,7 @@ impl BurstableVolume {
             saved.slots = ids.iter().map(|(id, _)| SavedSlot { member: id.clone(), swap: None }).collect();
             saved.gen = 1;
             save_state(&p.state_dir, &saved)?;
-            return Self::assemble(p, provider, clock, saved, ids.into_iter().map(|(id, d)| (id, d, None)).collect(), cache);
+            return Self::assemble(p, provider, clock, saved, ids.into_iter().map(|(id, d)| (id, d, None)).collect(), cache, (credits, slots_source));
         }
         // Restart: delete what a crash left behind, reattach, resume swaps.
         let mut referenced: Vec<String> = saved.slots.iter().flat_map(|s| std::iter::once(s.member.clone()).chain(s.swap.as_ref().map(|w| w.target.clone()))).collect();
@@ -278,7 +307,7 @@ impl BurstableVolume {
             devs.push((s.member.clone(), dev, resumed));
         }
         save_state(&p.state_dir, &saved)?;
-        Self::assemble(p, provider, clock, saved, devs, cache)
+        Self::assemble(p, provider, clock, saved, devs, cache, (credits, slots_source))
     }
 
     fn assemble(
@@ -288,6 +317,7 @@ impl BurstableVolume {
         saved: Saved,
         devs: Vec<SlotDevs>,
         cache: Option<Arc<ElasticCache>>,
+        (credits, slots_source): (Option<ebs::SampledCredits>, String),
     ) -> anyhow::Result<Arc<Self>> {
         let stripe_devs: Vec<Arc<dyn BlockDev>> = devs.iter().map(|(_, d, m)| m.as_ref().map_or(d.clone(), |(_, _, m)| m.clone() as Arc<dyn BlockDev>)).collect();
         let stripe = Arc::new(Stripe::new(stripe_devs, StripeConfig { chunk: p.chunk, parallel: p.parallel })?);
@@ -296,7 +326,7 @@ impl BurstableVolume {
         }
         let size = match &cache {
             Some(c) => c.size(),
-            None => stripe.size(),
+            None => exported_size(stripe.size(), p.size, p.members as u64 * p.member.size),
         };
         let now = clock.now();
         let slots = devs
@@ -326,6 +356,8 @@ impl BurstableVolume {
             threads: Mutex::new(Vec::new()),
             stepping: Mutex::new(()),
             bars: Mutex::new(bars),
+            credits,
+            slots_source,
             p,
             provider,
             clock,
@@ -434,9 +466,16 @@ impl BurstableVolume {
     fn observe(&self) -> anyhow::Result<Obs> {
         let slots: Vec<(String, bool)> = self.slots.lock().iter().map(|s| (s.member.clone(), s.swap.is_some())).collect();
         let mut members = Vec::with_capacity(slots.len());
+        let now = self.clock.now();
         for (id, swapping) in &slots {
-            let c = self.provider.credits(id)?;
+            let c = match &self.credits {
+                Some(sc) => sc.observe(id, now),
+                None => self.provider.credits(id)?,
+            };
             members.push(MemberObs { credits: c.ops, capacity: c.ops_capacity, swapping: *swapping });
+        }
+        if let Some(sc) = &self.credits {
+            sc.retain(&slots.iter().map(|s| s.0.clone()).collect::<Vec<_>>());
         }
         let attached = slots.len() + slots.iter().filter(|s| s.1).count() + usize::from(self.cache.is_some());
         let last = self.last_io_ns.load(SeqCst);
@@ -776,6 +815,57 @@ impl BurstableVolume {
     }
 }
 
+/// The exported size of a stripe of `stripe` bytes whose members bill
+/// `billed` for the `asked` size: `asked`, scaled like the stripe when the
+/// local cloud runs at reduced scale, in whole 4 KiB.
+fn exported_size(stripe: u64, asked: u64, billed: u64) -> u64 {
+    let v = (stripe as u128 * asked as u128 / billed.max(1) as u128) as u64;
+    (v / 4096 * 4096).clamp(4096.min(stripe), stripe)
+}
+
+/// The attachment slots the stack needs (members, the fresh members of a
+/// swap, a cache's backing) against what this instance has free (the
+/// provider's figure, e.g. DescribeInstanceTypes, and the spec's
+/// `attach_limit`); refuses what cannot swap. Lowers the policy's limit to
+/// what is free. Returns where the limit came from.
+fn check_slots(p: &mut BurstableParams, provider: &dyn Provider, own: &[String]) -> anyhow::Result<String> {
+    let swap_all = p.mode != Mode::Persistent || p.policy.strategy == Strategy::AllAtOnce;
+    let need = ebs::slots_needed(p.members, swap_all, p.mode == Mode::Cache);
+    let (free, source) = match provider.attachment_slots()? {
+        Some(s) if s.free_for(own) < p.policy.attach_limit => (s.free_for(own), s.source),
+        _ => (p.policy.attach_limit, format!("attach_limit={}", p.policy.attach_limit)),
+    };
+    if need > free {
+        let backing = usize::from(p.mode == Mode::Cache);
+        let one = ebs::slots_needed(p.members, false, backing == 1);
+        let fit = if swap_all { free.saturating_sub(backing) / 2 } else { free.saturating_sub(backing + 1) };
+        let hint = if swap_all && p.mode == Mode::Persistent && one <= free {
+            format!("strategy=one needs {one}; ")
+        } else {
+            String::new()
+        };
+        bail!(
+            "{} members with {} swap target(s){} need {need} attachment slots, and this instance has {free} free ({source}); {hint}use fewer, larger members (members={} fits)",
+            p.members,
+            if swap_all { p.members } else { 1 },
+            if p.mode == Mode::Cache { " and the backing volume" } else { "" },
+            fit.max(1)
+        );
+    }
+    p.policy.attach_limit = free;
+    tracing::info!(volume = %p.name, need, free, %source, "burstable attachment slots");
+    Ok(source)
+}
+
+/// What rounding each member up to a whole GiB (gp2's minimum step) adds to
+/// the bill: billed bytes beyond the size asked, and their monthly list price.
+pub fn rounding_cost(p: &BurstableParams) -> (u64, f64) {
+    let billed = p.members as u64 * p.member.size;
+    let extra = billed.saturating_sub(p.size);
+    let per_gib = surge_cloud::PriceTable::default().usd_month(&p.member) / (p.member.size as f64 / (1u64 << 30) as f64);
+    (extra, per_gib * extra as f64 / (1u64 << 30) as f64)
+}
+
 /// Create and attach volumes named `names` of `spec` in parallel (EBS attaches
 /// concurrently); on any failure, delete what was made.
 fn create_attach_all(provider: &Arc<dyn Provider>, clock: &Arc<dyn Clock>, spec: &VolumeSpec, names: &[String]) -> anyhow::Result<Vec<(String, Arc<dyn BlockDev>)>> {
@@ -861,11 +951,15 @@ impl BlockDev for BurstableVolume {
     fn caps(&self) -> Caps {
         self.dev().caps()
     }
+    // The stripe may be larger than the export (members round up): every
+    // request is held to the exported size.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        surge_block::check_range(self.size, offset, buf.len() as u64)?;
         let _io = self.begin_io();
         self.dev().read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        surge_block::check_range(self.size, offset, buf.len() as u64)?;
         let _io = self.begin_io();
         self.dev().write_at(buf, offset, fua)
     }
@@ -873,14 +967,17 @@ impl BlockDev for BurstableVolume {
         self.dev().flush()
     }
     fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        surge_block::check_range(self.size, offset, len)?;
         let _io = self.begin_io();
         self.dev().discard(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
+        surge_block::check_range(self.size, offset, len)?;
         let _io = self.begin_io();
         self.dev().write_zeroes(offset, len, mode)
     }
     fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
+        surge_block::check_range(self.size, offset, len)?;
         self.dev().block_status(offset, len)
     }
     fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
@@ -904,7 +1001,10 @@ impl Controllable for BurstableVolume {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let c = self.provider.credits(&s.member).ok();
+                let c = match &self.credits {
+                    Some(sc) => sc.estimate(&s.member).map(|e| CreditBalanceView::from(&e)),
+                    None => self.provider.credits(&s.member).ok().map(|c| CreditBalanceView { ops: c.ops, percent: c.percent(), trusted: "provider", estimate: None }),
+                };
                 let rebuild = rebuilds.iter().find(|(j, _)| *j == i).map(|(_, p)| {
                     serde_json::json!({
                         "percent": (p.percent() * 10.0).round() / 10.0,
@@ -919,8 +1019,12 @@ impl Controllable for BurstableVolume {
                 serde_json::json!({
                     "slot": i,
                     "volume": s.member,
-                    "burst_balance_percent": c.and_then(|c| c.percent()),
-                    "credits": c.and_then(|c| c.ops),
+                    "burst_balance_percent": c.as_ref().and_then(|c| c.percent),
+                    "credits": c.as_ref().and_then(|c| c.ops),
+                    // Which figure the policy trusted: the provider's exact
+                    // balance (local cloud), surge's model, or CloudWatch's point.
+                    "credits_trusted": c.as_ref().map(|c| c.trusted),
+                    "credits_estimate": c.as_ref().and_then(|c| c.estimate.clone()),
                     "policy": views.get(i),
                     "swap_to": s.swap.as_ref().map(|w| w.target.clone()),
                     "rebuild": rebuild,
@@ -933,6 +1037,11 @@ impl Controllable for BurstableVolume {
             "mode": self.p.mode,
             "strategy": self.p.policy.strategy,
             "member": self.p.member.to_string(),
+            "size_bytes": self.size,
+            "billed_bytes": self.p.members as u64 * self.p.member.size,
+            "rounding_usd_month": rounding_cost(&self.p).1,
+            "attach_limit": self.p.policy.attach_limit,
+            "attach_limit_source": self.slots_source,
             "members": members,
             "rebuilds_in_flight": rebuilds.len(),
             "rebuild_rate_limit_bps": self.p.rebuild_rate,
@@ -984,6 +1093,26 @@ impl Controllable for BurstableVolume {
             },
             _ => Err(format!("{} has no setting {key:?} (settable: swap=all|SLOT, rebuild_rate=RATE|off, release=all|GEN, ack_lost=true)", self.name())),
         }
+    }
+}
+
+/// A member's credits as `surge status` shows them.
+struct CreditBalanceView {
+    ops: Option<u64>,
+    percent: Option<f64>,
+    trusted: &'static str,
+    estimate: Option<surge_policy::credits::Estimate>,
+}
+
+impl From<&surge_policy::credits::Estimate> for CreditBalanceView {
+    fn from(e: &surge_policy::credits::Estimate) -> Self {
+        use surge_policy::credits::Source;
+        let trusted = match e.source {
+            Source::Model => "model",
+            Source::Cloudwatch => "cloudwatch",
+            Source::Unknown => "unknown",
+        };
+        CreditBalanceView { ops: e.credits.map(|c| c as u64), percent: e.credits.map(|c| c * 100.0 / e.capacity.max(1.0)), trusted, estimate: Some(e.clone()) }
     }
 }
 
@@ -1041,31 +1170,109 @@ impl Default for RebuildBars {
 }
 
 /// `burstable:MODE,size=SIZE,members=N,...` (see the module docs). Volumes live
-/// in the local cloud of the data directory.
+/// on the daemon's cloud (`--provider aws`: EBS), else in the local cloud of
+/// the data directory.
 pub fn build_burstable(name: &str, args: &str, ctx: &crate::stack::BuildContext) -> Result<crate::stack::Built, crate::stack::SpecError> {
     let p = parse_params(name, args, &ctx.data_dir)?;
     let err = |msg: String| crate::stack::SpecError::Args { kind: "burstable".into(), msg };
-    let mut cfg = surge_cloud::LocalConfig::new(crate::stack::volume::cloud_dir(&ctx.data_dir));
-    cfg.delays.attach = p.policy.swap_setup;
-    cfg.delays.detach = Duration::ZERO;
-    let provider = Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);
+    let provider: Arc<dyn Provider> = match &ctx.cloud {
+        Some(c) => c.clone(),
+        None => {
+            let mut cfg = surge_cloud::LocalConfig::new(crate::stack::volume::cloud_dir(&ctx.data_dir));
+            cfg.delays.attach = p.policy.swap_setup;
+            cfg.delays.detach = Duration::ZERO;
+            Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?)
+        }
+    };
     let vol = BurstableVolume::open(p.clone(), provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
     vol.start();
+    let (extra, usd) = rounding_cost(&p);
+    let rounding = if extra > 0 && p.mode != Mode::Cache {
+        tracing::warn!(
+            volume = %name,
+            "{} members of {} bill {} for the {} exported: {} more, ${usd:.2}/month at list price (members=1 would bill {})",
+            p.members,
+            p.member,
+            crate::stack::format_size(p.members as u64 * p.member.size),
+            crate::stack::format_size(p.size),
+            crate::stack::format_size(extra),
+            crate::stack::format_size(p.size.div_ceil(1 << 30).max(1) << 30)
+        );
+        format!("; billed {}, rounding adds ${usd:.2}/month", crate::stack::format_size(p.members as u64 * p.member.size))
+    } else {
+        String::new()
+    };
     let detail = serde_json::json!({
         "mode": p.mode, "members": p.members, "member": p.member.to_string(), "chunk": p.chunk,
         "backing": p.backing.as_ref().map(|b| b.to_string()), "state_dir": p.state_dir,
+        "size_bytes": vol.size(), "billed_bytes": p.members as u64 * p.member.size, "rounding_usd_month": usd,
     });
     let what = match p.mode {
         Mode::Persistent => "persistent",
         Mode::Cache => "cache",
         Mode::Ephemeral => "ephemeral",
     };
+    let size = crate::stack::format_size(vol.size());
+    // On a real cloud the members are detached when the daemon stops, so a
+    // restart (or another instance) can attach them again.
+    let dev: Arc<dyn BlockDev> = if ctx.cloud.is_some() { Arc::new(DetachAtExit(vol.clone())) } else { vol.clone() };
     Ok(crate::stack::Built {
-        dev: vol.clone(),
-        description: format!("burstable {what} volume over {} x {}", p.members, p.member),
+        dev,
+        description: format!("burstable {what} volume of {size} over {} x {}{rounding}", p.members, p.member),
         detail,
         controls: vec![vol],
     })
+}
+
+/// The export's device on a real cloud: at the daemon's exit (the server
+/// drops its exports after the final flush) the controller stops and every
+/// volume of the stack is detached (not deleted).
+struct DetachAtExit(Arc<BurstableVolume>);
+
+impl Drop for DetachAtExit {
+    fn drop(&mut self) {
+        self.0.stop();
+        let ids: Vec<String> = {
+            let slots = self.0.slots.lock();
+            slots.iter().flat_map(|s| std::iter::once(s.member.clone()).chain(s.swap.as_ref().map(|w| w.target.clone()))).collect()
+        };
+        let backing = self.0.saved.lock().backing.clone();
+        for id in ids.iter().chain(backing.as_ref()) {
+            if let Err(e) = self.0.provider.detach(id) {
+                tracing::error!(volume = %id, "detaching at exit: {e}");
+            }
+        }
+    }
+}
+
+impl BlockDev for DetachAtExit {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn caps(&self) -> Caps {
+        self.0.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        self.0.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        self.0.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        self.0.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
+        self.0.write_zeroes(offset, len, mode)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
+        self.0.block_status(offset, len)
+    }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.0.may_wait_remote(offset, len, write)
+    }
 }
 
 /// Parse the spec's arguments (see the module docs).
@@ -1093,6 +1300,7 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
     let swap_setup = dur(&mut o, "attach_delay", Duration::from_secs(3))?;
     let min_interval = dur(&mut o, "min_interval", Duration::from_secs(60))?;
     let ephemeral_idle = dur(&mut o, "idle", Duration::from_secs(5))?;
+    let cloudwatch_every = dur(&mut o, "cloudwatch_every", Duration::from_secs(60))?;
     let strategy: Strategy = o.take("strategy").map(|v| v.parse().map_err(err)).transpose()?.unwrap_or(Strategy::AllAtOnce);
     let swap_below = match o.take("swap_below").as_deref() {
         None | Some("auto") => None,
@@ -1120,7 +1328,7 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
     let keep = o.flag("keep")?;
     o.finish(&[
         "size", "members", "type", "chunk", "tick", "attach_delay", "min_interval", "idle", "strategy", "swap_below", "margin", "rebuild_rate", "region", "attach_limit",
-        "backing", "block", "keep",
+        "backing", "block", "keep", "cloudwatch_every",
     ])?;
     if mode == Mode::Cache && backing.is_none() {
         return Err(err("cache mode needs backing=TYPE:SIZE (e.g. backing=st1:2TiB)".into()));
@@ -1155,6 +1363,7 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
     Ok(BurstableParams {
         name: name.to_string(),
         mode,
+        size,
         members,
         member,
         chunk,
@@ -1168,6 +1377,7 @@ pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<Burstable
         state_dir: data_dir.join("burstable").join(name),
         parallel: true,
         progress_bars: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        cloudwatch_every,
     })
 }
 
@@ -1457,4 +1667,86 @@ mod tests {
         assert_eq!(local.list().unwrap().len(), 2, "the spent members were deleted");
     }
 
+    #[test]
+    fn the_export_has_the_size_asked_for_and_says_what_rounding_costs() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        // Full scale (sparse files); a new provider per open, as a restarted daemon's.
+        let prov = || {
+            let mut cfg = LocalConfig::new(dir.path().join("cloud"));
+            cfg.delays = Delays::none();
+            Arc::new(LocalProvider::open(cfg, clock.clone()).unwrap())
+        };
+        let p = params(dir.path(), "persistent,size=256MiB,members=4");
+        assert_eq!(p.member.to_string(), "gp2:1GiB", "each member rounds up to gp2's 1 GiB");
+        let (extra, usd) = rounding_cost(&p);
+        assert_eq!(extra, (4 << 30) - (256 << 20));
+        assert!((usd - 0.375).abs() < 1e-9, "3.75 GiB of gp2 at $0.10: {usd}");
+        let v = BurstableVolume::open(p, prov(), clock.clone()).unwrap();
+        assert_eq!(v.size(), 256 << 20, "the size asked for, not the 4 GiB stripe");
+        v.write_at(&[7u8; 4096], (256 << 20) - 4096, true).unwrap();
+        assert!(v.write_at(&[7u8; 4096], 256 << 20, true).is_err(), "past the export");
+        assert!(v.read_at(&mut [0u8; 8192], (256 << 20) - 4096).is_err());
+        assert_eq!(v.status()["billed_bytes"], 4u64 << 30);
+        drop(v);
+        // A restart may grow the export within the stripe, never shrink it.
+        let v = BurstableVolume::open(params(dir.path(), "persistent,size=512MiB,members=4"), prov(), clock.clone()).unwrap();
+        assert_eq!(v.size(), 512 << 20);
+        drop(v);
+        let e = BurstableVolume::open(params(dir.path(), "persistent,size=256MiB,members=4"), prov(), clock.clone()).err().unwrap().to_string();
+        assert!(e.contains("never shrinks"), "{e}");
+        // Through the builder: the description says what rounding costs.
+        let d2 = tempfile::tempdir().unwrap();
+        let ctx = crate::stack::BuildContext::new(d2.path().to_path_buf(), Arc::new(VirtualClock::new()));
+        let b = build_burstable("r", "persistent,size=256MiB,members=4,attach_delay=0s", &ctx).unwrap();
+        assert_eq!(b.dev.size(), 256 << 20);
+        assert!(b.description.contains("of 256MiB over 4 x gp2:1GiB; billed 4GiB, rounding adds $0.38/month"), "{}", b.description);
+    }
+
+    /// A local cloud that reports this instance's attachment slots.
+    struct Slotted(Arc<LocalProvider>, surge_cloud::AttachmentSlots);
+
+    impl Provider for Slotted {
+        fn create(&self, r: CreateRequest) -> Result<surge_cloud::VolumeInfo, surge_cloud::CloudError> {
+            self.0.create(r)
+        }
+        fn attach(&self, id: &str) -> Result<Arc<dyn BlockDev>, surge_cloud::CloudError> {
+            self.0.attach(id)
+        }
+        fn detach(&self, id: &str) -> Result<(), surge_cloud::CloudError> {
+            self.0.detach(id)
+        }
+        fn delete(&self, id: &str) -> Result<(), surge_cloud::CloudError> {
+            self.0.delete(id)
+        }
+        fn list(&self) -> Result<Vec<surge_cloud::VolumeInfo>, surge_cloud::CloudError> {
+            self.0.list()
+        }
+        fn describe(&self, id: &str) -> Result<surge_cloud::VolumeInfo, surge_cloud::CloudError> {
+            self.0.describe(id)
+        }
+        fn cost(&self) -> Result<surge_cloud::CostReport, surge_cloud::CloudError> {
+            self.0.cost()
+        }
+        fn attachment_slots(&self) -> Result<Option<surge_cloud::AttachmentSlots>, surge_cloud::CloudError> {
+            Ok(Some(self.1.clone()))
+        }
+    }
+
+    #[test]
+    fn members_and_swap_targets_must_fit_the_instance_attachment_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        // 8 slots, one taken by a second network interface, one by the root volume: 6 free.
+        let slots = surge_cloud::AttachmentSlots { total: 8, taken_by_others: 1, attached_volumes: vec!["vol-root".into()], source: "test instance".into() };
+        let prov: Arc<dyn Provider> = Arc::new(Slotted(provider(dir.path(), clock.clone()), slots));
+        let e = BurstableVolume::open(params(dir.path(), "persistent,size=4GiB,members=4"), prov.clone(), clock.clone()).err().unwrap().to_string();
+        assert!(e.contains("need 8 attachment slots") && e.contains("6 free (test instance)") && e.contains("strategy=one needs 5"), "{e}");
+        assert!(prov.list().unwrap().is_empty(), "refused before creating anything");
+        let e = BurstableVolume::open(params(dir.path(), "cache,size=4GiB,members=4,backing=st1:1TiB"), prov.clone(), clock.clone()).err().unwrap().to_string();
+        assert!(e.contains("need 9 attachment slots") && e.contains("members=2 fits"), "{e}");
+        let v = BurstableVolume::open(params(dir.path(), "persistent,size=4GiB,members=4,strategy=one"), prov.clone(), clock.clone()).unwrap();
+        assert_eq!(v.p.policy.attach_limit, 6, "the policy swaps within what is free");
+        assert_eq!(v.status()["attach_limit_source"], "test instance");
+    }
 }

@@ -10,6 +10,7 @@
 
 pub mod cow;
 pub mod burstable;
+pub mod dryrun;
 pub mod elastic;
 pub mod fault;
 pub mod remote;

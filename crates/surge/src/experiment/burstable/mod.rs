@@ -175,6 +175,8 @@ fn burstable_params(s: &Setting, name: &str, mode: Mode, members: usize, capacit
     Ok(BurstableParams {
         name: name.into(),
         mode,
+        // The whole stripe, as the paper's volumes were.
+        size: members as u64 * member.size,
         members,
         policy: BurstableConfig {
             mode,
@@ -205,6 +207,7 @@ fn burstable_params(s: &Setting, name: &str, mode: Mode, members: usize, capacit
         // One member per request in these workloads; no thread fan-out on the sim clock.
         parallel: false,
         progress_bars: false,
+        cloudwatch_every: std::time::Duration::from_secs(60),
     })
 }
 
