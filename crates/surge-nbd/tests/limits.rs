@@ -194,3 +194,77 @@ fn unix_sockets_are_not_open_to_other_users() {
     c.disconnect().unwrap();
     server.shutdown().unwrap();
 }
+
+// Variants that reach the locks with the defaults only, through APIs that
+// existed before issue 38 (they fail on that code: docs/security.md).
+// The default whole-handshake deadline (30 s), so ignored by default (36 s):
+// 4 clients trickle a valid handshake one byte every 200 ms for 36 s; the
+// default whole-handshake deadline (30 s) must cut them, and others are served.
+#[test]
+#[ignore = "36 s: the default 30 s handshake deadline"]
+fn old_api_trickling_handshakes_are_cut_within_36_s() {
+    let (server, addr) = tcp_server(|_| {});
+    let mut bytes = 3u32.to_be_bytes().to_vec();
+    bytes.extend_from_slice(&surge_nbd::proto::encode_option_header(surge_nbd::proto::OPT_GO, 200));
+    bytes.extend_from_slice(&[0u8; 200]);
+    let trickle: Vec<_> = (0..4)
+        .map(|i| {
+            let mut s = connect_from(Ipv4Addr::new(127, 0, 1, 1 + i), addr);
+            assert!(greeted(&mut s));
+            let bytes = bytes.clone();
+            std::thread::spawn(move || {
+                for b in bytes.iter().take(180) {
+                    if s.write_all(&[*b]).is_err() {
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                    s.set_nonblocking(true).unwrap();
+                    let closed = match s.read(&mut [0u8; 64]) {
+                        Ok(0) => true,
+                        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                        Ok(_) => panic!("the server answered a half-sent option"),
+                    };
+                    s.set_nonblocking(false).unwrap();
+                    if closed {
+                        return true;
+                    }
+                }
+                false
+            })
+        })
+        .collect();
+    serves_a_client(addr);
+    let cut = trickle.into_iter().map(|t| t.join().unwrap()).filter(|c| *c).count();
+    assert_eq!(cut, 4, "every trickling handshake is disconnected");
+    server.shutdown().unwrap();
+}
+
+// Variant of connections_over_the_caps_are_closed_before_the_greeting with the
+// default caps (64 per address): the 65th connection from one address.
+#[test]
+fn old_api_a_65th_connection_from_one_address_is_not_greeted() {
+    let (server, addr) = tcp_server(|_| {});
+    let host = Ipv4Addr::new(127, 0, 2, 1);
+    let mut conns: Vec<TcpStream> = (0..64).map(|_| connect_from(host, addr)).collect();
+    assert!(conns.iter_mut().all(greeted));
+    let mut extra = connect_from(host, addr);
+    assert!(!greeted(&mut extra), "a 65th connection from one address was greeted");
+    drop(conns);
+    server.shutdown().unwrap();
+}
+
+// Under the usual umask, whatever UNIX_SOCKET_MODE says.
+#[test]
+fn old_api_unix_sockets_are_0660_under_umask_022() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: umask only sets the process file-creation mask.
+    unsafe { libc::umask(0o022) };
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let server = Server::start(ServerConfig::new(vec![Export::new("disk", Arc::new(MemoryDev::new(1 << 20)))])).unwrap();
+    server.listen(&Listen::Unix(sock.clone())).unwrap();
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, surge_nbd::UNIX_SOCKET_MODE, "socket mode {mode:o}");
+    assert_eq!(mode, 0o660);
+    server.shutdown().unwrap();
+}

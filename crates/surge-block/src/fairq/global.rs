@@ -502,4 +502,18 @@ mod tests {
         l.apply(&report("c", 1, 2, &[("t", 0, 0, true)]), ms(1500));
         assert_eq!(l.peers(ms(1500)).iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["c"]);
     }
+
+    // Old-API variant of senders_beyond_the_peer_cap_are_ignored_and_silent_peers_forgotten
+    // (no set_max_peers, no refused()): with the default cap (64), 100 live
+    // senders leave at most 64 peers, and peers silent for 10 timeouts are forgotten.
+    #[test]
+    fn old_api_senders_cannot_grow_the_ledger() {
+        let mut l = Ledger::new(ms(100));
+        for i in 0..100u64 {
+            l.apply(&report(&format!("p{i}"), 1, 1, &[("t", 0, 0, true)]), ms(i / 10));
+        }
+        assert!(l.peers(ms(10)).len() <= 64, "{} peers remembered", l.peers(ms(10)).len());
+        l.apply(&report("late", 1, 1, &[("t", 0, 0, true)]), ms(5000));
+        assert_eq!(l.peers(ms(5000)).iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["late"]);
+    }
 }

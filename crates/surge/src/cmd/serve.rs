@@ -1051,4 +1051,15 @@ mod tests {
         assert!(t.contains("nbdfuse") && t.contains("nbd-client -unix /d/surge.sock"), "{t}");
         assert!(t.contains("1GiB") && t.contains("surge status --control /d/control.sock"), "{t}");
     }
+
+    // Old-API variant of config.rs coop_and_metrics_listeners_off_loopback_need_their_own_guard
+    // through the flags: a coop listener off loopback with NBD TLS (no key),
+    // and a metrics listener off loopback, are refused.
+    #[test]
+    fn old_api_coop_and_metrics_listeners_off_loopback_need_their_own_guard() {
+        let tls = ["--data-dir", "/d", "--tls", "require", "--tls-certs", "/certs", "--tls-verify-peer"];
+        let coop = ["--coop-listen", "tcp:0.0.0.0:10900", "--coop-peer", "tcp:10.0.0.2:10900"];
+        assert!(plan(args(&[&tls[..], &coop[..]].concat())).is_err(), "a coop listener off loopback is accepted with the NBD TLS settings");
+        assert!(plan(args(&["--data-dir", "/d", "--metrics", "0.0.0.0:9100"])).is_err(), "a metrics listener off loopback is accepted");
+    }
 }
