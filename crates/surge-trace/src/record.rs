@@ -36,6 +36,16 @@ impl RecordDev {
     }
 }
 
+/// `dev` with its requests recorded into `dir` (a new trace directory) under
+/// the name `name`: the layer and its recorder (stop it after the last request).
+pub fn recorded(dev: Arc<dyn BlockDev>, name: &str, dir: &std::path::Path, limits: crate::Limits) -> std::result::Result<(Arc<dyn BlockDev>, Arc<Recorder>), crate::TraceError> {
+    let mut h = crate::Header::new(crate::Source::SurgeRecord, name);
+    h.device_size = dev.size();
+    h.note = "recorded by surge serve".into();
+    let r = Recorder::start(dir, h, limits, Arc::new(surge_block::SystemClock::new()))?;
+    Ok((Arc::new(RecordDev::new(dev, r.clone())), r))
+}
+
 impl BlockDev for RecordDev {
     fn size(&self) -> u64 {
         self.inner.size()

@@ -23,11 +23,13 @@ pub struct IostatOptions {
     pub device_size: u64,
     /// Keep the first report (iostat's first one averages since boot).
     pub keep_first: bool,
+    /// Refuse input that would synthesize more requests than this.
+    pub max_requests: u64,
 }
 
 impl Default for IostatOptions {
     fn default() -> Self {
-        IostatOptions { device: None, interval_s: 1.0, device_size: 100 << 30, keep_first: false }
+        IostatOptions { device: None, interval_s: 1.0, device_size: 100 << 30, keep_first: false, max_requests: 50_000_000 }
     }
 }
 
@@ -91,6 +93,10 @@ pub fn parse(text: &str, o: &IostatOptions) -> Result<(Header, Vec<Rec>), TraceE
     let name = device.unwrap_or_default();
     if !o.keep_first && samples.len() > 1 {
         samples.remove(0);
+    }
+    let total: f64 = samples.iter().map(|s| (s[0] + s[2] + s[4] + s[6]) * o.interval_s).sum();
+    if total > o.max_requests as f64 {
+        return Err(TraceError::Invalid(format!("iostat: these rates make {total:.0} requests, more than the {} an import synthesizes", o.max_requests)));
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let mut recs = Vec::new();

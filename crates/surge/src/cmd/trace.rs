@@ -76,7 +76,7 @@ fn import(a: ImportArgs) -> anyhow::Result<()> {
         std::fs::read_to_string(&a.input).with_context(|| format!("reading {}", a.input.display()))?
     };
     let device_size = surge_block::units::parse_size(&a.device_size).map_err(|e| anyhow::anyhow!("--device-size {}: {e}", a.device_size))?;
-    let opts = IostatOptions { device: a.device, interval_s: a.interval, device_size, keep_first: a.keep_first };
+    let opts = IostatOptions { device: a.device, interval_s: a.interval, device_size, keep_first: a.keep_first, ..Default::default() };
     let t = surge_trace::import::import(format, &text, &opts).with_context(|| format!("importing {}", a.input.display()))?;
     // An import is kept whole: one bound as large as the input needs.
     let limits = Limits { segment_bytes: 64 << 20, max_bytes: u64::MAX };
