@@ -63,7 +63,7 @@ pub struct PlanOptions {
     pub deadline: Option<Deadline>,
     /// What an hour of the run's time is worth (added to its cost).
     pub value_per_hour: Option<f64>,
-    /// Requests in flight at most (default: what the recording saw, else 32).
+    /// Requests in flight at most (default: the most the recording saw, at least 32).
     pub qd: Option<usize>,
     /// Capacity the volume needs at least (default: the trace's footprint).
     pub capacity: u64,
@@ -117,6 +117,9 @@ pub struct WorkloadPlan {
     pub prices: String,
 }
 
+/// Requests in flight at most, unless the recording saw more or `--qd` says.
+pub const DEFAULT_QD: usize = 32;
+
 fn run_one(t: &Trace, c: &Candidate, link_shape: surge_block::model::Shape, qd: usize) -> Result<ReplayResult, PlanError> {
     let err = |why: String| PlanError::Candidate { name: c.name.clone(), why };
     let shape = c.spec.shape().map_err(|e| err(e.to_string()))?;
@@ -138,7 +141,9 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
     let ebs = prices.instance_ebs(&o.instance)?;
     let usd_hour = prices.instance_usd_hour(&o.instance, 1)?;
     let summary = surge_trace::summary::summarize(t);
-    let qd = o.qd.unwrap_or(if summary.max_in_flight > 0 { summary.max_in_flight as usize } else { 32 }).max(1);
+    // What the recording saw in flight is a lower bound (a fast device finishes
+    // a request before the next arrives), so the default is at least 32.
+    let qd = o.qd.unwrap_or((summary.max_in_flight as usize).max(DEFAULT_QD)).max(1);
     let demand = candidates::demand(t, o.capacity);
     let cands = candidates::static_candidates(&demand);
     let mut rows = Vec::new();

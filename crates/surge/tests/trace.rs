@@ -98,3 +98,41 @@ fn an_imported_blkparse_sample_plans_and_bad_input_is_refused() {
     let e = run(Command::new(SURGE).args(["trace", "import", "--format", "blkparse"]).arg(&bad).arg("--out").arg(dir.path().join("x")));
     assert!(!e.status.success() && text(&e.stderr).contains("line 1"), "{}", text(&e.stderr));
 }
+
+/// fio through a recorded export, then a plan on the recording.
+fn record_fio(rw: &str, bs: &str, qd: &str, size: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let fio = require("fio", "fio");
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec");
+    let rec_s = format!("d={}", rec.display());
+    let mut s = Surge::start(&["--export", "d=memory:1GiB", "--record", &rec_s]);
+    run_ok(Command::new(fio).args(["--name=app", "--ioengine=nbd", &format!("--uri={}", s.uri("d")), &format!("--rw={rw}"), &format!("--bs={bs}"), &format!("--iodepth={qd}"), &format!("--size={size}"), "--runtime=2", "--time_based", "--rate_iops=20000", "--output=/dev/null"]));
+    s.signal(libc::SIGTERM);
+    assert!(s.wait(Duration::from_secs(30)).success(), "{}", s.logs());
+    (dir, rec)
+}
+
+fn recommended_spec(p: &serde_json::Value) -> String {
+    let i = p["recommended"].as_u64().expect("a recommendation") as usize;
+    p["rows"][i]["spec"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_recorded_random_4k_fio_run_is_not_given_st1_and_a_sequential_one_not_io2() {
+    // Random 4 KiB reads at up to 20,000 IOPS: st1 (500 IOPS) cannot keep up.
+    let (_d, rec) = record_fio("randread", "4k", "32", "1g");
+    let t = Trace::open(&rec).unwrap();
+    let reads = t.records.iter().filter(|r| r.op == Op::Read && r.len == 4096).count();
+    assert!(reads > 5_000 && t.records.iter().all(|r| r.op == Op::Flush || (r.op == Op::Read && r.len == 4096)), "{reads} reads of {}", t.records.len());
+    let p = plan_json(&rec, &["--deadline", "1.05x"]);
+    let spec = recommended_spec(&p);
+    assert!(!spec.starts_with("st1") && !spec.starts_with("sc1"), "{spec}");
+    let st1 = p["rows"].as_array().unwrap().iter().find(|r| r["name"] == "st1").unwrap();
+    assert_eq!(st1["meets_deadline"], false, "{st1}");
+
+    // 1 MiB sequential reads: throughput, not IOPS; io2 is never the cheapest.
+    let (_d, rec) = record_fio("read", "1m", "4", "1g");
+    let p = plan_json(&rec, &["--deadline", "1.05x"]);
+    let spec = recommended_spec(&p);
+    assert!(!spec.starts_with("io2"), "{spec}");
+}

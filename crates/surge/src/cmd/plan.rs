@@ -41,7 +41,7 @@ struct WorkloadArgs {
     /// The instance type the volume is attached to (its price and EBS limits).
     #[arg(long, default_value = "m5.2xlarge")]
     instance: String,
-    /// Requests in flight at most [default: what the recording saw, else 32].
+    /// Requests in flight at most: the application's queue depth [default: the most the recording saw in flight, at least 32].
     #[arg(long)]
     qd: Option<usize>,
     /// Capacity the volume needs at least [default: the trace's highest byte].
