@@ -10,12 +10,14 @@
 //!   its demand (gp2, gp3 with chosen IOPS/MB/s, io2, st1, sc1).
 //! - [`plan`]: every candidate replayed and priced, a recommendation, and what
 //!   is not simulated yet (listed, never guessed).
+//! - [`plot`]: the recommended candidate's timeline as SVG.
 //!
 //! It depends on no network code and not on the `surge` binary.
 
 pub mod candidates;
 pub mod clock;
 pub mod plan;
+pub mod plot;
 pub mod replay;
 
 pub use plan::{plan_workload, Objective, PlanOptions, WorkloadPlan};

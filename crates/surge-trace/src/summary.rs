@@ -47,12 +47,14 @@ pub struct Summary {
     pub truncated: bool,
 }
 
-/// Per-second I/O: (requests, bytes) of reads and writes for each second.
+/// Per-second I/O: (requests, bytes) of reads, writes and zeroes for each
+/// second from the first request (`recs` in time order).
 pub fn per_second(recs: &[Rec]) -> Vec<(u64, u64)> {
-    let Some(last) = recs.iter().map(|r| r.t_ns).max() else { return Vec::new() };
-    let mut v = vec![(0u64, 0u64); (last / 1_000_000_000) as usize + 1];
+    let (Some(first), Some(last)) = (recs.first(), recs.last()) else { return Vec::new() };
+    let t0 = first.t_ns;
+    let mut v = vec![(0u64, 0u64); ((last.t_ns - t0) / 1_000_000_000) as usize + 1];
     for r in recs.iter().filter(|r| r.op.moves_data()) {
-        let s = &mut v[(r.t_ns / 1_000_000_000) as usize];
+        let s = &mut v[((r.t_ns - t0) / 1_000_000_000) as usize];
         s.0 += 1;
         s.1 += r.len;
     }

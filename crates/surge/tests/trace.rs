@@ -64,7 +64,9 @@ fn a_recorded_export_holds_what_qemu_io_sent_and_plans() {
     let svg = std::fs::read_to_string(dir.path().join("p.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"), "an SVG with lines");
 
-    let p = plan_json(&rec, &["--deadline", "1.05x"]);
+    let svg = dir.path().join("plan.svg");
+    let p = plan_json(&rec, &["--deadline", "1.05x", "--svg", svg.to_str().unwrap()]);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("polyline"), "the timeline SVG has lines");
     let rows = p["rows"].as_array().unwrap();
     let rec_i = p["recommended"].as_u64().expect("a recommendation") as usize;
     assert!(rows[rec_i]["simulated"].as_bool().unwrap());

@@ -56,6 +56,9 @@ struct WorkloadArgs {
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
+    /// Write the recommended candidate's timeline (MiB/s completed vs submitted) as SVG.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -207,6 +210,12 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&p)?);
     } else {
         print!("{}", render_workload(&p));
+    }
+    if let Some(svg) = &a.svg {
+        surge_sim::plot::timeline_svg(&p, &trace, svg).map_err(anyhow::Error::msg)?;
+        if !a.json {
+            println!("timeline: {}", svg.display());
+        }
     }
     Ok(())
 }
