@@ -958,6 +958,24 @@ mod tests {
     }
 
     #[test]
+    fn record_must_name_an_export_once_with_a_sane_bound() {
+        let p = plan(args(&["--data-dir", "/d", "--export", "a=memory:1M", "--record", "a=/t/a", "--record-max-size", "64MiB"])).unwrap();
+        assert_eq!(p.record, vec![("a".to_string(), PathBuf::from("/t/a"))]);
+        assert_eq!(p.record_limits, surge_trace::Limits { segment_bytes: 16 << 20, max_bytes: 64 << 20 });
+        for (bad, why) in [
+            (vec!["--record", "b=/t/b"], "no such export"),
+            (vec!["--record", "a"], "NAME=DIR"),
+            (vec!["--record", "a=/x", "--record", "a=/y"], "twice"),
+            (vec!["--record", "a=/x", "--record-max-size", "4KiB"], "at least 1MiB"),
+        ] {
+            let mut a = vec!["--data-dir", "/d", "--export", "a=memory:1M"];
+            a.extend(bad);
+            let e = plan(args(&a)).unwrap_err().to_string();
+            assert!(e.contains(why), "{a:?}: {e}");
+        }
+    }
+
+    #[test]
     fn duplicate_exports_and_public_tcp_are_refused() {
         let e = plan(args(&["--data-dir", "/d", "--export", "a=memory:1M", "--export", "a=memory:2M"])).unwrap_err();
         assert!(e.to_string().contains("used twice"));
