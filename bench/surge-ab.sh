@@ -8,20 +8,23 @@
 #                     [--rw randread] [--bs 4k] [--qd 32] [--runtime 5] [--rounds 3]
 #   e.g. zero copy on/off for 1 MiB writes:
 #   bench/surge-ab.sh --a target/release/surge --b target/release/surge --b-args --no-zero-copy --rw write --bs 1M --qd 8
+#   recording overhead (B records export d into a fresh trace directory each round):
+#   bench/surge-ab.sh --a target/release/surge --b target/release/surge --b-record --rw randread --bs 4k --qd 32
 set -euo pipefail
-a="" b="" a_args="" b_args="" rw=randread bs=4k qd=32 runtime=5 rounds=3 size=256M
+a="" b="" a_args="" b_args="" b_record=0 rw=randread bs=4k qd=32 runtime=5 rounds=3 size=256M
 while [ $# -gt 0 ]; do
   case "$1" in
     --a) a="$2"; shift ;;
     --b) b="$2"; shift ;;
     --a-args) a_args="$2"; shift ;;
     --b-args) b_args="$2"; shift ;;
+    --b-record) b_record=1 ;;
     --rw) rw="$2"; shift ;;
     --bs) bs="$2"; shift ;;
     --qd) qd="$2"; shift ;;
     --runtime) runtime="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -35,6 +38,7 @@ half=$(( $(stat -c %s "$work/disk.img") / 2 ))
 
 one() { # label binary args round
   local label=$1 bin=$2 args=$3 round=$4 sock="$work/$1.sock"
+  if [ "$label" = B ] && [ "$b_record" = 1 ]; then args="$args --record d=$work/trace-$round"; fi
   # shellcheck disable=SC2086
   "$bin" serve --listen "unix:$sock" --export "d=file:$work/disk.img" --control "$work/$label.ctl" --data-dir "$work" $args \
     >/dev/null 2>"$work/$label.log" &
@@ -54,7 +58,7 @@ for r in $(seq "$rounds"); do
   one A "$a" "$a_args" "$r"
   one B "$b" "$b_args" "$r"
 done
-python3 - "$work" "$rounds" "$load_before / $(cut -d' ' -f1-3 /proc/loadavg)" "$rw $bs QD$qd, 2 connections, ${runtime} s" "$a $a_args" "$b $b_args" <<'EOF'
+python3 - "$work" "$rounds" "$load_before / $(cut -d' ' -f1-3 /proc/loadavg)" "$rw $bs QD$qd, 2 connections, ${runtime} s" "$a $a_args" "$b $b_args$( [ "$b_record" = 1 ] && echo ' --record d=DIR')" <<'EOF'
 import json, os, sys
 work, rounds, load, what, a, b = sys.argv[1:7]
 TICK = os.sysconf("SC_CLK_TCK")

@@ -9,6 +9,8 @@
 //! | `cache_meta` | elastic-cache on-disk metadata decoder (as read, and with the CRC fixed up) | decode → encode → decode is identity |
 //! | `fault_rules` | fault-injection one-line rules parser | parse → display → parse is identity |
 //! | `bb_frames` | burst-buffer node protocol: frame reader, request and response decoders | a decoded request or response re-encodes to the same frame |
+//! | `trace_import` | trace importers: blkparse text, fio iologs, `iostat -x` (first byte picks one) | every imported request's range fits in 64 bits |
+//! | `trace_segment` | trace segment reader (header, gzip body, records) | a read segment re-written reads back the same |
 
 use surge_block::cache::meta;
 use surge_block::fault::FaultRules;
@@ -84,7 +86,38 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("cache_meta", cache_meta),
     ("fault_rules", fault_rules),
     ("bb_frames", bb_frames),
+    ("trace_import", trace_import),
+    ("trace_segment", trace_segment),
 ];
+
+pub fn trace_import(data: &[u8]) {
+    use surge_trace::import::{import, Format, IostatOptions};
+    let Some((&which, rest)) = data.split_first() else { return };
+    let Ok(text) = std::str::from_utf8(rest) else { return };
+    let format = [Format::Blkparse, Format::FioIolog, Format::Iostat][which as usize % 3];
+    // Small synthesized iostat traces only (a rate of 1e11/s is valid input but a huge trace).
+    let opts = IostatOptions { device_size: 1 << 30, max_requests: 100_000, ..Default::default() };
+    if let Ok(t) = import(format, text, &opts) {
+        assert!(t.records.iter().all(|r| r.offset.checked_add(r.len).is_some()));
+    }
+}
+
+pub fn trace_segment(data: &[u8]) {
+    use surge_trace::reader::parse_segment;
+    let Ok((h, recs, _cut)) = parse_segment(data) else { return };
+    let dir = std::env::temp_dir().join(format!("surge-fuzz-seg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut w = surge_trace::SegmentWriter::create(&dir, h, surge_trace::Limits { segment_bytes: u64::MAX / 2, max_bytes: u64::MAX }).expect("a fresh dir");
+    for r in &recs {
+        w.push(r).expect("writing a segment");
+    }
+    w.finish().expect("closing a segment");
+    let back = surge_trace::Trace::open(&dir).expect("a re-written segment reads");
+    let mut sorted = recs.clone();
+    sorted.sort_by_key(|r| r.t_ns);
+    assert_eq!(back.records, sorted, "a segment re-written read back differently");
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
 /// Valid inputs to start from (also written to `corpus/` by the ignored test
 /// `write_seed_corpus`).
@@ -94,6 +127,16 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "nbd_requests" => request_seeds(),
         "cache_meta" => meta_seeds(),
         "bb_frames" => bb_frame_seeds(),
+        "trace_import" => [
+            (0u8, include_str!("../../crates/surge/tests/data/blkparse-sample.txt")),
+            (1, include_str!("../../crates/surge-trace/tests/data/fio-v3-sync.iolog")),
+            (1, "fio version 2 iolog\n/dev/x add\n/dev/x open\n/dev/x write 0 4096\n/dev/x wait 100\n/dev/x read 0 512\n/dev/x close\n"),
+            (2, include_str!("../../crates/surge-trace/tests/data/iostat-x.txt")),
+        ]
+        .iter()
+        .map(|(w, s)| [&[*w][..], s.as_bytes()].concat())
+        .collect(),
+        "trace_segment" => trace_segment_seeds(),
         "fault_rules" => [
             "",
             "write.fail_nth=100,read.fail_prob=0.01,latency=5ms,tear_nth=3,vanish_after=1000",
@@ -105,6 +148,26 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         .collect(),
         _ => Vec::new(),
     }
+}
+
+/// A small valid segment (every op, FUA, out-of-order times) and an empty one.
+fn trace_segment_seeds() -> Vec<Vec<u8>> {
+    use surge_trace::{Header, Limits, Op, Rec, SegmentWriter, Source};
+    let mut out = Vec::new();
+    for n in [0u64, 24] {
+        let dir = std::env::temp_dir().join(format!("surge-fuzz-seed-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut w = SegmentWriter::create(&dir, Header::new(Source::SurgeRecord, "seed"), Limits::default()).unwrap();
+        let ops = [Op::Read, Op::Write, Op::Flush, Op::Trim, Op::Zero, Op::Dropped];
+        for i in 0..n {
+            let t_ns = i * 1000 + if i % 5 == 0 { 0 } else { 300 };
+            w.push(&Rec { t_ns, op: ops[i as usize % 6], offset: i * 4096, len: 4096, fua: i % 4 == 1, dur_ns: i * 10 }).unwrap();
+        }
+        w.finish().unwrap();
+        out.push(std::fs::read(dir.join("seg-000001.strace")).unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    out
 }
 
 fn option(buf: &mut Vec<u8>, opt: u32, data: &[u8]) {

@@ -46,8 +46,10 @@ enum Command {
     Qos(cmd::qos::Args),
     /// Run a self-contained experiment on the local cloud and write a report.
     Experiment(cmd::experiment::Args),
-    /// Plan volumes for a capacity and a performance target at list prices.
+    /// Plan volumes for a capacity and a performance target, or for a recorded workload, at list prices.
     Plan(cmd::plan::Args),
+    /// Block I/O traces: import blkparse / fio iolog / iostat output, show a summary and a plot.
+    Trace(cmd::trace::Args),
     /// Kill/restart an export again and again and check that no acknowledged data is lost.
     Torture(cmd::torture::Args),
     Bb(cmd::bb::Args),
@@ -68,6 +70,7 @@ fn main() -> std::process::ExitCode {
         Command::Qos(a) => cmd::qos::run(a),
         Command::Experiment(a) => cmd::experiment::run(a),
         Command::Plan(a) => cmd::plan::run(a),
+        Command::Trace(a) => cmd::trace::run(a),
         Command::Torture(a) => cmd::torture::run(a),
         Command::StripeBench(a) => cmd::stripe_bench::run(a),
         Command::Load(a) => cmd::load::run(a),

@@ -12,3 +12,4 @@ pub mod status;
 pub mod stripe_bench;
 pub mod top;
 pub mod torture;
+pub mod trace;

@@ -226,6 +226,14 @@ pub struct Args {
     /// their list prices, make none of them, and exit (nothing is served).
     #[arg(long)]
     pub dry_run: bool,
+    /// Record every request of export NAME into DIR (a new directory; gzip
+    /// segments, oldest deleted past --record-max-size): NAME=DIR, repeatable.
+    /// Read it with `surge trace show DIR`, plan with `surge plan workload --trace DIR`.
+    #[arg(long = "record", value_name = "NAME=DIR")]
+    pub record: Vec<String>,
+    /// Disk space a recording keeps at most (its oldest segments are deleted).
+    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    pub record_max_size: String,
 }
 
 /// Everything `serve` will do, resolved from flags, the config file and defaults.
@@ -258,6 +266,9 @@ pub struct Plan {
     pub local: LocalCloud,
     /// The config file and what it said at start (SIGHUP compares against it).
     pub config: Option<(PathBuf, FileConfig)>,
+    /// Exports whose requests are recorded, and where.
+    pub record: Vec<(String, PathBuf)>,
+    pub record_limits: surge_trace::Limits,
 }
 
 /// Merge flags over the config file, then fill in defaults.
@@ -333,7 +344,11 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
     }
     let provider = args.provider.or(file.provider).unwrap_or_default();
     let local = LocalCloud { scale: args.local_scale.unwrap_or_default(), modify_rules: args.local_modify_rules.unwrap_or_default(), instance: args.local_instance };
+    let record = record_plan(&args.record, &exports)?;
+    let record_limits = record_limits(&args.record_max_size)?;
     Ok(Plan {
+        record,
+        record_limits,
         metrics,
         metrics_allow,
         max_connections: args.max_connections.or(file.max_connections),
@@ -355,6 +370,28 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
         allow,
         coop,
     })
+}
+
+/// `--record NAME=DIR`: every NAME an export, each recorded once.
+fn record_plan(flags: &[String], exports: &[(ExportSpec, bool)]) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut v: Vec<(String, PathBuf)> = Vec::new();
+    for f in flags {
+        let (name, dir) = f.split_once('=').filter(|(n, d)| !n.is_empty() && !d.is_empty()).ok_or_else(|| anyhow::anyhow!("--record {f}: expected NAME=DIR"))?;
+        if !exports.iter().any(|(s, _)| s.name == name) {
+            let known: Vec<&str> = exports.iter().map(|(s, _)| s.name.as_str()).collect();
+            anyhow::bail!("--record {name}: no such export (exports: {})", known.join(", "));
+        }
+        anyhow::ensure!(!v.iter().any(|(n, _)| n == name), "--record {name}: given twice");
+        v.push((name.to_string(), PathBuf::from(dir)));
+    }
+    Ok(v)
+}
+
+fn record_limits(max: &str) -> anyhow::Result<surge_trace::Limits> {
+    let max_bytes = surge_block::units::parse_size(max).map_err(|e| anyhow::anyhow!("--record-max-size {max}: {e}"))?;
+    anyhow::ensure!(max_bytes >= 1 << 20, "--record-max-size {max}: at least 1MiB");
+    // Four segments or more, so rotation deletes a quarter at a time at most.
+    Ok(surge_trace::Limits { segment_bytes: (max_bytes / 4).min(64 << 20), max_bytes })
 }
 
 /// Flags over the `[coop]` table; nothing without a listen address.
@@ -479,6 +516,7 @@ struct Prepared {
     export: Export,
     control: Arc<ExportControl>,
     extra: Vec<Arc<dyn Controllable>>,
+    recorder: Option<Arc<surge_trace::Recorder>>,
 }
 
 /// `--dry-run`: the plan of every export on the daemon's provider (stack::dryrun).
@@ -513,11 +551,20 @@ fn prepare(
     ctx: &BuildContext,
     server: &ServerCell,
     metrics: Option<&crate::metrics::Metrics>,
+    record: Option<(&Path, surge_trace::Limits)>,
 ) -> anyhow::Result<Prepared> {
     let built = stack::build(spec, ctx).with_context(|| format!("export {}", spec.name))?;
+    let (dev, recorder) = match record {
+        Some((dir, limits)) => {
+            let (dev, r) = surge_trace::record::recorded(built.dev, &spec.name, dir, limits).with_context(|| format!("--record {}", spec.name))?;
+            tracing::info!(export = %spec.name, dir = %dir.display(), "recording requests");
+            (dev, Some(r))
+        }
+        None => (built.dev, None),
+    };
     let dev = match metrics {
-        Some(m) => m.timed(&spec.name, built.dev),
-        None => built.dev,
+        Some(m) => m.timed(&spec.name, dev),
+        None => dev,
     };
     let counted = Arc::new(Counted::new(dev));
     let read_only = read_only || counted.caps().read_only;
@@ -543,7 +590,7 @@ fn prepare(
         counted,
         server: server.clone(),
     });
-    Ok(Prepared { export, control, extra: built.controls })
+    Ok(Prepared { export, control, extra: built.controls, recorder })
 }
 
 /// A route whose devices count in the export's counters.
@@ -605,10 +652,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let prepared: Vec<Prepared> = plan
         .exports
         .iter()
-        .map(|(s, ro)| prepare(s, *ro, allow_of(&s.name), &ctx, &cell, metrics.as_ref()))
+        .map(|(s, ro)| {
+            let rec = plan.record.iter().find(|(n, _)| *n == s.name).map(|(_, d)| (d.as_path(), plan.record_limits));
+            prepare(s, *ro, allow_of(&s.name), &ctx, &cell, metrics.as_ref(), rec)
+        })
         .collect::<anyhow::Result<_>>()?;
 
     let mut exports = Vec::new();
+    let recorders: Vec<_> = prepared.iter().filter_map(|p| p.recorder.clone()).collect();
     for p in prepared {
         registry.register(p.control.clone())?;
         for c in p.extra {
@@ -697,7 +748,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     drop(metrics_server);
     drop(control);
     drop(coop);
-    shutdown(&cell).context("shutting down")?;
+    let done = shutdown(&cell).context("shutting down");
+    // After the last request: close each trace (queued records written).
+    for r in &recorders {
+        r.stop();
+        let st = r.stats();
+        tracing::info!(dir = %r.dir().display(), recorded = st.recorded, dropped = st.dropped, "recording closed");
+    }
+    done?;
     Ok(())
 }
 
@@ -916,6 +974,24 @@ mod tests {
         assert!(p.exports[0].1);
         let e = plan(args(&["--data-dir", "/d", "--export", "a=memory:1M", "--read-only", "b"])).unwrap_err();
         assert!(e.to_string().contains("no such export") && e.to_string().contains("a"), "{e}");
+    }
+
+    #[test]
+    fn record_must_name_an_export_once_with_a_sane_bound() {
+        let p = plan(args(&["--data-dir", "/d", "--export", "a=memory:1M", "--record", "a=/t/a", "--record-max-size", "64MiB"])).unwrap();
+        assert_eq!(p.record, vec![("a".to_string(), PathBuf::from("/t/a"))]);
+        assert_eq!(p.record_limits, surge_trace::Limits { segment_bytes: 16 << 20, max_bytes: 64 << 20 });
+        for (bad, why) in [
+            (vec!["--record", "b=/t/b"], "no such export"),
+            (vec!["--record", "a"], "NAME=DIR"),
+            (vec!["--record", "a=/x", "--record", "a=/y"], "twice"),
+            (vec!["--record", "a=/x", "--record-max-size", "4KiB"], "at least 1MiB"),
+        ] {
+            let mut a = vec!["--data-dir", "/d", "--export", "a=memory:1M"];
+            a.extend(bad);
+            let e = plan(args(&a)).unwrap_err().to_string();
+            assert!(e.contains(why), "{a:?}: {e}");
+        }
     }
 
     #[test]

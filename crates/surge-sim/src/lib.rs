@@ -1,0 +1,24 @@
+//! The simulation engine: replays a block I/O trace ([`surge_trace`]) on
+//! virtual time through the real device-model layer of `surge-block`
+//! ([`surge_block::model::ModelDev`], with the instance's EBS limits as its
+//! shared `Link`), and prices each run with `surge-cloud`'s price table.
+//!
+//! - [`clock`]: [`clock::ReplayClock`], the event-driven virtual clock a replay
+//!   runs the layers on.
+//! - [`replay`]: one trace on one device stack: completion time and timeline.
+//! - [`candidates`]: the configurations worth trying for a trace, sized from
+//!   its demand (gp2, gp3 with chosen IOPS/MB/s, io2, st1, sc1).
+//! - [`plan`]: every candidate replayed and priced, a recommendation, and what
+//!   is not simulated yet (listed, never guessed).
+//! - [`plot`]: the recommended candidate's timeline as SVG.
+//!
+//! It depends on no network code and not on the `surge` binary.
+
+pub mod candidates;
+pub mod clock;
+pub mod plan;
+pub mod plot;
+pub mod replay;
+
+pub use plan::{plan_workload, Objective, PlanOptions, WorkloadPlan};
+pub use replay::{replay, ReplayOptions, ReplayResult};

@@ -1,0 +1,297 @@
+//! `surge plan workload`: every candidate replayed and priced, one recommended.
+//!
+//! Per candidate: the replay's completion time (the run on that volume
+//! behind the instance's EBS limits), storage dollars (the volume's list
+//! price for the run, billed per second with the 60 s minimum, as the cost
+//! meter bills), compute dollars (the instance for the run, same billing),
+//! and with `--value-per-hour` what the run's time is worth to the user. The
+//! recommendation is the cheapest total among the candidates that meet the
+//! deadline (relative: a multiple of the fastest candidate's time; or
+//! absolute).
+
+use crate::candidates::{self, Candidate, Demand, NotSimulated};
+use crate::clock::ReplayClock;
+use crate::replay::{replay, NullDev, ReplayOptions, ReplayResult};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Duration;
+use surge_block::model::{ModelDev, Scheduler};
+use surge_cloud::PriceTable;
+use surge_trace::Trace;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("{0}")]
+    Price(#[from] surge_cloud::cost::PriceError),
+    #[error("candidate {name}: {why}")]
+    Candidate { name: String, why: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Deadline {
+    /// At most this multiple of the fastest candidate's completion time.
+    Relative(f64),
+    Absolute(#[serde(with = "secs")] Duration),
+}
+
+mod secs {
+    pub fn serialize<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+impl std::str::FromStr for Deadline {
+    type Err = String;
+    /// `1.05x` (relative) or a duration (`90s`, `2h`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(x) = s.strip_suffix('x') {
+            let f: f64 = x.parse().map_err(|_| format!("deadline {s:?}: expected e.g. 1.05x or 90s"))?;
+            if !(f.is_finite() && f >= 1.0) {
+                return Err(format!("deadline {s:?}: a multiple of the fastest time must be at least 1x"));
+            }
+            return Ok(Deadline::Relative(f));
+        }
+        surge_block::units::parse_duration(s).map(Deadline::Absolute).map_err(|e| format!("deadline {s:?}: {e} (or a multiple such as 1.05x)"))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    pub instance: String,
+    pub deadline: Option<Deadline>,
+    /// What an hour of the run's time is worth (added to its cost).
+    pub value_per_hour: Option<f64>,
+    /// Requests in flight at most (default: the most the recording saw, at least 32).
+    pub qd: Option<usize>,
+    /// Capacity the volume needs at least (default: the trace's footprint).
+    pub capacity: u64,
+    /// The export name in the spec printed for the recommendation.
+    pub export: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub enum Objective {
+    Cheapest,
+    Deadline(Deadline),
+    ValuePerHour(f64),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub name: String,
+    /// The volume spec (`surge serve --export NAME=SPEC`).
+    pub spec: Option<String>,
+    pub sized: String,
+    pub simulated: bool,
+    pub completion_s: Option<f64>,
+    pub storage_usd: Option<f64>,
+    pub compute_usd: Option<f64>,
+    /// `--value-per-hour` x the run's hours.
+    pub time_value_usd: Option<f64>,
+    pub total_usd: Option<f64>,
+    pub meets_deadline: Option<bool>,
+    pub why_lost: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayResult>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadPlan {
+    pub trace: String,
+    pub aggregate: bool,
+    pub note: String,
+    pub requests: u64,
+    pub trace_duration_s: f64,
+    pub demand: Demand,
+    pub qd: usize,
+    pub instance: String,
+    pub instance_usd_hour: f64,
+    pub objective: Objective,
+    pub deadline_s: Option<f64>,
+    pub rows: Vec<Row>,
+    pub recommended: Option<usize>,
+    /// `surge serve` flags that would run the recommendation.
+    pub serve_args: Option<String>,
+    pub prices: String,
+}
+
+/// Requests in flight at most, unless the recording saw more or `--qd` says.
+pub const DEFAULT_QD: usize = 32;
+
+fn run_one(t: &Trace, c: &Candidate, link_shape: surge_block::model::Shape, qd: usize) -> Result<ReplayResult, PlanError> {
+    let err = |why: String| PlanError::Candidate { name: c.name.clone(), why };
+    let shape = c.spec.shape().map_err(|e| err(e.to_string()))?;
+    let clock = Arc::new(ReplayClock::new());
+    let link = Arc::new(parking_lot::Mutex::new(Scheduler::new(link_shape, Duration::ZERO)));
+    // The same layer `surge serve` puts under a volume export, on replay time.
+    let dev = ModelDev::new(Arc::new(NullDev(c.spec.size)), clock.clone(), shape).with_link(Some(link));
+    replay(t, &dev, &clock, &ReplayOptions { qd }).map_err(|e| err(format!("replay: {e}")))
+}
+
+fn billed_usd(prices: &PriceTable, usd_hour: f64, ns: u64) -> f64 {
+    prices.billed_seconds(ns, prices.minimum_seconds) as f64 / 3600.0 * usd_hour
+}
+
+pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<WorkloadPlan, PlanError> {
+    if t.records.is_empty() {
+        return Err(PlanError::Invalid("the trace has no requests".into()));
+    }
+    let ebs = prices.instance_ebs(&o.instance)?;
+    let usd_hour = prices.instance_usd_hour(&o.instance, 1)?;
+    let summary = surge_trace::summary::summarize(t);
+    // What the recording saw in flight is a lower bound (a fast device finishes
+    // a request before the next arrives), so the default is at least 32.
+    let qd = o.qd.unwrap_or((summary.max_in_flight as usize).max(DEFAULT_QD)).max(1);
+    let demand = candidates::demand(t, o.capacity);
+    let cands = candidates::static_candidates(&demand);
+    let mut rows = Vec::new();
+    for c in &cands {
+        let r = run_one(t, c, ebs.shape(), qd)?;
+        let ns = r.completion_ns.max(1);
+        let storage = prices.usd_month(&c.spec) * prices.billed_seconds(ns, prices.minimum_seconds) as f64 / prices.seconds_per_month as f64;
+        let compute = billed_usd(prices, usd_hour, ns);
+        let value = o.value_per_hour.map(|v| v * ns as f64 / 3.6e12);
+        rows.push(Row {
+            name: c.name.clone(),
+            spec: Some(c.spec.to_string()),
+            sized: c.sized.clone(),
+            simulated: true,
+            completion_s: Some(ns as f64 / 1e9),
+            storage_usd: Some(storage),
+            compute_usd: Some(compute),
+            time_value_usd: value,
+            total_usd: Some(storage + compute + value.unwrap_or(0.0)),
+            meets_deadline: None,
+            why_lost: None,
+            replay: Some(r),
+        });
+    }
+    let fastest = rows.iter().filter_map(|r| r.completion_s).fold(f64::INFINITY, f64::min);
+    let deadline_s = o.deadline.map(|d| match d {
+        Deadline::Relative(x) => fastest * x,
+        Deadline::Absolute(d) => d.as_secs_f64(),
+    });
+    for r in rows.iter_mut() {
+        r.meets_deadline = Some(deadline_s.is_none_or(|d| r.completion_s.unwrap_or(f64::INFINITY) <= d * (1.0 + 1e-9)));
+    }
+    let recommended = rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.meets_deadline == Some(true))
+        .min_by(|a, b| a.1.total_usd.partial_cmp(&b.1.total_usd).expect("finite dollars"))
+        .map(|(i, _)| i);
+    explain(&mut rows, recommended, deadline_s);
+    for n in candidates::NOT_SIMULATED {
+        rows.push(not_simulated(n));
+    }
+    let objective = match (o.deadline, o.value_per_hour) {
+        (Some(d), _) => Objective::Deadline(d),
+        (None, Some(v)) => Objective::ValuePerHour(v),
+        _ => Objective::Cheapest,
+    };
+    let serve_args = recommended.map(|i| format!("--export {}={} --local-instance {}", o.export, rows[i].spec.as_deref().unwrap_or(""), o.instance));
+    Ok(WorkloadPlan {
+        trace: t.header.name.clone(),
+        aggregate: t.header.aggregate,
+        note: t.header.note.clone(),
+        requests: t.records.len() as u64,
+        trace_duration_s: t.span_ns() as f64 / 1e9,
+        demand,
+        qd,
+        instance: o.instance.clone(),
+        instance_usd_hour: usd_hour,
+        objective,
+        deadline_s,
+        rows,
+        recommended,
+        serve_args,
+        prices: format!("{} ({}, {})", prices.source, prices.region, prices.date),
+    })
+}
+
+fn explain(rows: &mut [Row], rec: Option<usize>, deadline_s: Option<f64>) {
+    let best = rec.map(|i| (rows[i].name.clone(), rows[i].total_usd.unwrap_or(0.0)));
+    for (i, r) in rows.iter_mut().enumerate() {
+        if Some(i) == rec {
+            continue;
+        }
+        let c = r.completion_s.unwrap_or(0.0);
+        r.why_lost = Some(match (r.meets_deadline, &best, deadline_s) {
+            (Some(false), _, Some(d)) => format!("misses the deadline: {c:.1} s > {d:.1} s"),
+            (_, Some((name, usd)), _) => {
+                let more = r.total_usd.unwrap_or(0.0) - usd;
+                format!("${more:.6} more than {name} ({:+.1} %)", if *usd > 0.0 { more / usd * 100.0 } else { 0.0 })
+            }
+            _ => "no candidate meets the deadline".into(),
+        });
+    }
+}
+
+fn not_simulated(n: &NotSimulated) -> Row {
+    Row {
+        name: n.name.to_string(),
+        spec: None,
+        sized: String::new(),
+        simulated: false,
+        completion_s: None,
+        storage_usd: None,
+        compute_usd: None,
+        time_value_usd: None,
+        total_usd: None,
+        meets_deadline: None,
+        why_lost: Some(format!("not simulated yet: {}", n.why)),
+        replay: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use surge_trace::{Header, Op, Rec, Source};
+
+    fn trace(recs: Vec<Rec>) -> Trace {
+        Trace::from_records(Header::new(Source::SurgeRecord, "t"), recs)
+    }
+
+    fn opts() -> PlanOptions {
+        PlanOptions { instance: "m5.2xlarge".into(), deadline: Some(Deadline::Relative(1.05)), value_per_hour: None, qd: Some(32), capacity: 0, export: "app".into() }
+    }
+
+    fn recommended(p: &WorkloadPlan) -> &Row {
+        &p.rows[p.recommended.expect("a recommendation")]
+    }
+
+    #[test]
+    fn random_4k_heavy_work_gets_an_iops_capable_ssd_not_st1() {
+        // 8,000 random 4 KiB reads a second for 20 s over 200 GiB.
+        let recs = (0..160_000u64).map(|i| Rec { t_ns: i * 125_000, op: if i % 4 == 0 { Op::Write } else { Op::Read }, offset: (i * 2_654_435_761 % 52_428_800) * 4096, len: 4096, fua: false, dur_ns: 0 }).collect();
+        let p = plan_workload(&trace(recs), &opts(), &PriceTable::default()).unwrap();
+        let r = recommended(&p);
+        assert!(!r.spec.as_ref().unwrap().starts_with("st1") && !r.spec.as_ref().unwrap().starts_with("sc1"), "{r:?}");
+        let st1 = p.rows.iter().find(|r| r.name == "st1").unwrap();
+        assert_eq!(st1.meets_deadline, Some(false), "st1 serves 500 IOPS: {st1:?}");
+        assert!(r.completion_s.unwrap() <= p.deadline_s.unwrap());
+        assert!(p.rows.iter().any(|r| !r.simulated && r.why_lost.as_deref().unwrap().starts_with("not simulated yet")));
+    }
+
+    #[test]
+    fn large_sequential_work_does_not_pick_io2() {
+        // 1 MiB sequential reads at 200 MiB/s for 60 s over 12 GiB.
+        let recs = (0..12_000u64).map(|i| Rec { t_ns: i * 5_000_000, op: Op::Read, offset: i << 20, len: 1 << 20, fua: false, dur_ns: 0 }).collect();
+        let p = plan_workload(&trace(recs), &opts(), &PriceTable::default()).unwrap();
+        let r = recommended(&p);
+        assert!(!r.spec.as_ref().unwrap().starts_with("io2"), "{r:?}");
+        let io2 = p.rows.iter().find(|r| r.name == "io2").unwrap();
+        assert!(io2.total_usd.unwrap() > r.total_usd.unwrap());
+    }
+
+    #[test]
+    fn deadlines_parse() {
+        assert_eq!("1.05x".parse::<Deadline>().unwrap(), Deadline::Relative(1.05));
+        assert_eq!("90s".parse::<Deadline>().unwrap(), Deadline::Absolute(Duration::from_secs(90)));
+        assert!("0.5x".parse::<Deadline>().is_err());
+        assert!("soon".parse::<Deadline>().is_err());
+    }
+}

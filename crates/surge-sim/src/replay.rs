@@ -1,0 +1,171 @@
+//! Replaying a trace on a device stack.
+//!
+//! The application model: requests keep the trace's order and the time
+//! between them, with at most `qd` in flight. A request is submitted at its
+//! trace time plus the lag so far; when `qd` are in flight it waits for the
+//! first to complete, and that wait becomes lag for everything after it (the
+//! application runs late, as a real one behind a slow volume does). A flush
+//! waits for every request in flight (a barrier) and then runs. So on a volume
+//! that keeps up the replay takes the trace's own duration, and on a slower
+//! one it takes longer by what the volume held it back.
+
+use crate::clock::ReplayClock;
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use surge_block::{BlockDev, BlockError, ZeroMode};
+use surge_trace::{Op, Trace};
+
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayOptions {
+    /// Requests in flight at most.
+    pub qd: usize,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ReplayResult {
+    /// From the first submission to the last completion.
+    pub completion_ns: u64,
+    pub requests: u64,
+    /// Mean time from submission to completion.
+    pub mean_latency_us: f64,
+    /// How late the last request was submitted against the trace.
+    pub final_lag_ns: u64,
+    /// Bytes completed in each second of the replay (reads + writes).
+    pub bytes_per_second: Vec<u64>,
+}
+
+/// A leaf that stores nothing: the replay needs the layers' timing, not the bytes.
+pub struct NullDev(pub u64);
+
+impl BlockDev for NullDev {
+    fn size(&self) -> u64 {
+        self.0
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        surge_block::check_range(self.0, offset, buf.len() as u64)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> surge_block::Result<()> {
+        surge_block::check_range(self.0, offset, buf.len() as u64)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        Ok(())
+    }
+}
+
+/// Replay `trace` on `dev`, whose layers run on `clock`.
+pub fn replay(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &ReplayOptions) -> Result<ReplayResult, BlockError> {
+    let qd = o.qd.max(1);
+    let mut inflight: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
+    let mut latest = 0u64; // latest completion so far
+    let t0 = trace.records.first().map_or(0, |r| r.t_ns);
+    let (mut lag, mut lat_sum, mut n) = (0u64, 0u128, 0u64);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut per_s: Vec<u64> = Vec::new();
+    for r in &trace.records {
+        let want = r.t_ns - t0 + lag;
+        while inflight.peek().is_some_and(|Reverse(d)| *d <= want) {
+            inflight.pop();
+        }
+        let mut issue = want;
+        if inflight.len() >= qd {
+            let Reverse(first) = inflight.pop().expect("full");
+            issue = issue.max(first);
+        }
+        if r.op == Op::Flush {
+            issue = issue.max(latest);
+            inflight.clear();
+        }
+        lag = issue - (r.t_ns - t0);
+        clock.submit_at(issue);
+        match r.op {
+            Op::Read | Op::Write => {
+                let len = usize::try_from(r.len).map_err(|_| BlockError::OutOfRange { offset: r.offset, len: r.len, size: dev.size() })?;
+                if buf.len() < len {
+                    buf.resize(len, 0);
+                }
+                if r.op == Op::Read {
+                    dev.read_at(&mut buf[..len], r.offset)?
+                } else {
+                    dev.write_at(&buf[..len], r.offset, r.fua)?
+                }
+            }
+            Op::Zero => dev.write_zeroes(r.offset, r.len, ZeroMode::default())?,
+            Op::Trim => dev.discard(r.offset, r.len)?,
+            Op::Flush => dev.flush()?,
+            Op::Dropped => continue,
+        }
+        let done = clock.completion_ns();
+        latest = latest.max(done);
+        if r.op != Op::Flush {
+            inflight.push(Reverse(done));
+        }
+        lat_sum += (done - issue) as u128;
+        n += 1;
+        if r.op.moves_data() {
+            let s = (done / 1_000_000_000) as usize;
+            if per_s.len() <= s {
+                per_s.resize(s + 1, 0);
+            }
+            per_s[s] += r.len;
+        }
+    }
+    Ok(ReplayResult {
+        completion_ns: latest,
+        requests: n,
+        mean_latency_us: if n == 0 { 0.0 } else { lat_sum as f64 / n as f64 / 1e3 },
+        final_lag_ns: lag,
+        bytes_per_second: per_s,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use surge_block::model::{ModelDev, VolumeModel, GIB, KIB};
+    use surge_trace::{Header, Rec, Source};
+
+    fn reads(n: u64, gap_ns: u64, len: u64) -> Trace {
+        let recs = (0..n).map(|i| Rec { t_ns: i * gap_ns, op: Op::Read, offset: (i * 7919 % 10_000) * len, len, fua: false, dur_ns: 0 }).collect();
+        Trace::from_records(Header::new(Source::SurgeRecord, "t"), recs)
+    }
+
+    fn run(t: &Trace, model: VolumeModel, size: u64, qd: usize) -> ReplayResult {
+        let clock = Arc::new(ReplayClock::new());
+        let dev = ModelDev::new(Arc::new(NullDev(size)), clock.clone(), model.shape(size).unwrap());
+        replay(t, &dev, &clock, &ReplayOptions { qd }).unwrap()
+    }
+
+    #[test]
+    fn a_volume_that_keeps_up_takes_the_traces_time() {
+        // 1,000 IOPS of 4 KiB for 10 s: gp3's 3,000 IOPS keeps up.
+        let t = reads(10_000, 1_000_000, 4 * KIB);
+        let r = run(&t, VolumeModel::Gp3 { iops: None, throughput: None }, 100 * GIB, 32);
+        assert!((r.completion_ns as f64 / 1e9 - 10.0).abs() < 0.01, "{r:?}");
+    }
+
+    #[test]
+    fn a_slower_volume_stretches_the_run_by_its_rate() {
+        // 30,000 random 4 KiB reads as fast as possible at QD32.
+        let t = reads(30_000, 0, 4 * KIB);
+        // gp3 at 3,000 IOPS: 10 s; io2 at 30,000: 1 s; st1 at 500 IOPS (every I/O counts as 1 MiB): >= 60 s.
+        let g = run(&t, VolumeModel::Gp3 { iops: None, throughput: None }, 100 * GIB, 32).completion_ns as f64 / 1e9;
+        let i = run(&t, VolumeModel::Io2 { iops: 30_000 }, 100 * GIB, 32).completion_ns as f64 / 1e9;
+        let s = run(&t, VolumeModel::St1, 500 * GIB, 32).completion_ns as f64 / 1e9;
+        assert!((g - 10.0).abs() < 0.05, "gp3 {g}");
+        assert!((i - 1.0).abs() < 0.05, "io2 {i}");
+        assert!(s > 60.0, "st1 {s}");
+    }
+
+    #[test]
+    fn queue_depth_one_serializes() {
+        // QD1 on a model with 1 ms latency: 100 reads take 100 ms.
+        let t = reads(100, 0, 4 * KIB);
+        let clock = Arc::new(ReplayClock::new());
+        let shape = surge_block::model::with_latency(VolumeModel::Gp3 { iops: None, throughput: None }.shape(10 * GIB).unwrap(), std::time::Duration::from_millis(1));
+        let dev = ModelDev::new(Arc::new(NullDev(10 * GIB)), clock.clone(), shape);
+        let r = replay(&t, &dev, &clock, &ReplayOptions { qd: 1 }).unwrap();
+        assert!((r.completion_ns as f64 / 1e6 - 100.0).abs() < 1.0, "{r:?}");
+    }
+}

@@ -1,0 +1,140 @@
+//! Recording through `surge serve` with a real client (qemu-io over NBD),
+//! reading the trace back, importing blkparse text, and planning on both.
+
+mod common;
+use common::*;
+use std::process::Command;
+use std::time::Duration;
+use surge_trace::{Op, Trace};
+
+fn qemu_io(uri: &str, cmds: &[&str]) {
+    let mut c = Command::new(require("qemu-io", "qemu-utils"));
+    // Writeback: plain writes carry no FUA, so `write -f` is told apart.
+    c.args(["-f", "raw", "-t", "writeback"]);
+    for cmd in cmds {
+        c.arg("-c").arg(cmd);
+    }
+    run_ok(c.arg(uri));
+}
+
+/// `want` appears in `got` in order (a client may add requests of its own, e.g. a flush at close).
+fn in_order(got: &[(Op, u64, u64, bool)], want: &[(Op, u64, u64, bool)]) -> bool {
+    let mut it = got.iter();
+    want.iter().all(|w| it.any(|g| g == w))
+}
+
+fn plan_json(trace: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    let out = run_ok(Command::new(SURGE).args(["plan", "workload", "--trace"]).arg(trace).args(["--json", "--instance", "m5.2xlarge"]).args(extra));
+    serde_json::from_slice(&out.stdout).expect("plan JSON")
+}
+
+#[test]
+fn a_recorded_export_holds_what_qemu_io_sent_and_plans() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec");
+    let rec_s = format!("d={}", rec.display());
+    let mut s = Surge::start(&["--export", "d=file:d.img,create=64MiB", "--export", "other=memory:8MiB", "--record", &rec_s]);
+    let uri = s.uri("d");
+    qemu_io(&uri, &["write -P 1 0 64k", "write -f -P 2 1M 4k", "read -P 1 0 64k", "read 2M 128k", "flush", "discard 4M 64k", "write -z 8M 1M"]);
+    qemu_io(&s.uri("other"), &["write -P 3 0 4k"]);
+    s.signal(libc::SIGTERM);
+    assert!(s.wait(Duration::from_secs(30)).success(), "{}", s.logs());
+
+    let t = Trace::open(&rec).unwrap();
+    assert!(!t.truncated && t.dropped == 0, "a clean stop closes the trace: {t:?}");
+    assert_eq!(t.header.name, "d");
+    assert_eq!(t.header.device_size, 64 << 20);
+    let got: Vec<(Op, u64, u64, bool)> = t.records.iter().map(|r| (r.op, r.offset, r.len, r.fua)).collect();
+    let want = [
+        (Op::Write, 0, 65536, false),
+        (Op::Write, 1 << 20, 4096, true),
+        (Op::Read, 0, 65536, false),
+        (Op::Read, 2 << 20, 131072, false),
+        (Op::Flush, 0, 0, false),
+        (Op::Trim, 4 << 20, 65536, false),
+        (Op::Zero, 8 << 20, 1 << 20, false),
+    ];
+    assert!(in_order(&got, &want), "trace {got:?}\nmissing or out of order: {want:?}");
+    assert!(!got.contains(&(Op::Write, 0, 4096, false)), "the other export's write is not in d's trace: {got:?}");
+    assert!(t.records.windows(2).all(|w| w[0].t_ns <= w[1].t_ns));
+
+    let show = run_ok(Command::new(SURGE).args(["trace", "show"]).arg(&rec).arg("--svg").arg(dir.path().join("p.svg")));
+    let show = text(&show.stdout);
+    assert!(show.contains("writes") && show.contains("sequential"), "{show}");
+    let svg = std::fs::read_to_string(dir.path().join("p.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("polyline"), "an SVG with lines");
+
+    let svg = dir.path().join("plan.svg");
+    let p = plan_json(&rec, &["--deadline", "1.05x", "--svg", svg.to_str().unwrap()]);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("polyline"), "the timeline SVG has lines");
+    let rows = p["rows"].as_array().unwrap();
+    let rec_i = p["recommended"].as_u64().expect("a recommendation") as usize;
+    assert!(rows[rec_i]["simulated"].as_bool().unwrap());
+    assert!(p["serve_args"].as_str().unwrap().starts_with("--export app="));
+    assert!(rows.iter().any(|r| r["why_lost"].as_str().is_some_and(|w| w.starts_with("not simulated yet"))));
+    for k in ["gp2", "gp3", "io2", "st1"] {
+        assert!(rows.iter().any(|r| r["name"] == k && r["completion_s"].as_f64().is_some()), "{k} simulated");
+    }
+}
+
+#[test]
+fn an_imported_blkparse_sample_plans_and_bad_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bp");
+    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/blkparse-sample.txt");
+    run_ok(Command::new(SURGE).args(["trace", "import", "--format", "blkparse", sample, "--out"]).arg(&out));
+    let t = Trace::open(&out).unwrap();
+    // 5 reads, 3 writes (one FUA, after a preflush), 2 flushes: the Q events.
+    assert_eq!(t.records.iter().filter(|r| r.op == Op::Read).count(), 5);
+    assert_eq!(t.records.iter().filter(|r| r.op == Op::Write).count(), 3);
+    assert_eq!(t.records.iter().filter(|r| r.op == Op::Flush).count(), 2);
+    assert!(t.records.iter().any(|r| r.op == Op::Write && r.fua && r.offset == 4194304 * 512));
+    let p = plan_json(&out, &[]);
+    assert!(p["recommended"].as_u64().is_some());
+
+    // Importing over an existing trace, or malformed text, fails with a reason.
+    let again = run(Command::new(SURGE).args(["trace", "import", "--format", "blkparse", sample, "--out"]).arg(&out));
+    assert!(!again.status.success() && text(&again.stderr).contains("already holds a trace"), "{}", text(&again.stderr));
+    let bad = dir.path().join("bad.txt");
+    std::fs::write(&bad, "8,0 1 1 0.1 5 Q R 12 + x [a]\n").unwrap();
+    let e = run(Command::new(SURGE).args(["trace", "import", "--format", "blkparse"]).arg(&bad).arg("--out").arg(dir.path().join("x")));
+    assert!(!e.status.success() && text(&e.stderr).contains("line 1"), "{}", text(&e.stderr));
+}
+
+/// fio through a recorded export, then a plan on the recording.
+fn record_fio(rw: &str, bs: &str, qd: &str, size: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let fio = require("fio", "fio");
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec");
+    let rec_s = format!("d={}", rec.display());
+    let mut s = Surge::start(&["--export", "d=memory:1GiB", "--record", &rec_s]);
+    run_ok(Command::new(fio).args(["--name=app", "--ioengine=nbd", &format!("--uri={}", s.uri("d")), &format!("--rw={rw}"), &format!("--bs={bs}"), &format!("--iodepth={qd}"), &format!("--size={size}"), "--runtime=2", "--time_based", "--rate_iops=20000", "--output=/dev/null"]));
+    s.signal(libc::SIGTERM);
+    assert!(s.wait(Duration::from_secs(30)).success(), "{}", s.logs());
+    (dir, rec)
+}
+
+fn recommended_spec(p: &serde_json::Value) -> String {
+    let i = p["recommended"].as_u64().expect("a recommendation") as usize;
+    p["rows"][i]["spec"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_recorded_random_4k_fio_run_is_not_given_st1_and_a_sequential_one_not_io2() {
+    // Random 4 KiB reads at up to 20,000 IOPS: st1 (500 IOPS) cannot keep up.
+    let (_d, rec) = record_fio("randread", "4k", "32", "1g");
+    let t = Trace::open(&rec).unwrap();
+    let reads = t.records.iter().filter(|r| r.op == Op::Read && r.len == 4096).count();
+    assert!(reads > 5_000 && t.records.iter().all(|r| r.op == Op::Flush || (r.op == Op::Read && r.len == 4096)), "{reads} reads of {}", t.records.len());
+    let p = plan_json(&rec, &["--deadline", "1.05x"]);
+    let spec = recommended_spec(&p);
+    assert!(!spec.starts_with("st1") && !spec.starts_with("sc1"), "{spec}");
+    let st1 = p["rows"].as_array().unwrap().iter().find(|r| r["name"] == "st1").unwrap();
+    assert_eq!(st1["meets_deadline"], false, "{st1}");
+
+    // 1 MiB sequential reads: throughput, not IOPS; io2 is never the cheapest.
+    let (_d, rec) = record_fio("read", "1m", "4", "1g");
+    let p = plan_json(&rec, &["--deadline", "1.05x"]);
+    let spec = recommended_spec(&p);
+    assert!(!spec.starts_with("io2"), "{spec}");
+}
