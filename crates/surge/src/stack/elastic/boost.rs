@@ -333,6 +333,15 @@ impl ElasticVolume {
         }
     }
 
+    /// The backing's capacity now (its credits may have run out).
+    pub(super) fn boost_backing(&self, bytes_per_s: f64, ops_per_s: Option<f64>) {
+        if let Some(b) = &self.booster {
+            let mut b = b.lock();
+            b.backing_bw = bytes_per_s;
+            b.backing_iops = ops_per_s;
+        }
+    }
+
     pub(super) fn boost_released(&self) {
         if let Some(b) = &self.booster {
             b.lock().released();
@@ -474,6 +483,8 @@ mod tests {
             fences: Some(dir.join("v.fences.json")),
             faults: Default::default(),
             scale: Default::default(),
+            background_provision: false,
+            credit_horizon: super::super::CREDIT_HORIZON,
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         (clock, prov, v)
