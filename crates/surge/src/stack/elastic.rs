@@ -259,6 +259,8 @@ impl ElasticVolume {
         let backing_io = Arc::new(Counted::new(backing_dev));
         let prefix = format!("{}-cache-", p.name);
         let mut leftovers: Vec<_> = vols.iter().filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&prefix))).collect();
+        // New cache volumes are numbered after every leftover (names are unique).
+        let next_seq = leftovers.iter().filter_map(|v| v.name.as_deref()?.strip_prefix(&prefix)?.parse::<u64>().ok()).max().map_or(0, |n| n + 1);
         leftovers.sort_by_key(|v| v.created_unix_ms);
         let record = fences.get();
         let mut doomed: Vec<String> = record.fenced_labels().into_iter().filter(|l| leftovers.iter().any(|v| &v.id == l)).collect();
@@ -334,7 +336,7 @@ impl ElasticVolume {
             next_spec: Mutex::new(None),
             log: Mutex::new(Bounded::new(LOG_CAP)),
             sizes: Mutex::new(Bounded::new(LOG_CAP)),
-            cache_seq: AtomicU64::new(0),
+            cache_seq: AtomicU64::new(next_seq),
             stop: Arc::new(AtomicBool::new(false)),
             threads: Mutex::new(Vec::new()),
             flusher: Mutex::new(None),
@@ -402,6 +404,12 @@ impl ElasticVolume {
     pub fn shutdown(&self) {
         self.stop();
         let _ = self.cache.flush();
+        // A clean cache holds nothing a restart needs: deleted, not left behind.
+        if self.cache.is_attached() && self.cache.stats().dirty_bytes == 0 {
+            if let Err(e) = self.release() {
+                tracing::warn!(export = %self.p.name, "releasing the clean cache volume at exit: {e:#}");
+            }
+        }
         let ids: Vec<String> = self.vol.lock().as_ref().map(|v| v.id.clone()).into_iter().chain([self.backing_id.clone()]).collect();
         for id in ids {
             if let Err(e) = self.provider.detach(&id) {
@@ -602,6 +610,9 @@ impl ElasticVolume {
                 let mut pol = self.policy.lock();
                 pol.observe_provision_time(now.saturating_sub(started));
                 pol.attached(now, size, obs);
+                let (attach, window) = (pol.config().attach_delay, pol.config().window);
+                drop(pol);
+                self.boost_attach_delay(attach, window);
                 if background {
                     tracing::info!(volume = %self.p.name, "cache volume attached after {:.1} s", now.saturating_sub(started).as_secs_f64());
                 }
