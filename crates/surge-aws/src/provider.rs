@@ -294,6 +294,32 @@ impl AwsProvider {
         }
     }
 
+    /// Wait for the device of `id` (attached to `inst` as `device`) and open
+    /// it. `undo`: a failure detaches the volume again (this call attached
+    /// it); a volume taken over from a previous run is left as it is.
+    fn open_attached(&self, v: &Volume, id: &str, inst: &Instance, device: &str, undo: bool) -> Result<Arc<dyn BlockDev>, CloudError> {
+        let a = Action::Attach;
+        let undo_why = |this: &Self| if undo { this.undo_attach(id, &inst.id) } else { "the volume stays attached".to_string() };
+        let want = device::Expect { volume_id: id, size_bytes: (v.size().unwrap_or(0).max(0) as u64) << 30 };
+        let path = match device::wait_for(&self.cfg.device_root, want, device, self.cfg.device_timeout, self.cfg.poll.min(Duration::from_millis(200))) {
+            Ok(p) => p,
+            Err(e) => return Err(CloudError::Remote { action: a, volume: id.into(), why: format!("{e}; {}", undo_why(self)) }),
+        };
+        let opts = FileOptions { direct: self.cfg.direct_io, read_only: false, create_size: None };
+        let dev = match FileDev::open(&path, &opts) {
+            Ok(d) => d,
+            Err(source) => {
+                tracing::error!(volume = %id, "{}", undo_why(self));
+                return Err(CloudError::Io { action: a, volume: id.into(), what: "opening device", path, source });
+            }
+        };
+        tracing::debug!(volume = %id, device = %path.display(), "attached EBS volume");
+        let file = Arc::new(dev);
+        let att = Arc::new(Attachment::new(id, file.clone()));
+        self.attached.lock().insert(id.to_string(), (att.clone(), file));
+        Ok(att)
+    }
+
     /// BurstBalance (percent) of the last 10 minutes from CloudWatch, if AWS has any.
     pub fn burst_balance(&self, id: &str) -> Result<Option<f64>, CloudError> {
         Ok(self.burst_balance_point(id)?.map(|p| p.percent))
@@ -459,6 +485,16 @@ impl Provider for AwsProvider {
             return Err(CloudError::Busy { action: a, volume: id, why: "already attached by this process".into() });
         }
         let inst = self.instance(a, &id)?;
+        // Still attached to this instance but not by this process: a previous
+        // run of surge here died (SIGKILL, crash) with it attached. Its device
+        // is there; take it over instead of a detach and attach that EBS may
+        // take minutes over.
+        let here = v.attachments().iter().find(|x| x.instance_id() == Some(inst.id.as_str()) && x.state() == Some(&VolumeAttachmentState::Attached));
+        if let (Some(att), Some("in-use")) = (here, v.state().map(|s| s.as_str())) {
+            let device = att.device().unwrap_or_default().to_string();
+            tracing::warn!(volume = %id, %device, "volume is still attached to this instance (left by a previous run); using it");
+            return self.open_attached(&v, &id, &inst, &device, false);
+        }
         if v.state().map(|s| s.as_str()) != Some("available") {
             return Err(CloudError::Busy { action: a, volume: id, why: format!("not available ({}); detach it first", describe_state(Some(&v))) });
         }
@@ -490,28 +526,7 @@ impl Provider for AwsProvider {
             let undo = self.undo_attach(&id, &inst.id);
             return Err(CloudError::Remote { action: a, volume: id, why: format!("{why}; {undo}") });
         }
-        let want = device::Expect { volume_id: &id, size_bytes: (v.size().unwrap_or(0).max(0) as u64) << 30 };
-        let path = match device::wait_for(&self.cfg.device_root, want, &device, self.cfg.device_timeout, self.cfg.poll.min(Duration::from_millis(200))) {
-            Ok(p) => p,
-            Err(e) => {
-                let undo = self.undo_attach(&id, &inst.id);
-                return Err(CloudError::Remote { action: a, volume: id, why: format!("{e}; {undo}") });
-            }
-        };
-        let opts = FileOptions { direct: self.cfg.direct_io, read_only: false, create_size: None };
-        let dev = match FileDev::open(&path, &opts) {
-            Ok(d) => d,
-            Err(source) => {
-                let undo = self.undo_attach(&id, &inst.id);
-                tracing::error!(volume = %id, "{undo}");
-                return Err(CloudError::Io { action: a, volume: id, what: "opening device", path, source });
-            }
-        };
-        tracing::debug!(volume = %id, device = %path.display(), "attached EBS volume");
-        let file = Arc::new(dev);
-        let att = Arc::new(Attachment::new(&id, file.clone()));
-        self.attached.lock().insert(id, (att.clone(), file));
-        Ok(att)
+        self.open_attached(&v, &id, &inst, &device, true)
     }
 
     fn detach(&self, key: &str) -> Result<(), CloudError> {

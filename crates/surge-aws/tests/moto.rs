@@ -324,3 +324,23 @@ fn reserved_volumes_are_refused_with_the_aws_alternative() {
     assert!(e.contains("only on the local cloud") && e.contains("gp3"), "{e}");
     assert_eq!(r.proxy.count("CreateVolume"), 0, "refused before calling AWS");
 }
+
+/// A daemon SIGKILLed with a volume attached leaves it attached to the
+/// instance; the next run (a fresh provider) takes the attachment over and
+/// sees the data, instead of refusing the volume as "in-use".
+#[test]
+fn a_volume_left_attached_by_a_dead_process_is_taken_over() {
+    let r = rig("adopt");
+    let v = r.p.create(req("gp3:1GiB", Some("kept"))).unwrap();
+    let dev = r.p.attach(&v.id).unwrap();
+    dev.write_at(b"before the crash", 0, true).unwrap();
+    // The "restarted" process: same config, knows nothing of the attachment.
+    let next = AwsProvider::connect(r.p.config().clone()).unwrap();
+    let dev2 = next.attach("kept").unwrap();
+    let mut buf = [0u8; 16];
+    dev2.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"before the crash");
+    assert!(matches!(next.attach(&v.id), Err(CloudError::Busy { .. })), "still attached once per process");
+    next.detach(&v.id).unwrap();
+    assert_eq!(next.describe(&v.id).unwrap().state, VolumeState::Available);
+}

@@ -86,6 +86,9 @@ pub enum Action {
     Resume,
     /// Cache is clean: detach and delete it.
     Detach,
+    /// The burst ended while its cache was still being created or attached:
+    /// release that volume when it arrives, unused.
+    CancelProvision,
     /// The last detach failed (the daemon reported why); it is retried after
     /// a backoff, meanwhile the cache keeps draining (or, if it is already
     /// detached, a new one may be provisioned).
@@ -143,6 +146,8 @@ pub struct ElasticPolicy {
     used_high: u64,
     state_since: Duration,
     burst_start: Option<Duration>,
+    /// Create + attach times observed on this provider (the lead of pre-provisioning).
+    attach_est: crate::backing::AttachEstimate,
     /// Starts of bursts (utilization first above UT), for period learning.
     burst_starts: Vec<Duration>,
     /// Ends of bursts (utilization last back below UT before the drain).
@@ -177,6 +182,7 @@ impl ElasticPolicy {
         let next = round_up(cfg.initial_cache, cfg.granularity).clamp(cfg.min_cache, cfg.max_cache);
         ElasticPolicy {
             window: UtilWindow::new(cfg.window),
+            attach_est: crate::backing::AttachEstimate::new(cfg.attach_delay),
             cfg,
             state: State::Idle,
             below_since: None,
@@ -213,6 +219,24 @@ impl ElasticPolicy {
     }
     pub fn config(&self) -> &ElasticConfig {
         &self.cfg
+    }
+
+    /// What the backing provides now (from [`crate::backing::BackingCapacity`]):
+    /// utilization is measured against it from the next tick on.
+    pub fn set_backing(&mut self, bytes_per_s: f64, ops_per_s: Option<f64>) {
+        self.cfg.backing_bw = bytes_per_s;
+        self.cfg.backing_iops = ops_per_s;
+    }
+
+    /// A provisioning (create + attach) took `took` on this provider: the
+    /// pre-provisioning lead follows the running estimate of these.
+    pub fn observe_provision_time(&mut self, took: Duration) {
+        self.attach_est.observe(took);
+        self.cfg.attach_delay = self.attach_est.estimate();
+    }
+
+    pub fn attach_estimate(&self) -> &crate::backing::AttachEstimate {
+        &self.attach_est
     }
 
     fn go(&mut self, s: State, now: Duration) {
@@ -334,6 +358,7 @@ impl ElasticPolicy {
                     self.missed(now, "the burst came before the predicted time");
                 }
                 self.note_burst_start(now);
+                self.below_since = None;
                 let size = self.next_size;
                 out.push(self.decide(
                     now,
@@ -342,7 +367,36 @@ impl ElasticPolicy {
                 ));
                 self.go(State::Provisioning, now);
             }
-            State::Provisioning if above && self.burst_start.is_none() => self.note_burst_start(now),
+            State::Provisioning if above => {
+                self.below_since = None;
+                if self.burst_start.is_none() {
+                    self.note_burst_start(now);
+                }
+            }
+            // A reactive cache that has not arrived when the burst is over
+            // (below UT for ID, as a cache would start draining): not needed.
+            State::Provisioning if self.burst_start.is_some() => {
+                let since = *self.below_since.get_or_insert(now);
+                let below = now.saturating_sub(since);
+                if below >= self.cfg.inactivity_delay {
+                    self.close_burst(app_bytes);
+                    out.push(self.decide(
+                        now,
+                        Action::CancelProvision,
+                        format!(
+                            "utilization below UT {} for {:?} >= ID {:?} while the cache was still being provisioned (for {:.1} s): the burst is over, release it unused",
+                            pct(self.cfg.ut),
+                            below,
+                            self.cfg.inactivity_delay,
+                            now.saturating_sub(self.state_since).as_secs_f64()
+                        ),
+                    ));
+                    self.cache_size = 0;
+                    self.burst_start = None;
+                    self.below_since = None;
+                    self.go(State::Idle, now);
+                }
+            }
             State::Armed => {
                 if above {
                     self.predictions.0 += 1;
@@ -547,26 +601,38 @@ mod tests {
         log: Vec<Decision>,
         /// The next this many detaches fail (the cache stays attached).
         fail_detaches: u32,
+        /// Provisioning takes this long (0: at once), and the one under way.
+        attach_s: f64,
+        pending: Option<(f64, f64, u64)>,
     }
 
     impl Sim {
         fn new(cfg: ElasticConfig) -> Self {
             let mut p = ElasticPolicy::new(cfg);
             assert!(p.tick(Duration::ZERO, 0, CacheObs::default()).is_empty());
-            Sim { p, now: 0.0, bytes: 0, obs: CacheObs::default(), log: vec![], fail_detaches: 0 }
+            Sim { p, now: 0.0, bytes: 0, obs: CacheObs::default(), log: vec![], fail_detaches: 0, attach_s: 0.0, pending: None }
         }
         fn run(&mut self, secs: f64, rate: f64) {
             let end = self.now + secs;
             while self.now < end - 1e-9 {
                 self.now += 1.0;
                 self.bytes += rate as u64;
+                if let Some((due, began, size)) = self.pending.filter(|p| p.0 <= self.now + 1e-9) {
+                    let _ = due;
+                    self.pending = None;
+                    self.obs.attached = true;
+                    self.p.observe_provision_time(s(self.now - began));
+                    self.p.attached(s(self.now), size, self.obs);
+                }
                 let d = self.p.tick(s(self.now), self.bytes, self.obs);
                 for d in d {
                     match d.action {
+                        Action::Provision { size } if self.attach_s > 0.0 => self.pending = Some((self.now + self.attach_s, self.now, size)),
                         Action::Provision { size } => {
                             self.obs.attached = true;
                             self.p.attached(s(self.now), size, self.obs);
                         }
+                        Action::CancelProvision => self.pending = None,
                         Action::Detach if self.fail_detaches > 0 => {
                             self.fail_detaches -= 1;
                             self.log.push(d);
@@ -914,5 +980,64 @@ mod tests {
         sim.run(100.0, 0.0);
         assert!(sim.log.iter().any(|d| d.reason.contains("did not come")), "{:?}", sim.log);
         assert_eq!(sim.p.state(), State::Idle);
+    }
+
+    /// EBS can take minutes to attach: a burst that is over before its cache
+    /// arrives cancels it (after ID below UT, as a drain would start), and
+    /// a later burst provisions again.
+    #[test]
+    fn a_cache_still_attaching_when_the_burst_ends_is_cancelled() {
+        let mut sim = Sim::new(ElasticConfig { learn_period: false, ..ElasticConfig::default() });
+        sim.attach_s = 120.0;
+        sim.run(10.0, 100.0 * MB);
+        assert_eq!(sim.p.state(), State::Provisioning);
+        sim.run(20.0, 0.0);
+        assert_eq!(sim.p.state(), State::Provisioning, "below UT for less than ID: still wanted");
+        sim.run(20.0, 0.0);
+        let cancel = sim.log.iter().find(|d| d.action == Action::CancelProvision).expect("cancelled");
+        assert!(cancel.reason.contains("still being provisioned"), "{}", cancel.reason);
+        assert_eq!((sim.p.state(), sim.pending), (State::Idle, None));
+        // Demand returning during the attach keeps it.
+        sim.run(10.0, 100.0 * MB);
+        sim.run(20.0, 0.0);
+        sim.run(5.0, 100.0 * MB);
+        sim.run(100.0, 100.0 * MB);
+        assert_eq!(sim.p.state(), State::Boost, "{:?}", sim.actions());
+        assert_eq!(sim.log.iter().filter(|d| d.action == Action::CancelProvision).count(), 1);
+    }
+
+    /// Pre-provisioning leads by the attach times observed, not the
+    /// configured guess: with 30 s attaches (3 s configured) the cache is
+    /// asked for early enough to be there when the predicted burst starts.
+    #[test]
+    fn pre_provisioning_leads_by_the_observed_attach_time() {
+        let cfg = ElasticConfig { learn_period: true, attach_delay: s(3.0), ..ElasticConfig::default() };
+        let mut sim = Sim::new(cfg);
+        sim.attach_s = 30.0;
+        // Bursts of 60 s every 300 s: each waits 30 s for its cache.
+        for _ in 0..3 {
+            sim.run(60.0, 100.0 * MB);
+            sim.run(240.0, 0.0);
+        }
+        assert!(sim.p.attach_estimate().samples >= 3, "{:?}", sim.p.attach_estimate());
+        let lead = sim.p.config().attach_delay.as_secs_f64();
+        assert!((30.0..=60.0).contains(&lead), "estimate {lead} s from three 30 s attaches");
+        let predicted = sim.p.next_burst().unwrap().as_secs_f64();
+        sim.run(60.0, 100.0 * MB);
+        let pre = sim.log.iter().rev().find(|d| d.reason.contains("pre-provision")).expect("pre-provisioned");
+        let ahead = predicted - pre.at.as_secs_f64();
+        assert!(ahead >= 30.0 + 10.0, "asked {ahead} s ahead of the predicted burst: must cover the 30 s attach and 2 windows");
+    }
+
+    /// The backing's capacity can change (gp2 credits running out):
+    /// utilization follows what it provides now.
+    #[test]
+    fn utilization_is_measured_against_the_capacity_set_now() {
+        let mut sim = Sim::new(ElasticConfig { backing_bw: 250.0 * MB, learn_period: false, ..ElasticConfig::default() });
+        sim.run(10.0, 50.0 * MB);
+        assert!(sim.log.is_empty(), "20 % of 250 MB/s");
+        sim.p.set_backing(100.0 * MB, None);
+        sim.run(10.0, 50.0 * MB);
+        assert!(matches!(sim.log[0].action, Action::Provision { .. }), "50 % of what is left");
     }
 }

@@ -4,6 +4,7 @@
 //! Prices and volume limits come from `surge-cloud` and `surge-block` as plain
 //! data (`PriceTable`, `VolumeSpec::shape`); nothing here calls a provider.
 
+pub mod backing;
 pub mod bb_pool;
 pub mod burstable;
 pub mod credits;

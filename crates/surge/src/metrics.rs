@@ -233,6 +233,14 @@ fn collect_target(t: &TargetStatus, f: &mut Families) {
             f.counter("surge_cache_misses", "Cache misses", l.clone(), num(s, &["stats", "misses"]));
             f.counter("surge_cache_flushed_bytes", "Bytes written back to the backing volume", l.clone(), num(s, &["stats", "flushed_bytes"]));
             f.counter("surge_cache_bypassed_bytes", "Bytes written around the cache", l.clone(), num(s, &["stats", "bypassed_bytes"]));
+            // On a real cloud: provisioning failures (backing speed meanwhile),
+            // volumes whose detach or delete is being retried, attach times.
+            let failures = s.get("provision_failure").map_or(Some(0.0), |f| Some(f["attempts"].as_f64().unwrap_or(0.0)));
+            f.gauge("surge_elastic_provision_failures", "Cache provisionings failed in a row (0: the last one worked)", l.clone(), failures);
+            let doomed = s.get("volumes_to_delete").and_then(Value::as_array).map(|a| a.len() as f64);
+            f.gauge("surge_elastic_volumes_to_delete", "Cache volumes whose detach or delete is being retried", l.clone(), doomed);
+            f.gauge("surge_elastic_attach_estimate_seconds", "Expected create + attach time of a cache volume (as observed)", l.clone(), num(s, &["attach_time", "estimate_s"]));
+            f.gauge("surge_elastic_backing_capacity_bytes_per_second", "What the backing provides now (credits included)", l.clone(), num(s, &["backing_capacity", "now", "bytes_per_s"]));
             f.gauge("surge_cost_dollars", "Dollars spent so far (list prices)", l.clone(), num(s, &["cost", "usd"]));
             f.gauge("surge_cost_agbs", "Adjusted GB-seconds so far (MB/s x GiB x s)", l, num(s, &["cost", "agbs"]));
         }
@@ -462,7 +470,7 @@ mod tests {
     fn status_becomes_named_metrics() {
         let c = Control::new();
         c.register(Arc::new(Fake("d", "export", json!({"io": {"reads": 3, "read_bytes": 12288, "writes": 1, "write_bytes": 4096, "errors": 0}, "size_bytes": 1024, "connections": {"active": 2}})))).unwrap();
-        c.register(Arc::new(Fake("d/elastic", "elastic", json!({"phase": "drain", "state": "draining", "dirty_bytes": 77, "stats": {"hits": 5}, "cost": {"usd": 0.25}})))).unwrap();
+        c.register(Arc::new(Fake("d/elastic", "elastic", json!({"phase": "drain", "state": "draining", "dirty_bytes": 77, "stats": {"hits": 5}, "cost": {"usd": 0.25}, "provision_failure": {"attempts": 3}, "volumes_to_delete": ["vol-1"], "attach_time": {"estimate_s": 12.5}})))).unwrap();
         c.register(Arc::new(Fake("qos/a", "tenant", json!({"pool": "p", "tenant": {"queued": 4, "config": {"weight": 2}}, "pool_depth": 8})))).unwrap();
         c.register(Arc::new(Fake("qos/b", "tenant", json!({"pool": "p", "tenant": {"queued": 1}, "pool_depth": 8})))).unwrap();
         c.register(Arc::new(Fake("v/volume", "volume", json!({"burst_balance_percent": 99.5, "credits": {"ops": 5000}, "usd_so_far": 0.5})))).unwrap();
@@ -481,6 +489,9 @@ mod tests {
             "surge_cache_dirty_bytes{layer=\"d/elastic\"} 77",
             "surge_cache_hits_total{layer=\"d/elastic\"} 5",
             "surge_cost_dollars{layer=\"d/elastic\"} 0.25",
+            "surge_elastic_provision_failures{layer=\"d/elastic\"} 3",
+            "surge_elastic_volumes_to_delete{layer=\"d/elastic\"} 1",
+            "surge_elastic_attach_estimate_seconds{layer=\"d/elastic\"} 12.5",
             "surge_fairshare_queued{tenant=\"qos/a\",pool=\"p\"} 4",
             "surge_fairshare_depth{pool=\"p\"} 8",
             "surge_volume_burst_balance_percent{layer=\"v/volume\"} 99.5",

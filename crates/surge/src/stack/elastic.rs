@@ -62,6 +62,13 @@ pub struct ElasticParams {
     /// The provider's scale (`Scale::FULL` but in experiments): cache sizes
     /// from the policy are the provider's bytes, specs are full-scale.
     pub scale: surge_block::model::Scale,
+    /// Create and attach cache volumes on a worker thread while the
+    /// controller keeps ticking (EBS takes seconds to minutes); `false`: in
+    /// the controller's step (deterministic tests).
+    pub background_provision: bool,
+    /// A gp2/st1/sc1 backing's burst rate counts while its credits would last
+    /// this long at it (provider time: scaled like the other durations).
+    pub credit_horizon: Duration,
 }
 
 /// Fault rules (`surge_block::fault`) for an elastic volume's devices.
@@ -79,6 +86,66 @@ pub struct LoggedDecision {
     pub action: Action,
     pub reason: String,
 }
+
+/// A volume waiting to be deleted: detached first (never deleted while
+/// attached), retried with a backoff while the provider refuses.
+#[derive(Debug, Clone, Serialize)]
+pub struct Doomed {
+    pub id: String,
+    pub attempts: u32,
+    #[serde(skip)]
+    next_at: Duration,
+    pub last_error: Option<String>,
+}
+
+/// Wait after `attempts` failures in a row: the first retry at once (the
+/// next tick), then 1 s, 2 s, ... up to 5 min.
+fn doom_backoff(attempts: u32) -> Duration {
+    match attempts {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_secs(1u64 << (n - 2).min(8)).min(Duration::from_secs(300)),
+    }
+}
+
+/// A cache volume created and attached, not yet handed to the cache layer.
+struct Provisioned {
+    id: String,
+    dev: Arc<dyn BlockDev>,
+}
+
+/// What a provisioning job returns: on failure, the volume it made (if any).
+type JobResult = Result<Provisioned, (Option<String>, anyhow::Error)>;
+
+/// A provisioning under way on the worker thread.
+struct Pending {
+    size: u64,
+    started: Duration,
+    /// The burst ended before the volume arrived: release it unused.
+    cancelled: bool,
+    result: Arc<Mutex<Option<JobResult>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Create and attach one cache volume (blocking for as long as the provider takes).
+fn provision_job(provider: &dyn Provider, spec: VolumeSpec, name: String) -> JobResult {
+    let info = provider.create(CreateRequest { spec, name: Some(name) }).map_err(|e| (None, e.into()))?;
+    match provider.attach(&info.id) {
+        Ok(dev) => Ok(Provisioned { id: info.id, dev }),
+        Err(e) => Err((Some(info.id), e.into())),
+    }
+}
+
+/// The backing's capacity and credit model (`surge_policy::backing`).
+struct BackingModel {
+    capacity: surge_policy::backing::BackingCapacity,
+    credits: surge_policy::backing::CreditTracker,
+    /// Next time the provider's balance is asked for (CloudWatch: a call).
+    ask_at: Duration,
+    last: Option<surge_policy::backing::Capacity>,
+}
+
+/// How often the provider is asked for the backing's credit balance.
+const CREDITS_POLL: Duration = Duration::from_secs(60);
 
 struct CacheVol {
     id: String,
@@ -123,8 +190,17 @@ pub struct ElasticVolume {
     backing_fault: Option<Arc<FaultDev>>,
     /// The cache volume: attached, or failed and still being rescued.
     vol: Mutex<Option<CacheVol>>,
-    /// Volumes to delete (fenced, or left by a failed delete), retried each tick.
-    doomed: Mutex<Vec<String>>,
+    /// Volumes to delete (fenced, or left by a failed detach or delete), retried with a backoff.
+    doomed: Mutex<Vec<Doomed>>,
+    /// The provisioning under way (background mode).
+    pending: Mutex<Option<Pending>>,
+    /// Last provisioning failure: when, why, and when the next may start.
+    provision_failure: Mutex<Option<(Duration, String, Duration, u32)>>,
+    backing_model: Mutex<BackingModel>,
+    /// Application requests charged as the backing counts them (EBS: 256 KiB operations).
+    app_charged_ops: AtomicU64,
+    /// The backing's operation size (0: one operation per request).
+    op_size: u64,
     /// Next time a failed cache volume is reattached to rescue its blocks, and the backoff.
     reattach: Mutex<(Duration, Duration)>,
     /// Device bytes of cache volumes already deleted.
@@ -183,6 +259,8 @@ impl ElasticVolume {
         let backing_io = Arc::new(Counted::new(backing_dev));
         let prefix = format!("{}-cache-", p.name);
         let mut leftovers: Vec<_> = vols.iter().filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&prefix))).collect();
+        // New cache volumes are numbered after every leftover (names are unique).
+        let next_seq = leftovers.iter().filter_map(|v| v.name.as_deref()?.strip_prefix(&prefix)?.parse::<u64>().ok()).max().map_or(0, |n| n + 1);
         leftovers.sort_by_key(|v| v.created_unix_ms);
         let record = fences.get();
         let mut doomed: Vec<String> = record.fenced_labels().into_iter().filter(|l| leftovers.iter().any(|v| &v.id == l)).collect();
@@ -223,6 +301,14 @@ impl ElasticVolume {
             }
             None => ElasticCache::new(backing_io.clone(), cache_cfg.clone(), clock.clone()),
         };
+        let doomed = doomed.into_iter().map(|id| Doomed { id, attempts: 0, next_at: Duration::ZERO, last_error: None }).collect();
+        let shape = p.scale.shape(p.backing.shape()?);
+        let backing_model = BackingModel {
+            capacity: surge_policy::backing::BackingCapacity::new(shape.clone(), p.credit_horizon),
+            credits: surge_policy::backing::CreditTracker::new(&shape),
+            ask_at: Duration::ZERO,
+            last: None,
+        };
         let booster = p.boost.clone().map(|b| Mutex::new(boost::Booster::new(b, &p.policy, p.cache.block_size, p.backing.clone())));
         let mut policy = ElasticPolicy::new(p.policy.clone());
         if let Some(size) = recovered {
@@ -236,6 +322,11 @@ impl ElasticVolume {
             backing_fault,
             vol: Mutex::new(vol),
             doomed: Mutex::new(doomed),
+            pending: Mutex::new(None),
+            provision_failure: Mutex::new(None),
+            backing_model: Mutex::new(backing_model),
+            app_charged_ops: AtomicU64::new(0),
+            op_size: shape.op_size.unwrap_or(0),
             reattach: Mutex::new((Duration::ZERO, REATTACH_FIRST)),
             old_cache_bytes: AtomicU64::new(0),
             app_bytes: AtomicU64::new(0),
@@ -245,7 +336,7 @@ impl ElasticVolume {
             next_spec: Mutex::new(None),
             log: Mutex::new(Bounded::new(LOG_CAP)),
             sizes: Mutex::new(Bounded::new(LOG_CAP)),
-            cache_seq: AtomicU64::new(0),
+            cache_seq: AtomicU64::new(next_seq),
             stop: Arc::new(AtomicBool::new(false)),
             threads: Mutex::new(Vec::new()),
             flusher: Mutex::new(None),
@@ -281,13 +372,50 @@ impl ElasticVolume {
         self.threads.lock().push(t);
     }
 
-    /// Stop the controller and flusher (the cache stays as it is).
+    /// Stop the controller and flusher (the cache stays as it is). A
+    /// provisioning under way is waited for and its volume released unused.
     pub fn stop(&self) {
         self.stop.store(true, Relaxed);
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
         self.flusher.lock().take();
+        let pending = self.pending.lock().take();
+        if let Some(mut p) = pending {
+            if let Some(t) = p.thread.take() {
+                let _ = t.join();
+            }
+            let r = p.result.lock().take();
+            match r {
+                Some(Ok(v)) => {
+                    tracing::info!(volume = %v.id, "stopping: releasing a cache volume that arrived unused");
+                    self.doom(&v.id);
+                }
+                Some(Err((Some(id), _))) => self.doom(&id),
+                _ => {}
+            }
+            self.delete_doomed();
+        }
+    }
+
+    /// At daemon exit on a real cloud: stop, flush, and detach the cache
+    /// volume and the backing (not deleted: a restart finds them by name and
+    /// drains what the cache still holds).
+    pub fn shutdown(&self) {
+        self.stop();
+        let _ = self.cache.flush();
+        // A clean cache holds nothing a restart needs: deleted, not left behind.
+        if self.cache.is_attached() && self.cache.stats().dirty_bytes == 0 {
+            if let Err(e) = self.release() {
+                tracing::warn!(export = %self.p.name, "releasing the clean cache volume at exit: {e:#}");
+            }
+        }
+        let ids: Vec<String> = self.vol.lock().as_ref().map(|v| v.id.clone()).into_iter().chain([self.backing_id.clone()]).collect();
+        for id in ids {
+            if let Err(e) = self.provider.detach(&id) {
+                tracing::error!(volume = %id, export = %self.p.name, "detaching at exit: {e}");
+            }
+        }
     }
 
     fn obs(&self) -> CacheObs {
@@ -298,12 +426,15 @@ impl ElasticVolume {
     /// One controller step: settle failed caches and leftovers, feed the
     /// policy, apply what it decides.
     pub fn step(&self) -> anyhow::Result<()> {
+        self.poll_provision();
         self.drop_failed_cache()?;
         self.delete_doomed();
         let now = self.clock.now();
+        self.update_backing(now);
         let (bytes, ops) = (self.app_bytes.load(Relaxed), self.app_ops.load(Relaxed));
         self.boost_observe(now, bytes, ops);
-        let decisions = self.policy.lock().tick_ops(now, bytes, ops, self.obs());
+        let charged = self.app_charged_ops.load(Relaxed);
+        let decisions = self.policy.lock().tick_ops(now, bytes, charged, self.obs());
         for d in decisions {
             self.apply(d)?;
         }
@@ -316,21 +447,22 @@ impl ElasticVolume {
     }
 
     fn apply(&self, d: Decision) -> anyhow::Result<()> {
+        // After a failed provisioning, none until its backoff is over (quietly:
+        // the failure was logged once, and status shows when it retries).
+        let now = self.clock.now();
+        if matches!(d.action, Action::Provision { .. }) && self.provision_failure.lock().as_ref().is_some_and(|f| now < f.2) {
+            self.policy.lock().provision_failed(now);
+            return Ok(());
+        }
         let Some(d) = self.boost_decision(d) else { return Ok(()) };
         self.record(&d);
         match d.action {
-            Action::Provision { size } => match self.provision(size) {
-                Ok(()) => {
-                    self.cache.reset_used_high();
-                    let obs = self.obs();
-                    self.policy.lock().attached(self.clock.now(), size, obs);
+            Action::Provision { size } => return self.start_provision(size),
+            Action::CancelProvision => {
+                if let Some(p) = self.pending.lock().as_mut() {
+                    p.cancelled = true;
                 }
-                Err(e) => {
-                    self.boost_released();
-                    self.policy.lock().provision_failed(self.clock.now());
-                    return Err(e.context("provisioning a cache volume"));
-                }
-            },
+            }
             Action::StartDrain => {
                 self.cache.set_phase(Phase::Drain);
                 self.boost_drain();
@@ -353,7 +485,8 @@ impl ElasticVolume {
         Ok(())
     }
 
-    fn provision(&self, size: u64) -> anyhow::Result<()> {
+    /// The spec and name of the next cache volume, once nothing blocks one.
+    fn next_cache(&self, size: u64) -> anyhow::Result<(VolumeSpec, String)> {
         let pending: u64 = self.cache.rescue_info().iter().map(|r| r.pending_blocks).sum();
         anyhow::ensure!(
             pending == 0 && self.vol.lock().is_none(),
@@ -363,27 +496,163 @@ impl ElasticVolume {
         let planned = self.next_spec.lock().take();
         let full = |b: u64| if self.p.scale.is_full() { b } else { ((b as f64 / (self.p.scale.rate * self.p.scale.time)).ceil() as u64).div_ceil(1 << 20) << 20 };
         let spec = planned.unwrap_or(VolumeSpec { model: VolumeModel::Reserved { bw: Some(self.p.cache_bw), iops: None }, size: full(size), latency: Duration::ZERO });
-        let name = format!("{}-cache-{n}", self.p.name);
-        let info = self.provider.create(CreateRequest { spec, name: Some(name) })?;
-        let (dev, fault) = match self.provider.attach(&info.id) {
-            Ok(d) => {
-                let (d, fault) = with_faults(d, &self.p.faults.cache, &self.clock);
-                (Arc::new(Counted::new(d)), fault)
+        Ok((spec, format!("{}-cache-{n}", self.p.name)))
+    }
+
+    /// Create and attach a cache volume and hand it to the cache layer, in
+    /// this call (tests, and the synchronous mode).
+    fn provision(&self, size: u64) -> anyhow::Result<()> {
+        let (spec, name) = self.next_cache(size)?;
+        match provision_job(self.provider.as_ref(), spec, name) {
+            Ok(v) => self.install(v, size),
+            Err((id, e)) => {
+                if let Some(id) = id {
+                    self.doom(&id);
+                }
+                Err(e)
             }
-            Err(e) => {
-                self.doom(&info.id);
-                return Err(e.into());
-            }
-        };
-        if let Err(e) = self.cache.attach_as(dev.clone(), &info.id) {
-            let _ = self.provider.detach(&info.id);
-            self.doom(&info.id);
+        }
+    }
+
+    /// Hand an attached volume to the cache layer.
+    fn install(&self, v: Provisioned, size: u64) -> anyhow::Result<()> {
+        let (d, fault) = with_faults(v.dev, &self.p.faults.cache, &self.clock);
+        let dev = Arc::new(Counted::new(d));
+        if let Err(e) = self.cache.attach_as(dev.clone(), &v.id) {
+            let _ = self.provider.detach(&v.id);
+            self.doom(&v.id);
             return Err(e.into());
         }
         self.cache.set_phase(Phase::Boost);
         self.sizes.lock().push(size);
-        *self.vol.lock() = Some(CacheVol { id: info.id, size, io: dev, fault });
+        *self.vol.lock() = Some(CacheVol { id: v.id, size, io: dev, fault });
         Ok(())
+    }
+
+    /// Apply a Provision decision: on the worker thread (background mode) or
+    /// now. A cancelled provisioning still under way is taken back instead of
+    /// starting another; while a failure's backoff lasts, none is started.
+    fn start_provision(&self, size: u64) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        if let Some(p) = self.pending.lock().as_mut() {
+            // The planner's spec for a second volume is not used: this one is kept.
+            self.next_spec.lock().take();
+            if p.cancelled {
+                p.cancelled = false;
+                tracing::info!(volume = %self.p.name, "demand is back: the cache volume still being provisioned is kept");
+            }
+            return Ok(());
+        }
+        if !self.p.background_provision {
+            let r = self.provision(size);
+            return self.provisioned(size, now, r.map(|()| false));
+        }
+        let (spec, name) = match self.next_cache(size) {
+            Ok(x) => x,
+            Err(e) => return self.provisioned(size, now, Err(e)),
+        };
+        let result = Arc::new(Mutex::new(None));
+        let (r2, prov) = (result.clone(), self.provider.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("provision-{}", self.p.name))
+            .spawn(move || *r2.lock() = Some(provision_job(prov.as_ref(), spec, name)))
+            .expect("spawn provisioning");
+        *self.pending.lock() = Some(Pending { size, started: now, cancelled: false, result, thread: Some(thread) });
+        Ok(())
+    }
+
+    /// Take the result of the background provisioning, if it is done.
+    fn poll_provision(&self) {
+        let done = self.pending.lock().as_ref().is_some_and(|p| p.result.lock().is_some());
+        if !done {
+            return;
+        }
+        let Some(mut p) = self.pending.lock().take() else { return };
+        if let Some(t) = p.thread.take() {
+            let _ = t.join();
+        }
+        let r = p.result.lock().take().expect("checked");
+        let took = self.clock.now().saturating_sub(p.started);
+        let r = match r {
+            Ok(v) if p.cancelled => {
+                self.policy.lock().observe_provision_time(took);
+                tracing::info!(volume = %v.id, export = %self.p.name, "cache volume arrived after {:.1} s, after its burst: released unused", took.as_secs_f64());
+                let _ = self.provider.detach(&v.id);
+                self.doom(&v.id);
+                self.delete_doomed();
+                self.boost_released();
+                return;
+            }
+            Ok(v) => self.install(v, p.size).map(|()| true),
+            Err((id, e)) => {
+                if let Some(id) = id {
+                    self.doom(&id);
+                }
+                Err(e)
+            }
+        };
+        if p.cancelled && r.is_err() {
+            self.boost_released();
+            return;
+        }
+        let _ = self.provisioned(p.size, p.started, r);
+    }
+
+    /// A provisioning begun at `started` finished: tell the policy (and the
+    /// attach-time estimate), or record the failure and back off.
+    fn provisioned(&self, size: u64, started: Duration, r: anyhow::Result<bool>) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        match r {
+            Ok(background) => {
+                *self.provision_failure.lock() = None;
+                self.cache.reset_used_high();
+                let obs = self.obs();
+                let mut pol = self.policy.lock();
+                pol.observe_provision_time(now.saturating_sub(started));
+                pol.attached(now, size, obs);
+                let (attach, window) = (pol.config().attach_delay, pol.config().window);
+                drop(pol);
+                self.boost_attach_delay(attach, window);
+                if background {
+                    tracing::info!(volume = %self.p.name, "cache volume attached after {:.1} s", now.saturating_sub(started).as_secs_f64());
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.boost_released();
+                self.policy.lock().provision_failed(now);
+                let mut f = self.provision_failure.lock();
+                let n = f.as_ref().map_or(0, |f| f.3) + 1;
+                let wait = Duration::from_secs(1u64 << (n - 1).min(8)).min(Duration::from_secs(300));
+                *f = Some((now, format!("{e:#}"), now + wait, n));
+                tracing::error!(volume = %self.p.name, attempt = n, "provisioning a cache volume failed; I/O goes on at the backing's speed, retrying in {:.0} s: {e:#}", wait.as_secs_f64());
+                Err(e.context("provisioning a cache volume"))
+            }
+        }
+    }
+
+    /// Measure the backing against what its type provides now (credits from
+    /// surge's bucket model, lowered by the provider's reports).
+    fn update_backing(&self, now: Duration) {
+        let s = self.backing_io.stats();
+        let mut m = self.backing_model.lock();
+        let op = m.capacity.shape.op_size.unwrap_or(0).max(1);
+        let (ops, bytes) = (s.reads + s.writes, s.read_bytes + s.write_bytes);
+        m.credits.observe_io(now, ops.max(bytes / op), bytes);
+        let has_credits = m.capacity.shape.op_credits.is_some() || m.capacity.shape.byte_credits.is_some();
+        if has_credits && now >= m.ask_at {
+            m.ask_at = now + CREDITS_POLL.mul_f64(self.p.scale.time);
+            match self.provider.credits(&self.backing_id) {
+                Ok(c) if c.ops.is_some() || c.bytes.is_some() => m.credits.observe_reported(c),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(volume = %self.backing_id, "backing credits unknown: {e}"),
+            }
+        }
+        let cap = m.capacity.now(&m.credits.balance());
+        m.last = Some(cap);
+        drop(m);
+        self.policy.lock().set_backing(cap.bytes_per_s, cap.ops_per_s);
+        self.boost_backing(cap.bytes_per_s, cap.ops_per_s);
     }
 
     /// The cache layer fell back to backing (its device failed). While the
@@ -458,29 +727,52 @@ impl ElasticVolume {
     /// Remember a volume to delete (retried each tick until the provider agrees).
     fn doom(&self, id: &str) {
         let mut d = self.doomed.lock();
-        if !d.iter().any(|x| x == id) {
-            d.push(id.to_string());
+        if !d.iter().any(|x| x.id == id) {
+            d.push(Doomed { id: id.to_string(), attempts: 0, next_at: Duration::ZERO, last_error: None });
+        }
+    }
+
+    /// A detach or delete of a doomed volume failed: back off and say so.
+    fn doom_failed(&self, id: &str, what: &str, e: &dyn std::fmt::Display) {
+        let now = self.clock.now();
+        let mut d = self.doomed.lock();
+        if let Some(x) = d.iter_mut().find(|x| x.id == id) {
+            x.attempts += 1;
+            let wait = doom_backoff(x.attempts);
+            x.next_at = now + wait;
+            x.last_error = Some(format!("{what}: {e}"));
+            tracing::warn!(volume = %id, export = %self.p.name, attempt = x.attempts, "{what} a cache volume failed; retrying in {:.0} s (it is not deleted while attached): {e}", wait.as_secs_f64());
         }
     }
 
     /// Delete every doomed volume the provider lets us; a deleted failed
     /// volume leaves the fence record.
     fn delete_doomed(&self) {
-        let ids: Vec<String> = self.doomed.lock().clone();
+        let now = self.clock.now();
+        let ids: Vec<String> = self.doomed.lock().iter().filter(|d| d.next_at <= now).map(|d| d.id.clone()).collect();
         for id in ids {
-            // A detach that failed earlier leaves it attached here (else this is refused at once).
-            let _ = self.provider.detach(&id);
-            match self.provider.delete(&id) {
-                Ok(()) => {}
-                Err(e) if self.provider.list().is_ok_and(|l| !l.iter().any(|v| v.id == id)) => {
-                    tracing::debug!(volume = %id, "already gone: {e}");
-                }
-                Err(e) => {
-                    tracing::warn!(volume = %id, "deleting a cache volume failed (retried): {e}");
+            let gone = || self.provider.list().is_ok_and(|l| !l.iter().any(|v| v.id == id));
+            // Detached first: a volume is never deleted while attached (a
+            // detach stuck in-use is retried with a backoff).
+            if let Err(e) = self.provider.detach(&id) {
+                // Refused because it is detached already (or gone): fine.
+                let still = self.provider.describe(&id).map(|v| v.state == surge_cloud::VolumeState::Attached);
+                if still.unwrap_or_else(|_| !gone()) {
+                    self.doom_failed(&id, "detaching", &e);
                     continue;
                 }
             }
-            self.doomed.lock().retain(|x| x != &id);
+            match self.provider.delete(&id) {
+                Ok(()) => {}
+                Err(e) if gone() => {
+                    tracing::debug!(volume = %id, "already gone: {e}");
+                }
+                Err(e) => {
+                    self.doom_failed(&id, "deleting", &e);
+                    continue;
+                }
+            }
+            self.doomed.lock().retain(|x| x.id != id);
             let _ = self.fences.update(&mut |f| f.failed.retain(|_, fc| !(fc.label == id && fc.pending.is_empty())));
         }
     }
@@ -497,7 +789,7 @@ impl ElasticVolume {
             self.doom(&v.id);
             self.delete_doomed();
             detach?;
-            anyhow::ensure!(!self.doomed.lock().contains(&v.id), "deleting cache volume {} failed; retried each tick", v.id);
+            anyhow::ensure!(!self.doomed.lock().iter().any(|d| d.id == v.id), "deleting cache volume {} failed; retried with a backoff", v.id);
         }
         Ok(())
     }
@@ -544,7 +836,7 @@ impl ElasticVolume {
     }
     /// Volumes waiting to be deleted (a delete failed, retried each tick).
     pub fn doomed_volumes(&self) -> Vec<String> {
-        self.doomed.lock().clone()
+        self.doomed.lock().iter().map(|d| d.id.clone()).collect()
     }
 
     /// Cost of this volume's cloud volumes so far (all of them, deleted ones too).
@@ -558,6 +850,8 @@ impl ElasticVolume {
     fn count(&self, n: usize) {
         self.app_bytes.fetch_add(n as u64, Relaxed);
         self.app_ops.fetch_add(1, Relaxed);
+        let charged = if self.op_size > 0 { (n as u64).div_ceil(self.op_size).max(1) } else { 1 };
+        self.app_charged_ops.fetch_add(charged, Relaxed);
     }
 
     /// Drain progress for `surge status`: dirty bytes, the measured flush rate,
@@ -645,6 +939,23 @@ impl Controllable for ElasticVolume {
     fn status(&self) -> serde_json::Value {
         let s = self.cache.stats();
         let (agbs, usd) = self.cost().unwrap_or_default();
+        let now = self.clock.now();
+        // Each taken and released here: several in one json! would deadlock.
+        let deletes: Vec<_> = self.doomed.lock().iter().map(|d| serde_json::json!({
+            "id": d.id, "attempts": d.attempts, "last_error": d.last_error,
+            "retry_in_s": d.next_at.saturating_sub(now).as_secs_f64(),
+        })).collect();
+        let provisioning = self.pending.lock().as_ref().map(|p| serde_json::json!({
+            "size": p.size, "for_s": now.saturating_sub(p.started).as_secs_f64(), "cancelled": p.cancelled,
+        }));
+        let provision_failure = self.provision_failure.lock().as_ref().map(|f| serde_json::json!({
+            "at_s": f.0.as_secs_f64(), "error": f.1, "retry_at_s": f.2.as_secs_f64(), "attempts": f.3,
+            "effect": "no cache: I/O runs at the backing's speed",
+        }));
+        let backing_capacity = {
+            let m = self.backing_model.lock();
+            serde_json::json!({ "now": m.last, "credits": m.credits.balance(), "reported_credits": m.credits.reported })
+        };
         let policy = self.policy.lock();
         let log = self.log.lock();
         let sizes = self.sizes.lock();
@@ -669,6 +980,14 @@ impl Controllable for ElasticVolume {
             "drain": self.drain_status(&s),
             "failure": failure,
             "volumes_to_delete": self.doomed_volumes(),
+            "deletes": deletes,
+            "provisioning": provisioning,
+            "provision_failure": provision_failure,
+            "attach_time": {
+                "estimate_s": policy.config().attach_delay.as_secs_f64(),
+                "observed": policy.attach_estimate(),
+            },
+            "backing_capacity": backing_capacity,
             "cache_fault": self.cache_fault().map(|f| serde_json::json!({"rules": f.rules().to_string(), "stats": f.stats()})),
             "stats": s,
             "cost": {"agbs": agbs, "usd": usd},
@@ -715,6 +1034,43 @@ pub(crate) fn scaled_policy(pol: ElasticConfig, local: &crate::stack::volume::Lo
     }
 }
 
+/// A gp2/st1 backing's burst rate counts while its credits last this long (full scale).
+pub const CREDIT_HORIZON: Duration = Duration::from_secs(300);
+
+/// On a real cloud the export's volumes are detached when the daemon exits
+/// (kept: a restart finds them by name).
+struct DetachAtExit(Arc<ElasticVolume>);
+
+impl Drop for DetachAtExit {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
+}
+
+impl BlockDev for DetachAtExit {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn caps(&self) -> Caps {
+        self.0.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        self.0.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        self.0.flush()
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
+        self.0.write_zeroes(offset, len, mode)
+    }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.0.may_wait_remote(offset, len, write)
+    }
+}
+
 /// Where an elastic export keeps its fence record (failed cache volumes, lost writes).
 pub fn fences_path(data_dir: &std::path::Path, name: &str) -> PathBuf {
     data_dir.join("elastic").join(format!("{name}.fences.json"))
@@ -726,8 +1082,12 @@ pub fn fences_path(data_dir: &std::path::Path, name: &str) -> PathBuf {
 /// describe a volume (`bw`, `iops`, `lat`) belong to the backing volume. `backing_fault.RULE` and
 /// `cache_fault.RULE` (repeatable) put the backing volume and every cache volume behind the fault
 /// layer, one rule of `surge_block::fault` each (`cache_fault.write.fail_prob=0.01`,
-/// `backing_fault.volatile`, `cache_fault.vanish_after=5000`). Volumes live in the local cloud of
-/// the data directory, the fence record in `DATA/elastic/NAME.fences.json`.
+/// `backing_fault.volatile`, `cache_fault.vanish_after=5000`). Volumes live in the daemon's cloud
+/// (`--provider aws`: EBS, at full scale) or else the local cloud of the data directory; the fence
+/// record in `DATA/elastic/NAME.fences.json`. The backing's utilization is measured against what
+/// its type provides now (gp3/io2: provisioned; gp2/st1/sc1: burst while credits last
+/// [`CREDIT_HORIZON`], down to the baseline), and `attach_delay` is only the first estimate of
+/// provisioning time: the controller learns it from the attaches it sees.
 /// `cache=auto,value_per_hour=USD` (or `target=DURATION`) lets the planner choose each cache
 /// volume by price (`types=gp3+io2+gp2+st1,max_iops=N,max_throughput=RATE,lower=true`); the
 /// backing may then be any type with a throughput limit (e.g. `gp3:100GiB`).
@@ -794,6 +1154,9 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
     if !auto && !boost_keys.is_empty() {
         return Err(err(format!("{} only apply with cache=auto", boost_keys.join(", "))));
     }
+    if ctx.cloud.is_some() && !auto {
+        return Err(err("cache=reserved volumes exist only in the local cloud; on a real cloud (--provider aws) use cache=auto,target=DURATION or value_per_hour=USD".into()));
+    }
     if auto && !worth_given {
         return Err(err("cache=auto needs value_per_hour=USD (what an hour of the application's time costs) or target=DURATION (how long a burst may take)".into()));
     }
@@ -813,15 +1176,25 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
         delays.attach = d;
         delays.detach = d;
     }
-    // Every value above is full-scale; a local cloud at reduced scale runs them x its scale.
-    let local = ctx.local;
-    let cfg = local.config(&ctx.data_dir, delays);
-    let pol = scaled_policy(pol, &local, cfg.delays.attach);
-    // The idle gap is measured between requests, whose service times do not
-    // scale (request sizes and, at rate 1, bandwidths are full-scale): not scaled.
+    let (provider, pol, local): (Arc<dyn Provider>, _, _) = match &ctx.cloud {
+        // The daemon's cloud (`--provider aws`): full scale; attach times are
+        // what the cloud takes (`attach_delay=` is the first estimate only).
+        Some(cloud) => {
+            pol.attach_delay = attach_delay.unwrap_or(delays.attach);
+            (cloud.clone(), pol, crate::stack::volume::LocalCloud::default())
+        }
+        None => {
+            // Every value above is full-scale; a local cloud at reduced scale runs them x its scale.
+            let local = ctx.local;
+            let cfg = local.config(&ctx.data_dir, delays);
+            let pol = scaled_policy(pol, &local, cfg.delays.attach);
+            // The idle gap is measured between requests, whose service times do not
+            // scale (request sizes and, at rate 1, bandwidths are full-scale): not scaled.
+            boost.instance = local.instance;
+            (Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?), pol, local)
+        }
+    };
     boost.scale = local.scale;
-    boost.instance = local.instance;
-    let provider = Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?);
     let tick = pol.window / 10;
     let boost = auto.then_some(boost);
     let p = ElasticParams {
@@ -836,7 +1209,10 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
         fences: Some(fences_path(&ctx.data_dir, name)),
         faults: faults.clone(),
         scale: local.scale,
+        background_provision: true,
+        credit_horizon: local.duration(CREDIT_HORIZON),
     };
+    let on_cloud = ctx.cloud.is_some();
     let vol = ElasticVolume::open(p, provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
     vol.start();
     let rules = |r: &Option<FaultRules>| r.as_ref().map(|r| r.to_string());
@@ -848,8 +1224,9 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
     if let Some(f) = vol.backing_fault() {
         controls.push(Arc::new(crate::stack::fault::FaultControl { target: format!("{name}/backing_fault"), dev: f.clone() }));
     }
+    let dev: Arc<dyn BlockDev> = if on_cloud { Arc::new(DetachAtExit(vol.clone())) } else { vol.clone() };
     Ok(crate::stack::Built {
-        dev: vol.clone(),
+        dev,
         description: if auto { format!("elastic volume over {backing} with caches chosen by price") } else { format!("elastic volume over {backing} with {} MB/s caches", cache_bw / 1_000_000) },
         detail,
         controls,
@@ -913,6 +1290,8 @@ mod tests {
             fences: Some(d.path().join("v.fences.json")),
             faults: ElasticFaults::default(),
             scale: Default::default(),
+            background_provision: false,
+            credit_horizon: CREDIT_HORIZON,
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         v.step().unwrap();
@@ -973,6 +1352,8 @@ mod failure_tests {
             // An empty rule set: the cache volumes sit behind a fault layer the test drives.
             faults: ElasticFaults { backing: None, cache: Some(FaultRules::default()) },
             scale: Default::default(),
+            background_provision: false,
+            credit_horizon: CREDIT_HORIZON,
         }
     }
 
@@ -1122,5 +1503,225 @@ mod failure_tests {
         let st = v.status();
         assert_eq!(st["decisions_total"], LOG_CAP as u64 + 100);
         assert_eq!(st["caches_provisioned"], LOG_CAP as u64 + 100);
+    }
+}
+
+/// Issue 39: the controller on a cloud whose calls take time (EBS): attach
+/// times observed, a cache still attaching when the burst ends, a detach
+/// stuck in-use. All on virtual time.
+#[cfg(test)]
+mod cloud_tests {
+    use super::*;
+    use std::sync::mpsc;
+    use surge_block::VirtualClock;
+    use surge_cloud::LocalProvider;
+
+    const MIB: u64 = 1 << 20;
+
+    fn cloud(dir: &std::path::Path, clock: &Arc<VirtualClock>, delays: surge_cloud::Delays) -> Arc<LocalProvider> {
+        let mut cfg = surge_cloud::LocalConfig::new(dir);
+        cfg.delays = delays;
+        Arc::new(LocalProvider::open(cfg, clock.clone()).unwrap())
+    }
+
+    fn params(dir: &std::path::Path, background: bool) -> ElasticParams {
+        ElasticParams {
+            name: "v".into(),
+            backing: "reserved:64MiB,bw=33MB/s".parse().unwrap(),
+            cache_bw: 128_000_000,
+            policy: ElasticConfig { backing_bw: 33e6, initial_cache: 16 * MIB, min_cache: 4 * MIB, granularity: 4 * MIB, attach_delay: Duration::from_secs(3), learn_period: false, ..ElasticConfig::default() },
+            cache: CacheConfig { block_size: 4096, ..CacheConfig::default() },
+            boost: None,
+            tick: Duration::from_secs(1),
+            flusher_poll: Duration::from_millis(1),
+            fences: Some(dir.join("v.fences.json")),
+            faults: ElasticFaults::default(),
+            scale: Default::default(),
+            background_provision: background,
+            credit_horizon: CREDIT_HORIZON,
+        }
+    }
+
+    /// A provider whose attach waits until the test lets it go (an EBS
+    /// attach that takes minutes), counting the attaches begun.
+    struct SlowAttach {
+        inner: Arc<LocalProvider>,
+        gate: Mutex<mpsc::Receiver<()>>,
+        begun: AtomicU64,
+    }
+
+    impl Provider for SlowAttach {
+        fn create(&self, r: CreateRequest) -> surge_cloud::provider::Result<surge_cloud::VolumeInfo> {
+            self.inner.create(r)
+        }
+        fn attach(&self, id: &str) -> surge_cloud::provider::Result<Arc<dyn BlockDev>> {
+            if !id.is_empty() && self.inner.describe(id).is_ok_and(|v| v.name.as_deref().is_some_and(|n| n.contains("-cache-"))) {
+                self.begun.fetch_add(1, Relaxed);
+                let _ = self.gate.lock().recv();
+            }
+            self.inner.attach(id)
+        }
+        fn detach(&self, id: &str) -> surge_cloud::provider::Result<()> {
+            self.inner.detach(id)
+        }
+        fn delete(&self, id: &str) -> surge_cloud::provider::Result<()> {
+            self.inner.delete(id)
+        }
+        fn list(&self) -> surge_cloud::provider::Result<Vec<surge_cloud::VolumeInfo>> {
+            self.inner.list()
+        }
+        fn describe(&self, id: &str) -> surge_cloud::provider::Result<surge_cloud::VolumeInfo> {
+            self.inner.describe(id)
+        }
+        fn cost(&self) -> surge_cloud::provider::Result<surge_cloud::CostReport> {
+            self.inner.cost()
+        }
+    }
+
+    /// `n` writes of 8 MiB (byte i + 1) every 0.2 s of compute: well above
+    /// 30 % of 33 MB/s (the backing's model paces them on the virtual clock).
+    fn burst(v: &ElasticVolume, clock: &VirtualClock, n: u64) {
+        for i in 0..n {
+            v.write_at(&vec![i as u8 + 1; (8 * MIB) as usize], i * 4 * MIB % (48 * MIB), false).unwrap();
+            clock.advance(Duration::from_millis(200));
+            v.step().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_cache_still_attaching_when_the_burst_ends_is_released_unused() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let local = cloud(d.path(), &clock, surge_cloud::Delays::none());
+        let (go, gate) = mpsc::channel();
+        let prov = Arc::new(SlowAttach { inner: local.clone(), gate: Mutex::new(gate), begun: AtomicU64::new(0) });
+        let v = ElasticVolume::open(params(d.path(), true), prov.clone(), clock.clone()).unwrap();
+        burst(&v, &clock, 20);
+        // The controller keeps ticking while the attach hangs; I/O goes to backing.
+        while prov.begun.load(Relaxed) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!v.cache().is_attached());
+        assert_eq!(v.status()["state"], "provisioning");
+        assert!(v.status()["provisioning"]["size"].as_u64() == Some(16 * MIB), "{}", v.status()["provisioning"]);
+        for _ in 0..50 {
+            clock.advance(Duration::from_secs(1));
+            v.step().unwrap();
+        }
+        assert!(v.decisions().iter().any(|d| d.action == Action::CancelProvision), "{:?}", v.decisions());
+        assert_eq!(v.status()["provisioning"]["cancelled"], true);
+        assert_eq!(v.status()["state"], "idle");
+        // The attach completes at last: the volume is detached and deleted, never used.
+        go.send(()).unwrap();
+        for _ in 0..1000 {
+            v.step().unwrap();
+            if v.status()["provisioning"].is_null() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(v.status()["provisioning"].is_null());
+        assert!(!v.cache().is_attached());
+        let names: Vec<_> = local.list().unwrap().into_iter().filter_map(|x| x.name).collect();
+        assert_eq!(names, vec!["v-backing".to_string()], "the late cache volume is deleted");
+        assert_eq!(v.status()["attach_time"]["observed"]["samples"], 1, "a cancelled attach still teaches how long attaches take");
+        let mut buf = vec![0u8; 4096];
+        v.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf[0], 13, "the burst's last write to block 0 (i = 12) went to backing");
+    }
+
+    #[test]
+    fn observed_attach_times_replace_the_configured_guess() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let delays = surge_cloud::Delays { create: Duration::from_secs(2), attach: Duration::from_secs(20), detach: Duration::ZERO, delete: Duration::ZERO };
+        let v = ElasticVolume::open(params(d.path(), false), cloud(d.path(), &clock, delays), clock.clone()).unwrap();
+        assert_eq!(v.status()["attach_time"]["estimate_s"], 3.0, "the configured first estimate");
+        burst(&v, &clock, 20);
+        assert!(v.cache().is_attached());
+        let st = v.status();
+        let obs = &st["attach_time"]["observed"];
+        assert_eq!((obs["samples"].as_u64(), obs["last_s"].as_f64()), (Some(1), Some(22.0)), "{st}");
+        assert_eq!(st["attach_time"]["estimate_s"], 44.0, "22 s + 2 x 11 s after one sample");
+    }
+
+    /// Item 6 for the elastic path: the cloud refuses the cache volume
+    /// (InsufficientVolumeCapacity, VolumeLimitExceeded, an attach that
+    /// times out and is undone: here the local cloud's injected failures).
+    /// I/O goes on at the backing; status says why and when it retries;
+    /// the retry waits out a backoff, then succeeds.
+    #[test]
+    fn a_refused_cache_volume_leaves_io_on_the_backing_and_is_retried_after_a_backoff() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let prov = cloud(d.path(), &clock, surge_cloud::Delays::none());
+        let v = ElasticVolume::open(params(d.path(), false), prov.clone(), clock.clone()).unwrap();
+        for _ in 0..2 {
+            prov.inject_failure(surge_cloud::Action::Create, 0);
+        }
+        // The first window above UT asks for a cache: refused.
+        let mut failed_at = None;
+        for i in 0..40u64 {
+            v.write_at(&vec![7; (8 * MIB) as usize], i * 4 * MIB % (48 * MIB), false).unwrap();
+            clock.advance(Duration::from_millis(200));
+            let r = v.step();
+            if r.is_err() && failed_at.is_none() {
+                failed_at = Some(clock.now());
+                let st = v.status();
+                let f = &st["provision_failure"];
+                assert_eq!(f["attempts"], 1, "{st}");
+                assert!(f["error"].as_str().unwrap().contains("injected failure"), "{f}");
+                assert!(f["effect"].as_str().unwrap().contains("backing"));
+                assert!(!v.cache().is_attached());
+            }
+            if v.cache().is_attached() {
+                break;
+            }
+        }
+        let failed_at = failed_at.expect("the refused create is reported");
+        assert!(v.cache().is_attached(), "retried after the backoff: {:?}", v.decisions());
+        assert!(v.status()["provision_failure"].is_null(), "cleared by the success");
+        // Two failures (1 s, then 2 s backoff) before the third try succeeded.
+        assert!(clock.now() >= failed_at + Duration::from_secs(3), "{:?} vs {failed_at:?}", clock.now());
+        let mut buf = [0u8; 4];
+        v.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [7; 4]);
+    }
+
+    #[test]
+    fn a_detach_stuck_in_use_is_retried_with_a_backoff_and_never_deleted_while_attached() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let prov = cloud(d.path(), &clock, surge_cloud::Delays::none());
+        let v = ElasticVolume::open(params(d.path(), false), prov.clone(), clock.clone()).unwrap();
+        v.provision(16 * MIB).unwrap();
+        v.write_at(&[9; 4096], 0, false).unwrap();
+        let id = v.vol.lock().as_ref().unwrap().id.clone();
+        v.policy.lock().attached(clock.now(), 16 * MIB, v.obs());
+        v.cache().set_phase(Phase::Drain);
+        v.policy.lock().resume_drain(clock.now(), 16 * MIB);
+        while v.cache().flush_step(usize::MAX).unwrap() > 0 {}
+        for _ in 0..3 {
+            prov.inject_failure(surge_cloud::Action::Detach, 0);
+        }
+        v.step().unwrap();
+        let kinds: Vec<String> = v.decisions().iter().map(|d| format!("{:?}", d.action)).collect();
+        assert!(kinds.iter().any(|k| k == "Detach") && kinds.iter().any(|k| k.starts_with("DetachFailed")), "{kinds:?}");
+        v.step().unwrap();
+        let st = v.status();
+        assert_eq!(st["deletes"][0]["id"], id.as_str(), "{st}");
+        assert_eq!(st["deletes"][0]["attempts"], 2, "{st}");
+        assert!(st["deletes"][0]["last_error"].as_str().unwrap().starts_with("detaching"), "{st}");
+        assert!(st["deletes"][0]["retry_in_s"].as_f64().unwrap() > 0.0);
+        assert!(prov.list().unwrap().iter().any(|x| x.id == id && x.state == surge_cloud::VolumeState::Attached), "kept while attached");
+        v.step().unwrap();
+        assert_eq!(v.status()["deletes"][0]["attempts"], 2, "not retried before the backoff");
+        clock.advance(Duration::from_secs(2));
+        v.step().unwrap();
+        assert!(v.doomed_volumes().is_empty(), "{}", v.status()["deletes"]);
+        assert!(!prov.list().unwrap().iter().any(|x| x.id == id));
+        let mut buf = [0u8; 4];
+        v.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [9; 4]);
     }
 }

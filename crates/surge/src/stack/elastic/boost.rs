@@ -333,6 +333,27 @@ impl ElasticVolume {
         }
     }
 
+    /// The attach time observed on this provider (provider time): the
+    /// planner's attach, detach and lead follow it.
+    pub(super) fn boost_attach_delay(&self, attach: Duration, window: Duration) {
+        if let Some(b) = &self.booster {
+            let mut b = b.lock();
+            let f = b.s.scale.time;
+            b.planner.attach_delay = attach.div_f64(f);
+            b.planner.detach_delay = attach.div_f64(f);
+            b.planner.lead = (attach + 2 * window).div_f64(f);
+        }
+    }
+
+    /// The backing's capacity now (its credits may have run out).
+    pub(super) fn boost_backing(&self, bytes_per_s: f64, ops_per_s: Option<f64>) {
+        if let Some(b) = &self.booster {
+            let mut b = b.lock();
+            b.backing_bw = bytes_per_s;
+            b.backing_iops = ops_per_s;
+        }
+    }
+
     pub(super) fn boost_released(&self) {
         if let Some(b) = &self.booster {
             b.lock().released();
@@ -474,6 +495,8 @@ mod tests {
             fences: Some(dir.join("v.fences.json")),
             faults: Default::default(),
             scale: Default::default(),
+            background_provision: false,
+            credit_horizon: super::super::CREDIT_HORIZON,
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         (clock, prov, v)
