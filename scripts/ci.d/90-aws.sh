@@ -11,12 +11,10 @@ surge="${CARGO_TARGET_DIR:-target}/release/surge"
 
 # `surge cloud` against a moto server on a free loopback port.
 work=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-python3 -m moto.server -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
-moto=$!
+. scripts/lib/moto.sh
+moto_start "$work"
+port=$MOTO_PORT moto=$MOTO_PID
 trap 'kill $moto 2>/dev/null || true; touch "$work/root/stop" 2>/dev/null; rm -rf "$work"' EXIT
-# moto imports slowly on a loaded machine: allow a minute.
-for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
 cat >"$work/surge.toml" <<TOML
 provider = "aws"
 [aws]
@@ -25,7 +23,6 @@ endpoint_url = "http://127.0.0.1:$port"
 availability_zone = "us-east-1a"
 owner = "ci"
 TOML
-export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true
 "$surge" cloud --config "$work/surge.toml" create gp3:1GiB,iops=4000 --name kept >/dev/null
 orphan=$("$surge" cloud --config "$work/surge.toml" create st1:125GiB)
 "$surge" cloud --config "$work/surge.toml" list
@@ -38,31 +35,8 @@ grep -q "kept .* gp3:1GiB,iops=4000: named \"kept\"" <<<"$out"
 # `surge serve --provider aws` end to end: an instance in moto, a fake udev
 # (python, boto3 comes with moto) that links attached volumes under a fake
 # /dev, qemu-io through NBD, and the volume detached again at exit.
-mkdir -p "$work/root/dev/disk/by-id"
-python3 - "$port" "$work/root" >"$work/instance" <<'PY' &
-import boto3, os, sys, time
-port, root = sys.argv[1], sys.argv[2]
-ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{port}")
-i = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)["Instances"][0]
-print(i["InstanceId"], i["Placement"]["AvailabilityZone"], flush=True)
-deadline = time.time() + 120
-while time.time() < deadline and not os.path.exists(f"{root}/stop"):
-    for v in ec2.describe_volumes()["Volumes"]:
-        vid, link = v["VolumeId"], f"{root}/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_{v['VolumeId'].replace('-', '')}"
-        if any(a["State"] == "attached" for a in v.get("Attachments", [])):
-            data = f"{root}/dev/ebs-{vid}"
-            if not os.path.exists(data):
-                with open(data, "wb") as f:
-                    f.truncate(v["Size"] << 30)
-            if not os.path.islink(link):
-                os.symlink(f"../../ebs-{vid}", link)
-        elif os.path.islink(link):
-            os.remove(link)
-    time.sleep(0.05)
-PY
-udev=$!
-for _ in $(seq 600); do [ -s "$work/instance" ] && break; sleep 0.1; done
-read -r instance zone <"$work/instance"
+fake_instance "$work"
+udev=$UDEV_PID instance=$INSTANCE zone=$ZONE
 cat >>"$work/surge.toml" <<TOML
 instance_id = "$instance"
 device_root = "$work/root"

@@ -19,9 +19,9 @@ cd "$(dirname "$0")/../.."
 t0=$(date +%s)
 surge="${CARGO_TARGET_DIR:-target}/release/surge"
 work=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-python3 -m moto.server -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
-moto=$!
+. scripts/lib/moto.sh
+moto_start "$work"
+port=$MOTO_PORT moto=$MOTO_PID
 serve=""
 cleanup() {
   [ -n "$serve" ] && kill -9 "$serve" 2>/dev/null || true
@@ -31,34 +31,10 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "91-aws-elastic: $*" >&2; tail -30 "$work/serve.err" >&2 || true; exit 1; }
-for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
-export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true
 
-# The instance and the fake udev (as in 90-aws.sh).
-mkdir -p "$work/root/dev/disk/by-id"
-python3 - "$port" "$work/root" >"$work/instance" <<'PY' &
-import boto3, os, sys, time
-port, root = sys.argv[1], sys.argv[2]
-ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{port}")
-i = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)["Instances"][0]
-print(i["InstanceId"], i["Placement"]["AvailabilityZone"], flush=True)
-deadline = time.time() + 300
-while time.time() < deadline and not os.path.exists(f"{root}/stop"):
-    for v in ec2.describe_volumes()["Volumes"]:
-        vid, link = v["VolumeId"], f"{root}/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_{v['VolumeId'].replace('-', '')}"
-        if any(a["State"] == "attached" for a in v.get("Attachments", [])):
-            data = f"{root}/dev/ebs-{vid}"
-            if not os.path.exists(data):
-                with open(data, "wb") as f:
-                    f.truncate(v["Size"] << 30)
-            if not os.path.islink(link):
-                os.symlink(f"../../ebs-{vid}", link)
-        elif os.path.islink(link):
-            os.remove(link)
-    time.sleep(0.05)
-PY
-for _ in $(seq 600); do [ -s "$work/instance" ] && break; sleep 0.1; done
-read -r instance zone <"$work/instance"
+# The instance and the fake udev (scripts/lib/fake-udev.py).
+fake_instance "$work"
+instance=$INSTANCE zone=$ZONE
 cat >"$work/surge.toml" <<TOML
 provider = "aws"
 [aws]

@@ -1215,7 +1215,7 @@ pub fn build_burstable(name: &str, args: &str, ctx: &crate::stack::BuildContext)
     let size = crate::stack::format_size(vol.size());
     // On a real cloud the members are detached when the daemon stops, so a
     // restart (or another instance) can attach them again.
-    let dev: Arc<dyn BlockDev> = if ctx.cloud.is_some() { Arc::new(DetachAtExit(vol.clone())) } else { vol.clone() };
+    let dev: Arc<dyn BlockDev> = if ctx.cloud.is_some() { Arc::new(crate::stack::AtExit::new(vol.clone(), detach_all)) } else { vol.clone() };
     Ok(crate::stack::Built {
         dev,
         description: format!("burstable {what} volume of {size} over {} x {}{rounding}", p.members, p.member),
@@ -1224,54 +1224,19 @@ pub fn build_burstable(name: &str, args: &str, ctx: &crate::stack::BuildContext)
     })
 }
 
-/// The export's device on a real cloud: at the daemon's exit (the server
-/// drops its exports after the final flush) the controller stops and every
+/// At the daemon's exit on a real cloud: the controller stops and every
 /// volume of the stack is detached (not deleted).
-struct DetachAtExit(Arc<BurstableVolume>);
-
-impl Drop for DetachAtExit {
-    fn drop(&mut self) {
-        self.0.stop();
-        let ids: Vec<String> = {
-            let slots = self.0.slots.lock();
-            slots.iter().flat_map(|s| std::iter::once(s.member.clone()).chain(s.swap.as_ref().map(|w| w.target.clone()))).collect()
-        };
-        let backing = self.0.saved.lock().backing.clone();
-        for id in ids.iter().chain(backing.as_ref()) {
-            if let Err(e) = self.0.provider.detach(id) {
-                tracing::error!(volume = %id, "detaching at exit: {e}");
-            }
+fn detach_all(v: &BurstableVolume) {
+    v.stop();
+    let ids: Vec<String> = {
+        let slots = v.slots.lock();
+        slots.iter().flat_map(|s| std::iter::once(s.member.clone()).chain(s.swap.as_ref().map(|w| w.target.clone()))).collect()
+    };
+    let backing = v.saved.lock().backing.clone();
+    for id in ids.iter().chain(backing.as_ref()) {
+        if let Err(e) = v.provider.detach(id) {
+            tracing::error!(volume = %id, "detaching at exit: {e}");
         }
-    }
-}
-
-impl BlockDev for DetachAtExit {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn caps(&self) -> Caps {
-        self.0.caps()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
-        self.0.write_at(buf, offset, fua)
-    }
-    fn flush(&self) -> surge_block::Result<()> {
-        self.0.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
-        self.0.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
-        self.0.write_zeroes(offset, len, mode)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
-        self.0.block_status(offset, len)
-    }
-    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
-        self.0.may_wait_remote(offset, len, write)
     }
 }
 

@@ -1037,40 +1037,6 @@ pub(crate) fn scaled_policy(pol: ElasticConfig, local: &crate::stack::volume::Lo
 /// A gp2/st1 backing's burst rate counts while its credits last this long (full scale).
 pub const CREDIT_HORIZON: Duration = Duration::from_secs(300);
 
-/// On a real cloud the export's volumes are detached when the daemon exits
-/// (kept: a restart finds them by name).
-struct DetachAtExit(Arc<ElasticVolume>);
-
-impl Drop for DetachAtExit {
-    fn drop(&mut self) {
-        self.0.shutdown();
-    }
-}
-
-impl BlockDev for DetachAtExit {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn caps(&self) -> Caps {
-        self.0.caps()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
-        self.0.write_at(buf, offset, fua)
-    }
-    fn flush(&self) -> surge_block::Result<()> {
-        self.0.flush()
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
-        self.0.write_zeroes(offset, len, mode)
-    }
-    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
-        self.0.may_wait_remote(offset, len, write)
-    }
-}
-
 /// Where an elastic export keeps its fence record (failed cache volumes, lost writes).
 pub fn fences_path(data_dir: &std::path::Path, name: &str) -> PathBuf {
     data_dir.join("elastic").join(format!("{name}.fences.json"))
@@ -1224,7 +1190,7 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
     if let Some(f) = vol.backing_fault() {
         controls.push(Arc::new(crate::stack::fault::FaultControl { target: format!("{name}/backing_fault"), dev: f.clone() }));
     }
-    let dev: Arc<dyn BlockDev> = if on_cloud { Arc::new(DetachAtExit(vol.clone())) } else { vol.clone() };
+    let dev: Arc<dyn BlockDev> = if on_cloud { Arc::new(crate::stack::AtExit::new(vol.clone(), |v: &ElasticVolume| v.shutdown())) } else { vol.clone() };
     Ok(crate::stack::Built {
         dev,
         description: if auto { format!("elastic volume over {backing} with caches chosen by price") } else { format!("elastic volume over {backing} with {} MB/s caches", cache_bw / 1_000_000) },

@@ -135,6 +135,59 @@ impl BuildContext {
     }
 }
 
+/// An export's device that runs `at_exit` once the server drops it (after
+/// the final flush): on a real cloud a stack detaches its volumes there, so a
+/// restart finds them by name. Every request goes to `dev` unchanged.
+pub struct AtExit<D: BlockDev> {
+    dev: Arc<D>,
+    at_exit: Box<dyn Fn(&D) + Send + Sync>,
+}
+
+impl<D: BlockDev> AtExit<D> {
+    pub fn new(dev: Arc<D>, at_exit: impl Fn(&D) + Send + Sync + 'static) -> Self {
+        AtExit { dev, at_exit: Box::new(at_exit) }
+    }
+}
+
+impl<D: BlockDev> Drop for AtExit<D> {
+    fn drop(&mut self) {
+        (self.at_exit)(&self.dev);
+    }
+}
+
+impl<D: BlockDev> BlockDev for AtExit<D> {
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+    fn caps(&self) -> surge_block::Caps {
+        self.dev.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
+        self.dev.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> surge_block::Result<()> {
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        self.dev.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, mode: surge_block::ZeroMode) -> surge_block::Result<()> {
+        self.dev.write_zeroes(offset, len, mode)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<surge_block::Extent>> {
+        self.dev.block_status(offset, len)
+    }
+    fn prefetch(&self, offset: u64, len: u64) -> surge_block::Result<()> {
+        self.dev.prefetch(offset, len)
+    }
+    fn may_wait_remote(&self, offset: u64, len: u64, write: bool) -> bool {
+        self.dev.may_wait_remote(offset, len, write)
+    }
+}
+
 /// A device built from a spec, with what `surge status` shows about it and the
 /// layers it wants on the control API.
 pub struct Built {
