@@ -376,9 +376,7 @@ impl ElasticPolicy {
             // A reactive cache that has not arrived when the burst is over
             // (below UT for ID, as a cache would start draining): not needed.
             State::Provisioning if self.burst_start.is_some() => {
-                let since = *self.below_since.get_or_insert(now);
-                let below = now.saturating_sub(since);
-                if below >= self.cfg.inactivity_delay {
+                if let Some(below) = self.below_for_id(now) {
                     self.close_burst(app_bytes);
                     out.push(self.decide(
                         now,
@@ -411,24 +409,20 @@ impl ElasticPolicy {
             State::Boost => {
                 if above {
                     self.below_since = None;
-                } else {
-                    let since = *self.below_since.get_or_insert(now);
-                    let below = now.saturating_sub(since);
-                    if below >= self.cfg.inactivity_delay {
-                        self.close_burst(app_bytes);
-                        out.push(self.decide(
-                            now,
-                            Action::StartDrain,
-                            format!(
-                                "utilization below UT {} for {:?} >= ID {:?}: phase 2 (flush at full speed, writes bypass); {} dirty",
-                                pct(self.cfg.ut),
-                                below,
-                                self.cfg.inactivity_delay,
-                                gib(obs.dirty_bytes)
-                            ),
-                        ));
-                        self.go(State::Drain, now);
-                    }
+                } else if let Some(below) = self.below_for_id(now) {
+                    self.close_burst(app_bytes);
+                    out.push(self.decide(
+                        now,
+                        Action::StartDrain,
+                        format!(
+                            "utilization below UT {} for {:?} >= ID {:?}: phase 2 (flush at full speed, writes bypass); {} dirty",
+                            pct(self.cfg.ut),
+                            below,
+                            self.cfg.inactivity_delay,
+                            gib(obs.dirty_bytes)
+                        ),
+                    ));
+                    self.go(State::Drain, now);
                 }
             }
             State::Drain if above && obs.attached && obs.dirty_bytes > 0 => {
@@ -441,6 +435,13 @@ impl ElasticPolicy {
         }
         self.pre_provision(now, &mut out);
         out
+    }
+
+    /// How long utilization has been below UT, once that is at least the
+    /// inactivity delay (the clock starts at the first tick below it).
+    fn below_for_id(&mut self, now: Duration) -> Option<Duration> {
+        let below = now.saturating_sub(*self.below_since.get_or_insert(now));
+        (below >= self.cfg.inactivity_delay).then_some(below)
     }
 
     fn note_burst_start(&mut self, at: Duration) {
