@@ -10,16 +10,16 @@
 //! inside the experiment and call the real layers on a discrete-event clock.
 
 use super::sim::{self, stamp};
-use super::{burstable_params, fresh_dir, Setting, TAG};
-use crate::stack::burstable::{BurstableVolume, SwapRecord};
+use super::{fresh_dir, open_under_test, Setting, UnderTest, TAG};
+use crate::stack::burstable::SwapRecord;
 use serde::Serialize;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
-use surge_block::model::{VolumeModel, GIB};
+use surge_block::model::GIB;
 use surge_block::{BlockDev, Clock, ClockThread, Hold, SimClock};
-use surge_cloud::{CreateRequest, PriceTable, Provider, VolumeSpec};
+use surge_cloud::{PriceTable, Provider};
 use surge_policy::burstable::Mode;
 
 /// One stage of the pipeline (model seconds since the window started).
@@ -154,14 +154,8 @@ pub fn run(s: &Setting, striped: bool, run: usize, dir: &Path) -> anyhow::Result
     let prov = sim::provider(&dir.join("cloud"), c.clone(), s.scale, s.t(s.attach_delay_s))?;
     let pdyn: Arc<dyn Provider> = prov.clone();
     let (approach, prefix) = if striped { ("striped", "eph-") } else { ("single", "single-eph") };
-    let (dev, vol): (Arc<dyn BlockDev>, Option<Arc<BurstableVolume>>) = if striped {
-        let v = BurstableVolume::open(burstable_params(s, "eph", Mode::Ephemeral, s.members, s.ephemeral_capacity, dir)?, pdyn.clone(), c.clone())?;
-        (v.clone(), Some(v))
-    } else {
-        let spec = VolumeSpec { model: VolumeModel::Gp2, size: s.ephemeral_capacity, latency: Duration::ZERO };
-        let info = prov.create(CreateRequest { spec, name: Some("single-eph".into()) })?;
-        (prov.attach(&info.id)?, None)
-    };
+    let under_test = if striped { UnderTest::Striped { name: "eph", mode: Mode::Ephemeral } } else { UnderTest::Single { name: "single-eph" } };
+    let (dev, vol) = open_under_test(s, &pdyn, &c, under_test, s.ephemeral_capacity, dir)?;
     let load = StageLoad { bytes: s.b(s.ephemeral_stage), bs: s.ephemeral_bs, workers: s.ephemeral_workers, gap: s.t(s.ephemeral_gap_s) };
     let cost0 = prov.cost()?;
     let hold = clock.hold();

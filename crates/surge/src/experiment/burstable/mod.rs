@@ -313,6 +313,29 @@ fn measure(
     Ok(Measured { t0, samples, tally, cost0, cost1 })
 }
 
+/// The device of a single-vs-striped comparison.
+#[derive(Clone, Copy)]
+enum UnderTest {
+    /// One gp2 volume of the whole capacity, named so.
+    Single { name: &'static str },
+    /// A burstable volume over `s.members` gp2 members.
+    Striped { name: &'static str, mode: Mode },
+}
+
+fn open_under_test(s: &Setting, prov: &Arc<dyn Provider>, clock: &Arc<dyn Clock>, what: UnderTest, capacity: u64, dir: &Path) -> anyhow::Result<(Arc<dyn BlockDev>, Option<Arc<BurstableVolume>>)> {
+    Ok(match what {
+        UnderTest::Striped { name, mode } => {
+            let v = BurstableVolume::open(burstable_params(s, name, mode, s.members, capacity, dir)?, prov.clone(), clock.clone())?;
+            (v.clone(), Some(v))
+        }
+        UnderTest::Single { name } => {
+            let spec = VolumeSpec { model: surge_block::model::VolumeModel::Gp2, size: capacity, latency: Duration::ZERO };
+            let info = prov.create(CreateRequest { spec, name: Some(name.into()) })?;
+            (prov.attach(&info.id)?, None)
+        }
+    })
+}
+
 /// Figure 3: one 100 GiB gp2 ("single") or 10 x 10 GiB striped with swaps ("striped").
 fn run_persistent(s: &Setting, striped: bool, w: &Workload, run: usize, dir: &Path) -> anyhow::Result<Run> {
     let started = std::time::Instant::now();
@@ -322,13 +345,8 @@ fn run_persistent(s: &Setting, striped: bool, w: &Workload, run: usize, dir: &Pa
     let prov = sim::provider(&dir.join("cloud"), c.clone(), s.scale, s.t(s.attach_delay_s))?;
     let pdyn: Arc<dyn Provider> = prov.clone();
     let approach = if striped { "striped" } else { "single" };
-    let (dev, vol): (Arc<dyn BlockDev>, Option<Arc<BurstableVolume>>) = if striped {
-        let v = BurstableVolume::open(burstable_params(s, "striped", Mode::Persistent, s.members, s.capacity, dir)?, pdyn.clone(), c.clone())?;
-        (v.clone(), Some(v))
-    } else {
-        let info = prov.create(CreateRequest { spec: VolumeSpec { model: surge_block::model::VolumeModel::Gp2, size: s.capacity, latency: Duration::ZERO }, name: Some("single-vol".into()) })?;
-        (prov.attach(&info.id)?, None)
-    };
+    let under_test = if striped { UnderTest::Striped { name: "striped", mode: Mode::Persistent } } else { UnderTest::Single { name: "single-vol" } };
+    let (dev, vol) = open_under_test(s, &pdyn, &c, under_test, s.capacity, dir)?;
     let ids = |v: &Option<Arc<BurstableVolume>>| -> anyhow::Result<Vec<String>> {
         Ok(match v {
             Some(v) => v.member_ids(),
