@@ -620,6 +620,19 @@ impl CostMeter {
         }
     }
 
+    /// Volume `id` is modified to `spec` now: billed at the new spec from now
+    /// on (as the local cloud bills a modification, no second 60 s minimum);
+    /// false if it was not running.
+    pub fn modify(&self, id: &str, spec: VolumeSpec) -> bool {
+        let now = self.wall.now_unix_ns();
+        let mut recs = self.records.lock();
+        let Some(r) = recs.iter_mut().find(|r| r.id == id && r.end_unix_ns.is_none()) else { return false };
+        r.end_unix_ns = Some(now);
+        let name = r.name.clone();
+        recs.push(UsageRecord { id: id.into(), name, spec, start_unix_ns: now, end_unix_ns: None, continued: true });
+        true
+    }
+
     /// Adds S3 requests and transfer to the bill.
     pub fn add_s3(&self, u: S3Usage) {
         self.s3.lock().add(u);
@@ -669,6 +682,21 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-12
+    }
+
+    #[test]
+    fn a_modified_volume_is_billed_at_each_spec_for_its_own_seconds() {
+        let (clock, m) = meter();
+        m.start("a", None, spec("gp3:100GiB"));
+        clock.advance(Duration::from_secs(100));
+        assert!(m.modify("a", spec("gp3:100GiB,iops=16000")));
+        assert!(!m.modify("b", spec("gp3:100GiB")), "no such volume");
+        clock.advance(Duration::from_secs(30));
+        let r = m.report();
+        assert_eq!(r.volumes.iter().map(|v| v.billed_seconds).collect::<Vec<_>>(), vec![100, 30], "no second minimum after a modification");
+        let p = PriceTable::default();
+        let want = (p.usd_month(&spec("gp3:100GiB")) * 100.0 + p.usd_month(&spec("gp3:100GiB,iops=16000")) * 30.0) / p.seconds_per_month as f64;
+        assert!(close(r.storage_usd, want), "{} vs {want}", r.storage_usd);
     }
 
     #[test]

@@ -35,8 +35,9 @@ use surge_block::model::{CreditBalance, ModelDev, Scale, Scheduler};
 use surge_block::{BlockDev, Clock, FileDev, FileOptions, DATA_FILE_MODE};
 
 mod emulate;
-pub use emulate::ModifyRules;
-use emulate::Optimizing;
+/// `Optimizing` is public for the simulator (`surge-sim`), which ramps a
+/// modified volume the way this cloud does.
+pub use emulate::{ModifyRules, Optimizing};
 
 /// How long each provider call takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

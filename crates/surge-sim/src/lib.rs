@@ -8,6 +8,9 @@
 //! - [`replay`]: one trace on one device stack: completion time and timeline.
 //! - [`candidates`]: the configurations worth trying for a trace, sized from
 //!   its demand (gp2, gp3 with chosen IOPS/MB/s, io2, st1, sc1).
+//! - [`modify`]: the modify-volume candidate: `surge-policy`'s ModifyPolicy
+//!   driving a gp3 volume between a base and a peak spec under EBS's rolling
+//!   rule, with the local cloud's optimizing ramp, billed by the cost meter.
 //! - [`plan`]: every candidate replayed and priced, a recommendation, and what
 //!   is not simulated yet (listed, never guessed).
 //! - [`plot`]: the recommended candidate's timeline as SVG.
@@ -16,9 +19,10 @@
 
 pub mod candidates;
 pub mod clock;
+pub mod modify;
 pub mod plan;
 pub mod plot;
 pub mod replay;
 
 pub use plan::{plan_workload, Objective, PlanOptions, WorkloadPlan};
-pub use replay::{replay, ReplayOptions, ReplayResult};
+pub use replay::{replay, replay_observed, Observer, ReplayOptions, ReplayResult};

@@ -95,10 +95,18 @@ pub struct Row {
     pub why_lost: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replay: Option<ReplayResult>,
+    /// modify-volume: the spec it is raised to (`spec` is the base) and
+    /// what the policy did when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_spec: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modifications: Option<Vec<crate::modify::Modification>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkloadPlan {
+    /// Every figure is from a replay on virtual time, not a run on a cloud.
+    pub figures: &'static str,
     pub trace: String,
     pub aggregate: bool,
     pub note: String,
@@ -114,8 +122,13 @@ pub struct WorkloadPlan {
     pub recommended: Option<usize>,
     /// `surge serve` flags that would run the recommendation.
     pub serve_args: Option<String>,
+    /// modify-volume recommended: the modifications to make while it runs.
+    pub then: Option<String>,
     pub prices: String,
 }
+
+/// The modify-volume candidate's name in the table.
+pub const MODIFY: &str = "modify-volume";
 
 /// Requests in flight at most, unless the recording saw more or `--qd` says.
 pub const DEFAULT_QD: usize = 32;
@@ -166,9 +179,43 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
             meets_deadline: None,
             why_lost: None,
             replay: Some(r),
+            peak_spec: None,
+            modifications: None,
         });
     }
+    match crate::modify::specs(&demand) {
+        Some(ms) => {
+            let rules = surge_cloud::ModifyRules::ebs_rolling();
+            let m = crate::modify::run(t, &ms, rules, ebs.shape(), &o.instance, prices, qd).map_err(|why| PlanError::Candidate { name: MODIFY.into(), why })?;
+            let ns = m.replay.completion_ns.max(1);
+            let value = o.value_per_hour.map(|v| v * ns as f64 / 3.6e12);
+            let (storage, compute) = (m.cost.storage_usd, m.cost.compute_usd);
+            let raises = m.modifications.iter().filter(|x| x.action == surge_policy::modify::ModifyAction::Raise).count();
+            rows.push(Row {
+                name: MODIFY.into(),
+                spec: Some(ms.base.to_string()),
+                sized: format!("base: the cheapest gp3 that holds it; raised to {} on a burst ({} modifications, {raises} raises, EBS's 4 per rolling 24 h, 5 min optimizing)", ms.peak, m.modifications.len()),
+                simulated: true,
+                completion_s: Some(ns as f64 / 1e9),
+                storage_usd: Some(storage),
+                compute_usd: Some(compute),
+                time_value_usd: value,
+                total_usd: Some(storage + compute + value.unwrap_or(0.0)),
+                meets_deadline: None,
+                why_lost: None,
+                replay: Some(m.replay),
+                peak_spec: Some(ms.peak.to_string()),
+                modifications: Some(m.modifications),
+            });
+        }
+        None => rows.push(not_simulated(&NotSimulated { name: MODIFY, why: "not run: the trace is untimed, or the base gp3 (3,000 IOPS, 125 MiB/s) already serves its peak second, so there is nothing to raise" })),
+    }
     let fastest = rows.iter().filter_map(|r| r.completion_s).fold(f64::INFINITY, f64::min);
+    let mut skipped: Vec<Row> = Vec::new();
+    rows.retain(|r| r.simulated || {
+        skipped.push(r.clone());
+        false
+    });
     let deadline_s = o.deadline.map(|d| match d {
         Deadline::Relative(x) => fastest * x,
         Deadline::Absolute(d) => d.as_secs_f64(),
@@ -183,6 +230,7 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
         .min_by(|a, b| a.1.total_usd.partial_cmp(&b.1.total_usd).expect("finite dollars"))
         .map(|(i, _)| i);
     explain(&mut rows, recommended, deadline_s);
+    rows.extend(skipped);
     for n in candidates::NOT_SIMULATED {
         rows.push(not_simulated(n));
     }
@@ -192,7 +240,15 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
         _ => Objective::Cheapest,
     };
     let serve_args = recommended.map(|i| format!("--export {}={} --local-instance {}", o.export, rows[i].spec.as_deref().unwrap_or(""), o.instance));
+    let then = recommended.and_then(|i| {
+        let (base, peak) = (rows[i].spec.as_deref()?, rows[i].peak_spec.as_deref()?);
+        Some(format!(
+            "on a burst `surge set {e}/volume spec={peak}`, and once it is over and the rule allows `surge set {e}/volume spec={base}` (as the simulated controller did: ModifyPolicy on the export's I/O every 0.5 s; the daemon does not run it itself)",
+            e = o.export
+        ))
+    });
     Ok(WorkloadPlan {
+        figures: "simulated on virtual time",
         trace: t.header.name.clone(),
         aggregate: t.header.aggregate,
         note: t.header.note.clone(),
@@ -207,6 +263,7 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
         rows,
         recommended,
         serve_args,
+        then,
         prices: format!("{} ({}, {})", prices.source, prices.region, prices.date),
     })
 }
@@ -243,6 +300,8 @@ fn not_simulated(n: &NotSimulated) -> Row {
         meets_deadline: None,
         why_lost: Some(format!("not simulated yet: {}", n.why)),
         replay: None,
+        peak_spec: None,
+        modifications: None,
     }
 }
 
@@ -285,6 +344,46 @@ mod tests {
         assert!(!r.spec.as_ref().unwrap().starts_with("io2"), "{r:?}");
         let io2 = p.rows.iter().find(|r| r.name == "io2").unwrap();
         assert!(io2.total_usd.unwrap() > r.total_usd.unwrap());
+    }
+
+    fn row<'a>(p: &'a WorkloadPlan, name: &str) -> &'a Row {
+        p.rows.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no row {name}: {:?}", p.rows.iter().map(|r| &r.name).collect::<Vec<_>>()))
+    }
+
+    #[test]
+    fn modify_volume_follows_a_burst_paying_less_for_storage_than_the_peak_all_along_but_running_late() {
+        // A 10-minute burst at 400 MiB/s in half an hour at 20 MiB/s.
+        let t = crate::modify::tests::bursty();
+        let o = PlanOptions { instance: "m5.4xlarge".into(), deadline: None, ..opts() };
+        let p = plan_workload(&t, &o, &PriceTable::default()).unwrap();
+        assert_eq!(p.figures, "simulated on virtual time");
+        let (m, peak) = (row(&p, MODIFY), row(&p, "gp3 (provisioned)"));
+        assert!(m.simulated && m.peak_spec.as_deref() == peak.spec.as_deref(), "raised to the same spec gp3 is provisioned at: {m:?}\n{peak:?}");
+        assert_eq!(m.modifications.as_ref().unwrap().len(), 2, "raise, lower: {:?}", m.modifications);
+        assert!(m.storage_usd.unwrap() < 0.7 * peak.storage_usd.unwrap(), "peak spec billed for a third of the run: {m:?} vs {peak:?}");
+        // gp3 at the peak keeps up; the modified volume serves the burst at
+        // its base 125 MiB/s first, then ramps for 5 minutes: the run is late.
+        assert!((peak.completion_s.unwrap() - 1_860.0).abs() < 2.0, "{peak:?}");
+        assert!(m.completion_s.unwrap() > peak.completion_s.unwrap() + 30.0, "{m:?}");
+        // ... which costs more compute than the storage it saves on this instance.
+        assert!(m.total_usd.unwrap() > peak.total_usd.unwrap());
+        assert_ne!(p.rows[p.recommended.unwrap()].name, MODIFY);
+    }
+
+    #[test]
+    fn a_short_burst_in_two_quiet_hours_is_cheapest_on_modify_volume() {
+        // 2 minutes at 400 MiB/s, then 2 hours at 5 MiB/s.
+        let t = crate::modify::tests::bursty_with(5, 120, 7_200);
+        let o = PlanOptions { instance: "m5.4xlarge".into(), deadline: None, ..opts() };
+        let p = plan_workload(&t, &o, &PriceTable::default()).unwrap();
+        let (m, peak, base) = (row(&p, MODIFY), row(&p, "gp3 (provisioned)"), row(&p, "gp3"));
+        assert!(m.total_usd.unwrap() < peak.total_usd.unwrap(), "{m:?}\n{peak:?}");
+        assert!(m.total_usd.unwrap() < base.total_usd.unwrap(), "{m:?}\n{base:?}");
+        assert!(m.completion_s.unwrap() < base.completion_s.unwrap());
+        let rec = &p.rows[p.recommended.unwrap()];
+        assert_eq!(rec.name, MODIFY, "{:#?}", p.rows);
+        let then = p.then.as_deref().unwrap();
+        assert!(then.contains(&format!("spec={}", m.peak_spec.as_deref().unwrap())) && p.serve_args.as_deref().unwrap().contains(m.spec.as_deref().unwrap()), "{then}");
     }
 
     #[test]

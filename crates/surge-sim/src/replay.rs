@@ -14,7 +14,7 @@ use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use surge_block::{BlockDev, BlockError, ZeroMode};
-use surge_trace::{Op, Trace};
+use surge_trace::{Op, Rec, Trace};
 
 #[derive(Debug, Clone, Copy)]
 pub struct ReplayOptions {
@@ -53,8 +53,26 @@ impl BlockDev for NullDev {
     }
 }
 
+/// Sees the replay as a controller beside the daemon would: told before each
+/// request is submitted (it may act on the clock's time up to then, e.g. a
+/// policy's ticks) and of each completion.
+pub trait Observer {
+    /// The next request is submitted at `issue_ns` (the clock is still at or before it).
+    fn before(&mut self, _issue_ns: u64) {}
+    /// Request `r` submitted at `issue_ns` completes at `done_ns`.
+    fn completed(&mut self, _r: &Rec, _issue_ns: u64, _done_ns: u64) {}
+}
+
+struct Nobody;
+impl Observer for Nobody {}
+
 /// Replay `trace` on `dev`, whose layers run on `clock`.
 pub fn replay(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &ReplayOptions) -> Result<ReplayResult, BlockError> {
+    replay_observed(trace, dev, clock, o, &mut Nobody)
+}
+
+/// [`replay`], with `obs` told of every submission and completion.
+pub fn replay_observed(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &ReplayOptions, obs: &mut dyn Observer) -> Result<ReplayResult, BlockError> {
     let qd = o.qd.max(1);
     let mut inflight: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
     let mut latest = 0u64; // latest completion so far
@@ -77,6 +95,9 @@ pub fn replay(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &Replay
             inflight.clear();
         }
         lag = issue - (r.t_ns - t0);
+        if r.op != Op::Dropped {
+            obs.before(issue);
+        }
         clock.submit_at(issue);
         match r.op {
             Op::Read | Op::Write => {
@@ -96,6 +117,7 @@ pub fn replay(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &Replay
             Op::Dropped => continue,
         }
         let done = clock.completion_ns();
+        obs.completed(r, issue, done);
         latest = latest.max(done);
         if r.op != Op::Flush {
             inflight.push(Reverse(done));

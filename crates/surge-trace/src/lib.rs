@@ -6,7 +6,8 @@
 //!   [`writer::Recorder`] (fed from the request path through a bounded
 //!   lock-free queue drained by a thread; when full it drops and counts).
 //! - [`record`]: [`record::RecordDev`], a `BlockDev` layer that records every
-//!   request passing through it.
+//!   request passing through it while its [`record::RecordSwitch`] is on
+//!   (switched while the export serves).
 //! - [`reader`]: reads a trace back, with clear errors on malformed input.
 //! - [`import`]: blkparse text, fio iologs (v2, v3) and `iostat -x` (aggregate
 //!   only, labelled so) into the same format.
@@ -22,5 +23,5 @@ pub mod writer;
 
 pub use format::{Header, Op, Rec, Source, TraceError};
 pub use reader::Trace;
-pub use record::RecordDev;
+pub use record::{RecordDev, RecordSwitch};
 pub use writer::{Limits, Recorder, SegmentWriter};

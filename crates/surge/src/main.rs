@@ -11,6 +11,7 @@ mod experiment;
 mod load;
 mod logging;
 mod metrics;
+mod recording;
 mod reload;
 mod stack;
 mod torture;

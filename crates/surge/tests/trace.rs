@@ -138,3 +138,65 @@ fn a_recorded_random_4k_fio_run_is_not_given_st1_and_a_sequential_one_not_io2() 
     let spec = recommended_spec(&p);
     assert!(!spec.starts_with("io2"), "{spec}");
 }
+
+/// `surge set EXPORT record=on|off` through the control socket: only what
+/// the export served while on is in each recording; a file export keeps its
+/// zero-copy path while off, and every request is seen while on.
+#[test]
+fn recording_is_switched_on_and_off_on_a_running_daemon() {
+    let mut s = Surge::start(&["--export", "d=file:d.img,create=64MiB"]);
+    let uri = s.uri("d");
+    let set = |kv: &[&str]| {
+        let mut a = vec!["set", "d"];
+        a.extend_from_slice(kv);
+        s.client(&a)
+    };
+    let status = || -> serde_json::Value {
+        let out = s.client(&["status", "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        st.as_array().unwrap().iter().find(|t| t["name"] == "d").unwrap()["status"]["record"].clone()
+    };
+    assert_eq!(status()["on"], false);
+    // Off: not recorded (1 MiB writes and reads take the zero-copy path when it is open).
+    qemu_io(&uri, &["write -P 1 0 1M", "read 0 1M"]);
+    let r1 = s.path("r1");
+    let r1_s = format!("record_dir={}", r1.display());
+    let out = set(&[r1_s.as_str(), "record=on"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(status()["on"], true);
+    assert_eq!(status()["dir"], r1.to_str().unwrap());
+    qemu_io(&uri, &["write -P 2 4M 1M", "read 4M 1M", "write -f 8M 4k"]);
+    let twice = set(&["record=on"]);
+    assert!(!twice.status.success() && text(&twice.stderr).contains("already recording into"), "{}", text(&twice.stderr));
+    let elsewhere = format!("record_dir={}", s.path("elsewhere").display());
+    let moved = set(&[elsewhere.as_str()]);
+    assert!(!moved.status.success() && text(&moved.stderr).contains("record=off first"), "{}", text(&moved.stderr));
+    assert!(set(&["record=off"]).status.success());
+    let st = status();
+    assert_eq!(st["on"], false);
+    assert!(st["last"]["stats"]["recorded"].as_u64().unwrap() >= 3, "{st}");
+    qemu_io(&uri, &["write -P 3 12M 1M"]); // off again
+    // On again without record_dir: a fresh directory under the data dir.
+    assert!(set(&["record=on"]).status.success());
+    let r2 = std::path::PathBuf::from(status()["dir"].as_str().unwrap());
+    assert!(r2.starts_with(s.path("traces")), "{}", r2.display());
+    qemu_io(&uri, &["read 16M 64k"]);
+    let bad = set(&["record=maybe"]);
+    assert!(!bad.status.success() && text(&bad.stderr).contains("on or off"), "{}", text(&bad.stderr));
+    // The r1 directory holds a trace: a recording into it again is refused with a reason.
+    assert!(set(&["record=off", r1_s.as_str()]).status.success());
+    let again = set(&["record=on"]);
+    assert!(!again.status.success() && text(&again.stderr).contains("record_dir="), "{}", text(&again.stderr));
+    s.signal(libc::SIGTERM);
+    assert!(s.wait(Duration::from_secs(30)).success(), "{}", s.logs());
+
+    let shapes = |t: &Trace| -> Vec<(Op, u64, u64, bool)> { t.records.iter().filter(|r| r.op != Op::Flush).map(|r| (r.op, r.offset, r.len, r.fua)).collect() };
+    let t1 = Trace::open(&r1).unwrap();
+    let got = shapes(&t1);
+    assert!(in_order(&got, &[(Op::Write, 4 << 20, 1 << 20, false), (Op::Read, 4 << 20, 1 << 20, false), (Op::Write, 8 << 20, 4096, true)]), "{got:?}");
+    assert!(got.iter().all(|r| r.1 >= 4 << 20 && r.1 < 12 << 20), "only what was served while on: {got:?}");
+    let t2 = Trace::open(&r2).unwrap();
+    assert_eq!(shapes(&t2), vec![(Op::Read, 16 << 20, 65536, false)]);
+    assert!(!t1.truncated && !t2.truncated);
+}

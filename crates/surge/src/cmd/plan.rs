@@ -235,7 +235,8 @@ fn render_workload(p: &surge_sim::WorkloadPlan) -> String {
         (surge_sim::Objective::ValuePerHour(v), _) => format!("cheapest total, the run's time valued at ${v}/h"),
         _ => "cheapest total (storage + compute)".into(),
     };
-    let _ = writeln!(s, "goal: {goal}; prices: {}\n", p.prices);
+    let _ = writeln!(s, "goal: {goal}; prices: {}", p.prices);
+    let _ = writeln!(s, "every figure below is {} (the trace replayed through the volume models and policies; nothing ran on a cloud)\n", p.figures);
     let _ = writeln!(s, "{:<28} {:<44} {:>11} {:>11} {:>11} {:>11}  why it lost", "candidate", "spec", "complete s", "storage $", "compute $", "total $");
     for (i, r) in p.rows.iter().enumerate().filter(|(_, r)| r.simulated) {
         let why = if Some(i) == p.recommended { "<= recommended".to_string() } else { r.why_lost.clone().unwrap_or_default() };
@@ -249,8 +250,14 @@ fn render_workload(p: &surge_sim::WorkloadPlan) -> String {
             usd(r.compute_usd),
             usd(r.total_usd)
         );
+        if let Some(peak) = &r.peak_spec {
+            let _ = writeln!(s, "{:<28}   {} (peak spec {peak})", "", r.sized);
+        }
+        for m in r.modifications.iter().flatten() {
+            let _ = writeln!(s, "{:<28}   {:>9.1} s  {:?} to {}: {}", "", m.at_s, m.action, m.to, m.reason);
+        }
     }
-    let _ = writeln!(s, "\nnot simulated yet (left out, not guessed):");
+    let _ = writeln!(s, "\nnot simulated (left out, not guessed):");
     for r in p.rows.iter().filter(|r| !r.simulated) {
         let why = r.why_lost.as_deref().unwrap_or("").trim_start_matches("not simulated yet: ");
         let _ = writeln!(s, "  {}: {why}", r.name);
@@ -258,8 +265,11 @@ fn render_workload(p: &surge_sim::WorkloadPlan) -> String {
     match (p.recommended, &p.serve_args) {
         (Some(i), Some(args)) => {
             let r = &p.rows[i];
-            let _ = writeln!(s, "\nrecommended: {} ({}), {:.2} s, ${:.6} a run", r.name, r.sized, r.completion_s.unwrap_or(0.0), r.total_usd.unwrap_or(0.0));
+            let _ = writeln!(s, "\nrecommended: {} ({}), {:.2} s, ${:.6} a run (simulated on virtual time)", r.name, r.sized, r.completion_s.unwrap_or(0.0), r.total_usd.unwrap_or(0.0));
             let _ = writeln!(s, "  surge serve {args}");
+            if let Some(then) = &p.then {
+                let _ = writeln!(s, "  then {then}");
+            }
         }
         _ => {
             let _ = writeln!(s, "\nno simulated candidate meets the deadline");

@@ -229,6 +229,7 @@ pub struct Args {
     /// Record every request of export NAME into DIR (a new directory; gzip
     /// segments, oldest deleted past --record-max-size): NAME=DIR, repeatable.
     /// Read it with `surge trace show DIR`, plan with `surge plan workload --trace DIR`.
+    /// On a running daemon: `surge set NAME record=on|off` (and `record_dir=DIR`).
     #[arg(long = "record", value_name = "NAME=DIR")]
     pub record: Vec<String>,
     /// Disk space a recording keeps at most (its oldest segments are deleted).
@@ -484,6 +485,8 @@ struct ExportControl {
     allow: Option<String>,
     counted: Arc<Counted>,
     server: ServerCell,
+    /// `record=on|off`, `record_dir=`.
+    recording: Arc<crate::recording::Recording>,
 }
 
 impl Controllable for ExportControl {
@@ -507,7 +510,11 @@ impl Controllable for ExportControl {
                 "active": conns.as_ref().map_or(0, |c| c.active_connections),
                 "total": conns.as_ref().map_or(0, |c| c.connections),
             },
+            "record": self.recording.status(),
         })
+    }
+    fn set(&self, key: &str, value: &str) -> Result<(), String> {
+        self.recording.set(key, value)
     }
 }
 
@@ -516,7 +523,7 @@ struct Prepared {
     export: Export,
     control: Arc<ExportControl>,
     extra: Vec<Arc<dyn Controllable>>,
-    recorder: Option<Arc<surge_trace::Recorder>>,
+    recording: Arc<crate::recording::Recording>,
 }
 
 /// `--dry-run`: the plan of every export on the daemon's provider (stack::dryrun).
@@ -551,17 +558,15 @@ fn prepare(
     ctx: &BuildContext,
     server: &ServerCell,
     metrics: Option<&crate::metrics::Metrics>,
-    record: Option<(&Path, surge_trace::Limits)>,
+    record: (Option<&Path>, surge_trace::Limits),
 ) -> anyhow::Result<Prepared> {
     let built = stack::build(spec, ctx).with_context(|| format!("export {}", spec.name))?;
-    let (dev, recorder) = match record {
-        Some((dir, limits)) => {
-            let (dev, r) = surge_trace::record::recorded(built.dev, &spec.name, dir, limits).with_context(|| format!("--record {}", spec.name))?;
-            tracing::info!(export = %spec.name, dir = %dir.display(), "recording requests");
-            (dev, Some(r))
-        }
-        None => (built.dev, None),
-    };
+    // Every export can be recorded from the control socket; off it costs a load.
+    let (dev, switch) = surge_trace::record::switchable(built.dev, &spec.name);
+    let recording = Arc::new(crate::recording::Recording::new(&spec.name, switch, record.1, &ctx.data_dir));
+    if let Some(dir) = record.0 {
+        recording.start(Some(dir)).map_err(anyhow::Error::msg).with_context(|| format!("--record {}", spec.name))?;
+    }
     let dev = match metrics {
         Some(m) => m.timed(&spec.name, dev),
         None => dev,
@@ -589,8 +594,9 @@ fn prepare(
         allow: allow_text,
         counted,
         server: server.clone(),
+        recording: recording.clone(),
     });
-    Ok(Prepared { export, control, extra: built.controls, recorder })
+    Ok(Prepared { export, control, extra: built.controls, recording })
 }
 
 /// A route whose devices count in the export's counters.
@@ -653,13 +659,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .exports
         .iter()
         .map(|(s, ro)| {
-            let rec = plan.record.iter().find(|(n, _)| *n == s.name).map(|(_, d)| (d.as_path(), plan.record_limits));
+            let rec = (plan.record.iter().find(|(n, _)| *n == s.name).map(|(_, d)| d.as_path()), plan.record_limits);
             prepare(s, *ro, allow_of(&s.name), &ctx, &cell, metrics.as_ref(), rec)
         })
         .collect::<anyhow::Result<_>>()?;
 
     let mut exports = Vec::new();
-    let recorders: Vec<_> = prepared.iter().filter_map(|p| p.recorder.clone()).collect();
+    let recordings: Vec<_> = prepared.iter().map(|p| p.recording.clone()).collect();
     for p in prepared {
         registry.register(p.control.clone())?;
         for c in p.extra {
@@ -750,10 +756,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     drop(coop);
     let done = shutdown(&cell).context("shutting down");
     // After the last request: close each trace (queued records written).
-    for r in &recorders {
+    for r in &recordings {
         r.stop();
-        let st = r.stats();
-        tracing::info!(dir = %r.dir().display(), recorded = st.recorded, dropped = st.dropped, "recording closed");
     }
     done?;
     Ok(())

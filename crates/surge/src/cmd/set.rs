@@ -6,7 +6,7 @@ use crate::control::{self, Request};
 #[derive(clap::Args, Debug)]
 #[command(
     about = "Change settings of a running `surge serve` (see `surge status` for targets)",
-    after_long_help = "Examples:\n  surge set disk/cache mode=writethrough\n  surge set tenant-a weight=4 limit=100MB/s"
+    after_long_help = "Examples:\n  surge set disk/cache mode=writethrough\n  surge set tenant-a weight=4 limit=100MB/s\n  surge set app record_dir=/var/tmp/app.trace record=on    (then record=off)"
 )]
 pub struct Args {
     /// The target's name as `surge status` lists it.
