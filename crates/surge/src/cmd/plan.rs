@@ -250,8 +250,8 @@ fn render_workload(p: &surge_sim::WorkloadPlan) -> String {
             usd(r.compute_usd),
             usd(r.total_usd)
         );
-        if let Some(peak) = &r.peak_spec {
-            let _ = writeln!(s, "{:<28}   {} (peak spec {peak})", "", r.sized);
+        if r.peak_spec.is_some() {
+            let _ = writeln!(s, "{:<28}   {}", "", r.sized);
         }
         for m in r.modifications.iter().flatten() {
             let _ = writeln!(s, "{:<28}   {:>9.1} s  {:?} to {}: {}", "", m.at_s, m.action, m.to, m.reason);
