@@ -240,7 +240,7 @@ mod tests {
         let mut p = with_rules(ModifyRules::ebs_rolling());
         p.observe_state(Some(false));
         let (mut t, mut c) = (0, (0, 0));
-        let d = run(&mut p, &mut t, 5, 100_000_000, 100, &mut c);
+        let d = run(&mut p, &mut t, 10, 100_000_000, 100, &mut c);
         assert_eq!(d.iter().map(|d| d.1).collect::<Vec<_>>(), vec![ModifyAction::Raise], "{d:?}");
         // The cloud still reports it optimizing after 10 min (5 min is the guess): no lowering.
         p.observe_state(Some(true));
