@@ -17,8 +17,14 @@ pub enum Kind {
     Throttled,
     Permission,
     InUse,
+    /// EBS refused a modification: the previous one has not completed, or the
+    /// volume reached its modification limit (6 h, or 4 per rolling 24 h).
+    ModifyRefused,
     Other,
 }
+
+/// Codes of a refused ModifyVolume (EBS's modification limits).
+const MODIFY_REFUSED_CODES: &[&str] = &["VolumeModificationRateExceeded", "VolumeModificationRateExceededException", "IncorrectModificationState"];
 
 pub fn kind_of_code(code: Option<&str>) -> Kind {
     match code {
@@ -27,6 +33,7 @@ pub fn kind_of_code(code: Option<&str>) -> Kind {
         Some("UnauthorizedOperation" | "AccessDenied" | "AccessDeniedException") => Kind::Permission,
         Some("InvalidVolume.NotFound" | "InvalidInstanceID.NotFound") => Kind::NotFound,
         Some("VolumeInUse" | "IncorrectState" | "InvalidVolume.ZoneMismatch") => Kind::InUse,
+        Some(c) if MODIFY_REFUSED_CODES.contains(&c) => Kind::ModifyRefused,
         _ => Kind::Other,
     }
 }
@@ -43,6 +50,18 @@ where
     let why = match (kind_of_code(code.as_deref()), &err) {
         (Kind::NotFound, _) if !volume.is_empty() && code.as_deref() == Some("InvalidVolume.NotFound") => {
             return CloudError::NotFound { action, volume };
+        }
+        (Kind::ModifyRefused, _) => {
+            return CloudError::Busy {
+                action,
+                volume,
+                why: format!(
+                    "{api}: EBS refused the modification ({}: {msg}); a volume is modified again only once its previous \
+                     modification completed and within EBS's limit (6 hours apart, or 4 per rolling 24 hours); \
+                     nothing was changed, and surge does not retry it before the rule allows (see `[aws] modify_rules`)",
+                    code.unwrap_or_default()
+                ),
+            }
         }
         (Kind::InUse, _) => return CloudError::Busy { action, volume, why: format!("{api}: {} ({msg})", code.unwrap_or_default()) },
         (Kind::Credentials, _) => format!(
@@ -87,6 +106,8 @@ mod tests {
         assert_eq!(kind_of_code(Some("UnauthorizedOperation")), Kind::Permission);
         assert_eq!(kind_of_code(Some("VolumeInUse")), Kind::InUse);
         assert_eq!(kind_of_code(Some("InvalidVolume.NotFound")), Kind::NotFound);
+        assert_eq!(kind_of_code(Some("VolumeModificationRateExceeded")), Kind::ModifyRefused);
+        assert_eq!(kind_of_code(Some("IncorrectModificationState")), Kind::ModifyRefused);
         assert_eq!(kind_of_code(Some("Whatever")), Kind::Other);
         assert_eq!(kind_of_code(None), Kind::Other);
     }

@@ -8,6 +8,8 @@
 //! - [`device`]: finding the attached volume inside the instance (NVMe by-id
 //!   links, xvd names) under an injectable root.
 //! - [`ebs`]: surge volume specs <-> EBS parameters (pure).
+//! - [`modification`]: DescribeVolumesModifications as surge's `Modification`
+//!   (pure), and the history that keeps ModifyVolume within the modification rule.
 //!
 //! Its own crate so that the rest of surge builds without the SDK.
 
@@ -15,6 +17,7 @@ pub mod device;
 pub mod ebs;
 pub mod error;
 pub mod limits;
+pub mod modification;
 pub mod provider;
 
 pub use provider::{AwsConfig, AwsProvider, NAME_TAG, OWNER_TAG};

@@ -9,6 +9,7 @@
 use crate::device;
 use crate::ebs;
 use crate::error::map;
+use crate::modification::History;
 use aws_config::BehaviorVersion;
 use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification, Volume, VolumeAttachmentState, VolumeType};
 use parking_lot::Mutex;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use surge_block::model::CreditBalance;
 use surge_block::{BlockDev, FileDev, FileOptions};
 use surge_cloud::cost::{report, UsageRecord};
-use surge_cloud::{Action, Attachment, CloudError, CostReport, CreateRequest, PriceTable, Provider, VolumeInfo, VolumeSpec, VolumeState};
+use surge_cloud::{Action, Attachment, CloudError, CostReport, CreateRequest, Modification, ModifyRules, PriceTable, Provider, VolumeInfo, VolumeSpec, VolumeState};
 
 /// Tag that marks a volume as surge's; its value is [`AwsConfig::owner`].
 pub const OWNER_TAG: &str = "surge:owner";
@@ -54,6 +55,12 @@ pub struct AwsConfig {
     pub max_attempts: u32,
     pub initial_backoff: Duration,
     pub prices: PriceTable,
+    /// EBS's modification limit surge keeps to (AWS enforces its own; surge
+    /// does not send a ModifyVolume it knows will be refused): the newer
+    /// four per rolling 24 hours, each once the previous completed, by default.
+    pub modify_rules: ModifyRules,
+    /// After AWS refuses a modification, how long surge waits before asking again.
+    pub modify_retry: Duration,
 }
 
 impl Default for AwsConfig {
@@ -74,6 +81,8 @@ impl Default for AwsConfig {
             max_attempts: 8,
             initial_backoff: Duration::from_millis(200),
             prices: PriceTable::default(),
+            modify_rules: ModifyRules::ebs_rolling(),
+            modify_retry: Duration::from_secs(600),
         }
     }
 }
@@ -99,6 +108,11 @@ pub struct AwsProvider {
     /// Device names of attaches in flight: concurrent attaches (a stripe's
     /// members) must not pick the same free name before AWS lists it.
     naming: Mutex<Vec<String>>,
+    /// Each volume's modifications, for [`AwsConfig::modify_rules`].
+    modified: Mutex<HashMap<String, History>>,
+    /// DescribeVolumesModifications failed once (logged once; the rule's
+    /// expected duration stands in for the state from then on).
+    no_modification_state: std::sync::atomic::AtomicBool,
 }
 
 fn now_unix_ns() -> u64 {
@@ -143,7 +157,7 @@ impl AwsProvider {
         if let (Some(id), Some(az)) = (&cfg.instance_id, &cfg.availability_zone) {
             let _ = instance.set(Instance { id: id.clone(), az: az.clone() });
         }
-        Ok(AwsProvider { rt, ec2, cw, cfg, http, instance, attached: Mutex::new(HashMap::new()), deleted: Mutex::new(Vec::new()), naming: Mutex::new(Vec::new()) })
+        Ok(AwsProvider { rt, ec2, cw, cfg, http, instance, attached: Mutex::new(HashMap::new()), deleted: Mutex::new(Vec::new()), naming: Mutex::new(Vec::new()), modified: Mutex::new(HashMap::new()), no_modification_state: Default::default() })
     }
 
     pub fn config(&self) -> &AwsConfig {
@@ -323,6 +337,17 @@ impl AwsProvider {
     /// BurstBalance (percent) of the last 10 minutes from CloudWatch, if AWS has any.
     pub fn burst_balance(&self, id: &str) -> Result<Option<f64>, CloudError> {
         Ok(self.burst_balance_point(id)?.map(|p| p.percent))
+    }
+
+    /// DescribeVolumesModifications of one volume: its latest modification
+    /// (`None`: never modified; EBS answers that with
+    /// `InvalidVolumeModification.NotFound`, moto with an empty list).
+    fn latest_modification(&self, action: Action, id: &str) -> Result<Option<Modification>, CloudError> {
+        match self.rt.block_on(self.ec2.describe_volumes_modifications().volume_ids(id).send()) {
+            Ok(out) => Ok(crate::modification::latest(out.volumes_modifications(), id)),
+            Err(e) if e.as_service_error().and_then(|s| aws_sdk_ec2::error::ProvideErrorMetadata::code(s)) == Some("InvalidVolumeModification.NotFound") => Ok(None),
+            Err(e) => Err(map(action, id, "DescribeVolumesModifications", self.attempts(), e)),
+        }
     }
 
     /// The latest BurstBalance point of the last 10 minutes (the minimum of
@@ -651,7 +676,25 @@ impl Provider for AwsProvider {
             p.iops.get_or_insert(ebs::GP3_BASE_IOPS as i32);
             p.throughput_mibps.get_or_insert(ebs::GP3_BASE_MIBPS as i32);
         }
-        self.rt
+        // Keep to the modification rule: whether the previous one completed
+        // is what AWS reports; without ec2:DescribeVolumesModifications, the
+        // rule's expected duration stands in.
+        let rules = self.cfg.modify_rules;
+        let latest = match self.latest_modification(a, &id) {
+            Ok(m) => Ok(m),
+            Err(e) => {
+                if !self.no_modification_state.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(volume = %id, "cannot read modification states ({e}); assuming each modification completes in {:?}", rules.optimizing);
+                }
+                Err(())
+            }
+        };
+        let now = Duration::from_nanos(now_unix_ns());
+        let refused = self.modified.lock().entry(id.clone()).or_default().refuses(&rules, now, latest.as_ref().map(Option::as_ref).map_err(|_| ()), self.cfg.modify_retry);
+        if let Some(why) = refused {
+            return Err(CloudError::Busy { action: a, volume: id, why: format!("not asked of AWS: {why} (modification rule {})", rules.name()) });
+        }
+        let sent = self.rt
             .block_on(
                 self.ec2
                     .modify_volume()
@@ -661,9 +704,27 @@ impl Provider for AwsProvider {
                     .set_iops(p.iops)
                     .set_throughput(p.throughput_mibps)
                     .send(),
-            )
-            .map_err(|e| map(a, &id, "ModifyVolume", self.attempts(), e))?;
+            );
+        match sent {
+            Ok(_) => self.modified.lock().entry(id.clone()).or_default().made(&rules, now),
+            Err(e) => {
+                let refused = crate::error::kind_of_code(aws_sdk_ec2::error::ProvideErrorMetadata::code(&e)) == crate::error::Kind::ModifyRefused;
+                let e = map(a, &id, "ModifyVolume", self.attempts(), e);
+                if refused {
+                    // Logged here once; the next attempts are refused without a call until modify_retry passed.
+                    tracing::warn!(volume = %id, "{e}");
+                    self.modified.lock().entry(id.clone()).or_default().refused(now);
+                }
+                return Err(e);
+            }
+        }
         self.describe(&id)
+    }
+
+    fn modification(&self, key: &str) -> Result<Option<Modification>, CloudError> {
+        let a = Action::Describe;
+        let v = self.find(a, key)?;
+        self.latest_modification(a, v.volume_id().unwrap_or_default())
     }
 }
 

@@ -344,3 +344,55 @@ fn a_volume_left_attached_by_a_dead_process_is_taken_over() {
     next.detach(&v.id).unwrap();
     assert_eq!(next.describe(&v.id).unwrap().state, VolumeState::Available);
 }
+
+/// Issue 39 item 4: ModifyVolume within the modification rule, whose "once
+/// the previous one completed" is DescribeVolumesModifications' state. moto
+/// answers DescribeVolumesModifications but reports every modification
+/// `completed` (progress 100) at once and enforces no limit; the proxy
+/// rewrites its state to `optimizing` and injects EBS's refusal.
+#[test]
+fn modifications_keep_to_the_rule_and_wait_for_the_state_aws_reports() {
+    let r = rig("modify");
+    let p = &r.p;
+    let v = p.create(req("gp3:1GiB", Some("m"))).unwrap();
+    assert_eq!(p.modification(&v.id).unwrap(), None, "never modified");
+    p.modify(&v.id, "gp3:1GiB,iops=6000".parse().unwrap()).unwrap();
+    let m = p.modification("m").unwrap().expect("moto reports the modification");
+    assert_eq!((m.state, m.progress_percent), (surge_cloud::ModificationState::Completed, Some(100)), "{m:?}");
+    assert_eq!(m.target.as_deref(), Some("gp3:1GiB,iops=6000"), "{m:?}");
+    assert!(m.started_unix_ms.is_some(), "{m:?}");
+
+    // Still optimizing (as AWS says for minutes to hours): not asked of AWS.
+    let optimizing = Rule::Rewrite { action: "DescribeVolumesModifications".into(), times: 1, from: "completed".into(), to: "optimizing".into() };
+    r.proxy.add(optimizing);
+    let sent = r.proxy.count("ModifyVolume");
+    let e = p.modify(&v.id, "gp3:1GiB,iops=7000".parse().unwrap()).unwrap_err();
+    assert!(matches!(e, CloudError::Busy { action: Action::Modify, .. }), "{e:?}");
+    assert!(e.to_string().contains("not completed") && e.to_string().contains("ebs-24h"), "{e}");
+    assert_eq!(r.proxy.count("ModifyVolume"), sent, "a modification surge knows AWS refuses is not sent");
+    // Completed: the rolling rule allows four a day.
+    for iops in [7000, 8000, 9000] {
+        p.modify(&v.id, format!("gp3:1GiB,iops={iops}").parse().unwrap()).unwrap();
+    }
+    let e = p.modify(&v.id, "gp3:1GiB,iops=10000".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("at most 4 per rolling"), "{e}");
+    assert_eq!(r.proxy.count("ModifyVolume"), sent + 3);
+
+    // EBS's refusal: a clear Busy error, and no retry until modify_retry passed.
+    let w = p.create(req("gp3:1GiB", None)).unwrap();
+    r.proxy.add(Rule::Fail { action: "ModifyVolume".into(), times: 1, status: 400, code: "VolumeModificationRateExceeded".into() });
+    let e = p.modify(&w.id, "gp3:1GiB,iops=6000".parse().unwrap()).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, CloudError::Busy { .. }) && msg.contains("EBS refused the modification") && msg.contains("VolumeModificationRateExceeded"), "{msg}");
+    let sent = r.proxy.count("ModifyVolume");
+    let e = p.modify(&w.id, "gp3:1GiB,iops=6000".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("AWS refused the last modification"), "{e}");
+    assert_eq!(r.proxy.count("ModifyVolume"), sent, "not retried");
+
+    // The classic rule: one per 6 hours, AWS's start time counting (a fresh provider knows no history).
+    let mut cfg = p.config().clone();
+    cfg.modify_rules = surge_cloud::ModifyRules::ebs();
+    let classic = AwsProvider::connect(cfg).unwrap();
+    let e = classic.modify(&v.id, "gp3:1GiB,iops=11000".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("once per") && e.contains("ebs-6h"), "{e}");
+}

@@ -196,6 +196,14 @@ impl Provider for DryRunProvider {
         v.size = spec.size;
         Ok(v)
     }
+
+    /// A read: the real volume's latest modification (a planned one has none).
+    fn modification(&self, id: &str) -> Result<Option<crate::Modification>> {
+        if self.state.lock().planned.contains_key(id) {
+            return Ok(None);
+        }
+        self.inner.modification(id)
+    }
 }
 
 /// The device of a planned attachment: reads zeroes, drops writes. Nothing

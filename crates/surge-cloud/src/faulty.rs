@@ -104,4 +104,7 @@ impl Provider for FaultyProvider {
     fn modify(&self, id: &str, spec: VolumeSpec) -> std::result::Result<VolumeInfo, CloudError> {
         self.inner.modify(id, spec)
     }
+    fn modification(&self, id: &str) -> Result<Option<crate::Modification>> {
+        self.inner.modification(id)
+    }
 }

@@ -26,5 +26,5 @@ pub use dryrun::DryRunProvider;
 pub use faulty::FaultyProvider;
 pub use cost::{CostMeter, CostReport, PriceTable, S3Price, S3Usage, VolumeCost, WallClock};
 pub use local::{Delays, LocalConfig, LocalProvider, ModifyRules, Optimizing};
-pub use provider::{Action, AttachmentSlots, CloudError, CreateRequest, CreditSample, Provider, VolumeInfo, VolumeState};
+pub use provider::{Action, AttachmentSlots, CloudError, CreateRequest, CreditSample, Modification, ModificationState, Provider, VolumeInfo, VolumeState};
 pub use spec::{SpecError, VolumeSpec};

@@ -666,6 +666,30 @@ impl Provider for LocalProvider {
         tracing::info!(id = %info.id, spec = %info.spec, "modified volume");
         Ok(info)
     }
+
+    /// From the emulation's ramp: `optimizing` (with its progress) for the
+    /// rules' `optimizing` after the request, then `completed`; never `modifying`
+    /// (the ramp starts at the request).
+    fn modification(&self, key: &str) -> Result<Option<crate::Modification>> {
+        use crate::{Modification, ModificationState};
+        let a = Action::Describe;
+        let v = self.locked(a, |st| Ok((Self::find(st, a, key)?.clone(), false)))?;
+        let Some(at) = v.modifications_unix_ns.iter().copied().chain(v.modified_unix_ns).max() else { return Ok(None) };
+        let length = self.cfg.modify_rules.optimizing.as_nanos() as u64;
+        let ago = self.wall.now_unix_ns().saturating_sub(at);
+        let done = ago >= length;
+        let shape = v.spec.shape().ok();
+        Ok(Some(Modification {
+            state: if done { ModificationState::Completed } else { ModificationState::Optimizing },
+            progress_percent: Some(if done { 100 } else { (ago as f64 / length as f64 * 100.0) as u32 }),
+            started_unix_ms: Some(at / 1_000_000),
+            ended_unix_ms: done.then_some((at + length) / 1_000_000),
+            target: Some(v.spec.to_string()),
+            target_iops: shape.as_ref().and_then(|s| s.iops),
+            target_throughput_mibps: shape.as_ref().and_then(|s| s.bps).map(|b| b / (1 << 20)),
+            message: None,
+        }))
+    }
 }
 
 #[cfg(test)]

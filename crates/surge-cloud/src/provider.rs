@@ -154,6 +154,56 @@ impl AttachmentSlots {
     }
 }
 
+/// Where a volume's latest modification is (EBS's `modificationState`):
+/// `modifying`, then `optimizing` (the new performance arrives gradually:
+/// EBS "is in between the source and target configuration"), then
+/// `completed`; or `failed` (the volume keeps its old configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModificationState {
+    Modifying,
+    Optimizing,
+    Completed,
+    Failed,
+}
+
+impl ModificationState {
+    /// Still on its way: the next modification must wait for it (EBS's newer rule).
+    pub fn in_flight(self) -> bool {
+        matches!(self, ModificationState::Modifying | ModificationState::Optimizing)
+    }
+}
+
+impl fmt::Display for ModificationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ModificationState::Modifying => "modifying",
+            ModificationState::Optimizing => "optimizing",
+            ModificationState::Completed => "completed",
+            ModificationState::Failed => "failed",
+        })
+    }
+}
+
+/// A volume's latest modification, as the provider reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Modification {
+    pub state: ModificationState,
+    /// 0 to 100, if the provider says.
+    pub progress_percent: Option<u32>,
+    /// When it was requested and (once completed or failed) ended, ms since
+    /// the UNIX epoch on the provider's clock.
+    pub started_unix_ms: Option<u64>,
+    pub ended_unix_ms: Option<u64>,
+    /// The spec it moves to (`TYPE:SIZE[,...]`), when known.
+    pub target: Option<String>,
+    pub target_iops: Option<u64>,
+    /// MiB/s.
+    pub target_throughput_mibps: Option<u64>,
+    /// The provider's status message (EBS's `statusMessage`, e.g. why it failed).
+    pub message: Option<String>,
+}
+
 /// A volume to create.
 #[derive(Debug, Clone)]
 pub struct CreateRequest {
@@ -204,5 +254,12 @@ pub trait Provider: Send + Sync {
     fn modify(&self, id: &str, spec: VolumeSpec) -> Result<VolumeInfo> {
         let _ = spec;
         Err(CloudError::Busy { action: Action::Modify, volume: id.to_string(), why: "this provider cannot modify volumes".into() })
+    }
+    /// The volume's latest modification and where it is (EBS:
+    /// DescribeVolumesModifications); `None`: never modified, or the provider
+    /// cannot tell (callers then fall back to the rule's expected duration).
+    fn modification(&self, id: &str) -> Result<Option<Modification>> {
+        let _ = id;
+        Ok(None)
     }
 }

@@ -50,20 +50,69 @@ pub struct ModifyPolicy {
     below_since: Option<Duration>,
     /// A wanted modification refused by the cooldown was logged already.
     waiting_logged: bool,
+    /// Whether the cloud reports the latest modification still on its way
+    /// (`None`: it cannot tell; the rules' `optimizing` is then the guess).
+    in_flight: Option<bool>,
+    /// After the cloud refused a modification: nothing before this.
+    hold_until: Option<Duration>,
+    /// The modification wanted now and waiting for the rules, if any.
+    wanted: Option<ModifyAction>,
 }
 
 impl ModifyPolicy {
     pub fn new(cfg: ModifyConfig) -> Self {
         let window = UtilWindow::new(cfg.window);
-        ModifyPolicy { cfg, window, raised: false, modified: Vec::new(), below_since: None, waiting_logged: false }
+        ModifyPolicy { cfg, window, raised: false, modified: Vec::new(), below_since: None, waiting_logged: false, in_flight: None, hold_until: None, wanted: None }
     }
 
     pub fn raised(&self) -> bool {
         self.raised
     }
 
+    pub fn config(&self) -> &ModifyConfig {
+        &self.cfg
+    }
+
+    /// The volume is at its peak spec already (a restart found it raised).
+    pub fn set_raised(&mut self, raised: bool) {
+        self.raised = raised;
+    }
+
+    /// What the cloud reports of the latest modification: `Some(true)` while
+    /// modifying or optimizing. Under a rule that waits for completion
+    /// (EBS's rolling one) this state decides, not the expected duration.
+    pub fn observe_state(&mut self, in_flight: Option<bool>) {
+        self.in_flight = in_flight;
+    }
+
+    /// The cloud refused the modification `tick` just returned: it did not
+    /// happen; nothing is tried again before `now + retry`.
+    pub fn refused(&mut self, now: Duration, retry: Duration) {
+        self.modified.pop();
+        self.raised = !self.raised;
+        if self.in_flight.is_some() {
+            // It did not start: the state is what it was before.
+            self.in_flight = Some(false);
+        }
+        self.hold_until = Some(now + retry);
+        self.waiting_logged = false;
+    }
+
+    /// The modification wanted and waiting for the rules, if any.
+    pub fn wanted(&self) -> Option<ModifyAction> {
+        self.wanted
+    }
+
+    /// Why a modification at `now` would wait, or `None` if the rules allow it.
+    pub fn refusal(&self, now: Duration) -> Option<String> {
+        if let Some(t) = self.hold_until.filter(|&t| now < t) {
+            return Some(format!("the cloud refused the last modification; the next attempt in {:.0} s", (t - now).as_secs_f64()));
+        }
+        self.cfg.rules.refuses_with(&self.modified, now, self.in_flight)
+    }
+
     fn allowed(&self, now: Duration) -> bool {
-        self.cfg.rules.refuses(&self.modified, now).is_none()
+        self.refusal(now).is_none()
     }
 
     /// Feed cumulative application bytes and operations; a modification to
@@ -85,6 +134,7 @@ impl ModifyPolicy {
             }
             _ => None,
         };
+        self.wanted = want.as_ref().map(|w| w.0);
         let (action, reason) = want?;
         if !self.allowed(now) {
             if !self.waiting_logged {
@@ -94,7 +144,12 @@ impl ModifyPolicy {
             return None;
         }
         self.waiting_logged = false;
+        self.wanted = None;
         self.raised = action == ModifyAction::Raise;
+        // Until the cloud says otherwise, the new one is on its way.
+        if self.in_flight.is_some() {
+            self.in_flight = Some(true);
+        }
         self.modified.push(now);
         if self.modified.len() > self.cfg.rules.memory() {
             self.modified.remove(0);
@@ -103,9 +158,10 @@ impl ModifyPolicy {
     }
 
     /// When the next modification is allowed (searched in steps of a
-    /// second up to two rule windows ahead; `None` if nothing was modified yet).
+    /// second up to two rule windows ahead; `None` if nothing was modified
+    /// yet, or it waits for the cloud to report the last one completed).
     pub fn next_allowed(&self) -> Option<Duration> {
-        let last = *self.modified.last()?;
+        let last = (*self.modified.last()?).max(self.hold_until.unwrap_or_default());
         let horizon = 2 * self.cfg.rules.cooldown.max(self.cfg.rules.window).max(self.cfg.rules.optimizing) + Duration::from_secs(1);
         let step = Duration::from_secs(1);
         let mut t = last;
@@ -177,6 +233,29 @@ mod tests {
         assert!(p.next_allowed().unwrap() >= Duration::from_secs(all[0].0 + 24 * 3_600), "{:?}", p.next_allowed());
         // Lowering waited for the raise to complete (5 min), not only for ID.
         assert!(all[1].0 - all[0].0 >= 300, "{all:?}");
+    }
+
+    #[test]
+    fn the_clouds_state_decides_completion_and_a_refusal_holds_off() {
+        let mut p = with_rules(ModifyRules::ebs_rolling());
+        p.observe_state(Some(false));
+        let (mut t, mut c) = (0, (0, 0));
+        let d = run(&mut p, &mut t, 10, 100_000_000, 100, &mut c);
+        assert_eq!(d.iter().map(|d| d.1).collect::<Vec<_>>(), vec![ModifyAction::Raise], "{d:?}");
+        // The cloud still reports it optimizing after 10 min (5 min is the guess): no lowering.
+        p.observe_state(Some(true));
+        assert!(run(&mut p, &mut t, 600, 0, 0, &mut c).is_empty());
+        assert_eq!(p.wanted(), Some(ModifyAction::Lower));
+        assert!(p.refusal(Duration::from_secs(t)).unwrap().contains("not completed"));
+        p.observe_state(Some(false));
+        let d = run(&mut p, &mut t, 1, 0, 0, &mut c);
+        assert_eq!(d, vec![(t, ModifyAction::Lower)]);
+        // The cloud refuses the lowering: still raised, held off for the retry time.
+        p.refused(Duration::from_secs(t), Duration::from_secs(60));
+        assert!(p.raised());
+        assert!(run(&mut p, &mut t, 59, 0, 0, &mut c).is_empty());
+        assert!(p.next_allowed().unwrap() >= Duration::from_secs(t));
+        assert_eq!(run(&mut p, &mut t, 1, 0, 0, &mut c), vec![(t, ModifyAction::Lower)]);
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub struct AwsSection {
     pub poll: Option<String>,
     pub max_attempts: Option<u32>,
     pub initial_backoff: Option<String>,
+    /// EBS's modification limit surge keeps to: `ebs-24h` (default: four per
+    /// rolling 24 hours, each once the previous completed), `ebs-6h` or `none`.
+    pub modify_rules: Option<String>,
+    /// How long surge waits after AWS refused a modification (default 10m).
+    pub modify_retry: Option<String>,
 }
 
 /// The provider to use, opened.
@@ -78,6 +83,11 @@ fn open_aws(s: AwsSection) -> anyhow::Result<Arc<dyn Provider>> {
         max_attempts: s.max_attempts.unwrap_or(d.max_attempts),
         initial_backoff: dur(&s.initial_backoff, "initial_backoff", d.initial_backoff)?,
         prices: d.prices,
+        modify_rules: match &s.modify_rules {
+            Some(r) => surge_cloud::ModifyRules::parse(r).map_err(|e| anyhow::anyhow!("[aws] modify_rules: {e}"))?,
+            None => d.modify_rules,
+        },
+        modify_retry: dur(&s.modify_retry, "modify_retry", d.modify_retry)?,
     };
     Ok(Arc::new(surge_aws::AwsProvider::connect(cfg).context("connecting to AWS")?))
 }

@@ -60,12 +60,25 @@ impl ModifyRules {
     /// Why a modification at `now` is refused after the ones made at `past`
     /// (any order, same clock), or `None` if it is allowed.
     pub fn refuses(&self, past: &[Duration], now: Duration) -> Option<String> {
-        let last = past.iter().copied().max()?;
+        self.refuses_with(past, now, None)
+    }
+
+    /// [`ModifyRules::refuses`] where the cloud reports whether the latest
+    /// modification is still on its way (`Some(true)`: modifying or
+    /// optimizing, `Some(false)`: completed or failed): "once the previous
+    /// one completed" is then decided by that state, not by `optimizing`
+    /// (which stays the guess when the cloud cannot tell: `None`).
+    pub fn refuses_with(&self, past: &[Duration], now: Duration, in_flight: Option<bool>) -> Option<String> {
+        let last = past.iter().copied().max();
+        if self.after_complete && in_flight == Some(true) {
+            return Some("the previous modification has not completed yet (the cloud reports it modifying or optimizing); the next may start once it completed".into());
+        }
+        let last = last?;
         let ago = now.saturating_sub(last);
         if ago < self.cooldown {
             return Some(format!("modified {:.1} s ago; a volume may be modified once per {:?} (EBS's cooldown)", ago.as_secs_f64(), self.cooldown));
         }
-        if self.after_complete && ago < self.optimizing {
+        if self.after_complete && in_flight.is_none() && ago < self.optimizing {
             return Some(format!("the modification {:.1} s ago is still optimizing (for {:?}); the next may start once it completed", ago.as_secs_f64(), self.optimizing));
         }
         if self.per_window > 0 {
@@ -75,6 +88,31 @@ impl ModifyRules {
             }
         }
         None
+    }
+
+    /// `none`, `ebs-6h` (one modification per 6 hours) or `ebs-24h` (four per
+    /// rolling 24 hours, each after the previous one completed).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "none" => Ok(ModifyRules::default()),
+            "ebs-6h" => Ok(ModifyRules::ebs()),
+            "ebs-24h" => Ok(ModifyRules::ebs_rolling()),
+            other => Err(format!("{other:?}: modification rules are none, ebs-6h or ebs-24h")),
+        }
+    }
+
+    /// The name [`ModifyRules::parse`] takes, if these are one of its rules (any scale).
+    pub fn name(&self) -> String {
+        let same = |r: ModifyRules| r.per_window == self.per_window && r.after_complete == self.after_complete && r.cooldown.is_zero() == self.cooldown.is_zero();
+        if *self == ModifyRules::default() {
+            "none".into()
+        } else if same(ModifyRules::ebs()) {
+            "ebs-6h".into()
+        } else if same(ModifyRules::ebs_rolling()) {
+            "ebs-24h".into()
+        } else {
+            format!("{self:?}")
+        }
     }
 
     /// How many past modifications matter to [`ModifyRules::refuses`].
@@ -189,6 +227,24 @@ mod tests {
         let s = r.scaled(0.01);
         assert!(s.refuses(&[Duration::ZERO], Duration::from_secs(3)).is_none());
         assert_eq!(s.window, Duration::from_secs(864));
+    }
+
+    #[test]
+    fn the_clouds_modification_state_decides_completion_when_it_reports_one() {
+        let r = ModifyRules::ebs_rolling();
+        let m = |x: u64| Duration::from_secs(x * 60);
+        // Still optimizing after an hour (a large volume): refused, though 5 min passed.
+        assert!(r.refuses_with(&[m(0)], m(60), Some(true)).unwrap().contains("not completed"));
+        // Completed after one minute: allowed, though the guess says 5 min.
+        assert!(r.refuses_with(&[m(0)], m(1), Some(false)).is_none());
+        assert!(r.refuses_with(&[m(0)], m(1), None).is_some());
+        // Even with no history of its own (a restarted daemon), a modification in flight refuses.
+        assert!(r.refuses_with(&[], m(1), Some(true)).is_some());
+        // The classic rule has no completion condition: the cooldown only.
+        assert!(ModifyRules::ebs().refuses_with(&[], m(1), Some(true)).is_none());
+        assert_eq!(ModifyRules::parse("ebs-24h").unwrap().name(), "ebs-24h");
+        assert_eq!(ModifyRules::ebs().scaled(0.01).name(), "ebs-6h");
+        assert!(ModifyRules::parse("weekly").is_err());
     }
     use surge_block::model::{VolumeModel, GIB};
     use surge_block::{BlockDev, Clock, MemoryDev, VirtualClock};

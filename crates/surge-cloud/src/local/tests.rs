@@ -367,6 +367,30 @@ fn the_rolling_rule_takes_four_modifications_a_day_each_after_the_last_completed
 }
 
 #[test]
+fn the_modification_state_follows_the_optimizing_ramp() {
+    use crate::ModificationState::*;
+    let d = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new());
+    let mut cfg = LocalConfig::new(d.path());
+    cfg.epoch_unix_ns = Some(0);
+    cfg.delays = Delays::none();
+    cfg.modify_rules = ModifyRules::ebs_rolling();
+    let p = LocalProvider::open(cfg, clock.clone()).unwrap();
+    let v = p.create(req("gp3:32GiB", None)).unwrap();
+    assert_eq!(p.modification(&v.id).unwrap(), None, "never modified");
+    clock.advance(Duration::from_secs(10));
+    p.modify(&v.id, "gp3:32GiB,iops=6000".parse().unwrap()).unwrap();
+    clock.advance(Duration::from_secs(150));
+    let m = p.modification(&v.id).unwrap().unwrap();
+    assert_eq!((m.state, m.progress_percent, m.started_unix_ms, m.ended_unix_ms), (Optimizing, Some(50), Some(10_000), None), "{m:?}");
+    assert_eq!((m.target.as_deref(), m.target_iops), (Some("gp3:32GiB,iops=6000"), Some(6_000)));
+    clock.advance(Duration::from_secs(150));
+    let m = p.modification(&v.id).unwrap().unwrap();
+    assert_eq!((m.state, m.progress_percent, m.ended_unix_ms), (Completed, Some(100), Some(310_000)));
+    assert!(matches!(p.modification("vol-nope"), Err(CloudError::NotFound { .. })));
+}
+
+#[test]
 fn a_scaled_cloud_serves_scaled_rates_and_bills_full_scale_seconds() {
     let d = tempfile::tempdir().unwrap();
     let clock = Arc::new(VirtualClock::new());

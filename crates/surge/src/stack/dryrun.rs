@@ -1,5 +1,5 @@
 //! `surge serve --dry-run`: build every export that lives on the cloud (cloud
-//! volume types, `burstable:`, `elastic:`) over a [`DryRunProvider`], which
+//! volume types, `burstable:`, `elastic:`, `modify:`) over a [`DryRunProvider`], which
 //! answers reads from the daemon's provider and records every create,
 //! attach, detach, delete and modify instead of making it; print the record
 //! with list prices. Stacks keep their state in a throwaway copy of the data
@@ -16,7 +16,7 @@ use surge_cloud::{DryRunProvider, PriceTable, Provider};
 
 /// Kinds whose builders call the cloud.
 fn on_cloud(kind: &str) -> bool {
-    matches!(kind, "burstable" | "elastic") || surge_cloud::spec::is_volume_type(kind)
+    matches!(kind, "burstable" | "elastic" | "modify") || surge_cloud::spec::is_volume_type(kind)
 }
 
 /// Copy the stacks' state (small JSON files and mirror records) of `from` into `to`.

@@ -13,6 +13,7 @@ pub mod burstable;
 pub mod dryrun;
 pub mod elastic;
 pub mod fault;
+pub mod modify;
 pub mod remote;
 pub mod share;
 pub mod volume;
@@ -207,7 +208,7 @@ impl Built {
 }
 
 /// Kinds [`build`] knows, for error messages and `--help`.
-pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share", "elastic", "cow", "ephemeral", "remote", "persistent", "burstable"];
+pub const KINDS: &[&str] = &["file", "memory", "fault", "reserved", "gp2", "gp3", "io1", "io2", "st1", "sc1", "azure-premium", "share", "elastic", "modify", "cow", "ephemeral", "remote", "persistent", "burstable"];
 
 /// Build the device of one spec: one arm per kind; add yours here and to
 /// [`KINDS`]. Builders that name things after the export (cloud volumes,
@@ -220,6 +221,7 @@ pub fn build(spec: &ExportSpec, ctx: &BuildContext) -> Result<Built> {
         "fault" => fault::build_fault(args, ctx),
         "share" => share::build_share(name, args, ctx),
         "elastic" => elastic::build_elastic(name, args, ctx),
+        "modify" => modify::build_modify(name, args, ctx),
         "cow" | "ephemeral" => cow::build_cow(name, args, ctx),
         "remote" | "persistent" => cow::build_remote(name, args),
         "burstable" => burstable::build_burstable(name, args, ctx),

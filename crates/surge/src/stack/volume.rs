@@ -89,12 +89,7 @@ impl LocalCloud {
     /// `none`, `ebs-6h` (one modification per 6 hours) or `ebs-24h` (four per
     /// rolling 24 hours, each after the previous one completed).
     pub fn parse_rules(s: &str) -> Result<surge_cloud::ModifyRules, String> {
-        match s.trim() {
-            "none" => Ok(surge_cloud::ModifyRules::default()),
-            "ebs-6h" => Ok(surge_cloud::ModifyRules::ebs()),
-            "ebs-24h" => Ok(surge_cloud::ModifyRules::ebs_rolling()),
-            other => Err(format!("{other:?}: modification rules are none, ebs-6h or ebs-24h")),
-        }
+        surge_cloud::ModifyRules::parse(s)
     }
 }
 

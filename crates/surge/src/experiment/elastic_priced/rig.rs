@@ -201,6 +201,11 @@ fn modify_controller(s: &Scaled, d: &Daemon, rule: Rule, stop: Arc<AtomicBool>) 
                     let to = if dec.action == ModifyAction::Raise { &peak } else { &base };
                     let req = crate::control::Request::Set { target: "app/volume".into(), key: "spec".into(), value: to.clone() };
                     let r = crate::control::call(&control, &req).map_err(|e| e.to_string()).and_then(|r| if r.ok { Ok(()) } else { Err(r.error.unwrap_or_default()) });
+                    if r.is_err() {
+                        // It did not happen (e.g. the cloud's clock ran a moment behind the
+                        // policy's): the policy keeps the old spec and asks again next tick.
+                        p.refused(t0.elapsed(), tick);
+                    }
                     log.push(format!("{:.1} s: {:?} to {to}: {} ({})", dec.at.as_secs_f64() / f, dec.action, dec.reason, r.map_or_else(|e| format!("refused: {e}"), |_| "done".into())));
                 }
             }
