@@ -151,7 +151,7 @@ impl AwsProvider {
         if sdk.region().is_none() {
             return Err(setup("no AWS region: set AWS_REGION, a profile's region, or `region` under [aws] in the config".into()));
         }
-        let ec2 = aws_sdk_ec2::Client::new(&sdk);
+        let ec2 = aws_sdk_ec2::Client::from_conf(aws_sdk_ec2::config::Builder::from(&sdk).retry_classifier(crate::error::NoTightRetry).build());
         let cw = aws_sdk_cloudwatch::Client::new(&sdk);
         let instance = OnceLock::new();
         if let (Some(id), Some(az)) = (&cfg.instance_id, &cfg.availability_zone) {

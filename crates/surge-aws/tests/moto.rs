@@ -226,6 +226,40 @@ fn throttled_calls_are_retried_with_backoff_and_fail_clearly_when_it_persists() 
     assert_eq!(r.p.list().unwrap().into_iter().map(|x| x.id).collect::<Vec<_>>(), [v.id]);
 }
 
+/// Capacity and limit refusals fail the call at once (the stack's controller
+/// retries later with its backoff): InsufficientVolumeCapacity comes as a
+/// server error, which the SDK's standard strategy alone would repeat.
+#[test]
+fn capacity_and_limit_refusals_are_not_retried_in_the_call_and_say_what_to_do() {
+    let r = rig("limits");
+    for (action, status, code, says) in [
+        ("CreateVolume", 500, "InsufficientVolumeCapacity", "no capacity"),
+        ("CreateVolume", 400, "VolumeLimitExceeded", "limit of the account or instance"),
+    ] {
+        let before = r.proxy.count(action);
+        r.proxy.add(Rule::Fail { action: action.into(), times: 100, status, code: code.into() });
+        let e = r.p.create(req("gp2:1GiB", None)).unwrap_err();
+        r.proxy.clear();
+        assert_eq!(r.proxy.count(action) - before, 1, "{code}: one request, no retries");
+        let msg = e.to_string();
+        assert!(matches!(e, CloudError::Remote { action: Action::Create, .. }), "{e:?}");
+        assert!(msg.contains(code) && msg.contains(says) && msg.contains("later with a backoff"), "{msg}");
+    }
+    // Another server error is still retried by the SDK (max_attempts=4).
+    let before = r.proxy.count("CreateVolume");
+    r.proxy.add(Rule::Fail { action: "CreateVolume".into(), times: 100, status: 500, code: "InternalError".into() });
+    assert!(r.p.create(req("gp2:1GiB", None)).is_err());
+    r.proxy.clear();
+    assert_eq!(r.proxy.count("CreateVolume") - before, 4);
+    let v = r.p.create(req("gp2:1GiB", None)).unwrap();
+    r.proxy.add(Rule::Fail { action: "AttachVolume".into(), times: 100, status: 400, code: "AttachmentLimitExceeded".into() });
+    let e = r.p.attach(&v.id).err().expect("attach refused").to_string();
+    r.proxy.clear();
+    assert_eq!(r.proxy.count("AttachVolume"), 1, "not retried");
+    assert!(e.contains("AttachmentLimitExceeded") && e.contains("detach or delete volumes"), "{e}");
+    assert_eq!(r.p.describe(&v.id).unwrap().state, VolumeState::Available);
+}
+
 #[test]
 fn expired_credentials_say_so() {
     let r = rig("creds");

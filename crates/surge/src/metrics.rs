@@ -244,6 +244,15 @@ fn collect_target(t: &TargetStatus, f: &mut Families) {
             f.gauge("surge_cost_dollars", "Dollars spent so far (list prices)", l.clone(), num(s, &["cost", "usd"]));
             f.gauge("surge_cost_agbs", "Adjusted GB-seconds so far (MB/s x GiB x s)", l, num(s, &["cost", "agbs"]));
         }
+        "burstable" => {
+            let l = labels(&[("layer", name)]);
+            // A swap the cloud refused: the old members keep serving meanwhile.
+            let failures = s.get("swap_failure").map_or(Some(0.0), |f| Some(f["attempts"].as_f64().unwrap_or(0.0)));
+            f.gauge("surge_burstable_swap_failures", "Member swaps refused by the cloud in a row (0: the last one started)", l.clone(), failures);
+            f.counter("surge_burstable_swaps", "Member swaps finished (since start)", l.clone(), num(s, &["swaps_done"]));
+            f.gauge("surge_burstable_rebuilds", "Rebuilds onto fresh members in flight", l, num(s, &["rebuilds_in_flight"]));
+            top_level(t, f);
+        }
         "tenant" => {
             let pool = s.get("pool").and_then(Value::as_str).unwrap_or("");
             let l = labels(&[("tenant", name), ("pool", pool)]);
@@ -266,13 +275,15 @@ fn collect_target(t: &TargetStatus, f: &mut Families) {
             f.gauge("surge_volume_credits", "Burst credits left (gp2: I/O credits, st1/sc1: bytes)", labels(&[("layer", name), ("unit", "bytes")]), num(s, &["credits", "bytes"]));
             f.gauge("surge_cost_dollars", "Dollars spent so far (list prices)", l, num(s, &["usd_so_far"]));
         }
-        _ => {
-            // Kinds added later still show their top-level numbers.
-            if let Some(obj) = s.as_object() {
-                for (k, v) in obj {
-                    f.gauge("surge_target_value", "Top-level numbers of targets the names above do not cover", labels(&[("target", name), ("kind", &t.kind), ("field", k)]), v.as_f64());
-                }
-            }
+        _ => top_level(t, f),
+    }
+}
+
+/// Kinds added later (and burstable, which had only these first) show their top-level numbers.
+fn top_level(t: &TargetStatus, f: &mut Families) {
+    if let Some(obj) = t.status.as_object() {
+        for (k, v) in obj {
+            f.gauge("surge_target_value", "Top-level numbers of targets the names above do not cover", labels(&[("target", &t.name), ("kind", &t.kind), ("field", k)]), v.as_f64());
         }
     }
 }
@@ -474,6 +485,7 @@ mod tests {
         c.register(Arc::new(Fake("qos/a", "tenant", json!({"pool": "p", "tenant": {"queued": 4, "config": {"weight": 2}}, "pool_depth": 8})))).unwrap();
         c.register(Arc::new(Fake("qos/b", "tenant", json!({"pool": "p", "tenant": {"queued": 1}, "pool_depth": 8})))).unwrap();
         c.register(Arc::new(Fake("v/volume", "volume", json!({"burst_balance_percent": 99.5, "credits": {"ops": 5000}, "usd_so_far": 0.5})))).unwrap();
+        c.register(Arc::new(Fake("b/burstable", "burstable", json!({"swap_failure": {"attempts": 2}, "swaps_done": 4, "rebuilds_in_flight": 1})))).unwrap();
         c.register(Arc::new(Fake("new", "gizmo", json!({"widgets": 7, "label": "x"})))).unwrap();
         let m = Metrics::new(c);
         let d = m.timed("d", Arc::new(surge_block::MemoryDev::new(4096)));
@@ -497,6 +509,9 @@ mod tests {
             "surge_volume_burst_balance_percent{layer=\"v/volume\"} 99.5",
             "surge_volume_credits{layer=\"v/volume\",unit=\"ops\"} 5000",
             "surge_target_value{target=\"new\",kind=\"gizmo\",field=\"widgets\"} 7",
+            "surge_burstable_swap_failures{layer=\"b/burstable\"} 2",
+            "surge_burstable_swaps_total{layer=\"b/burstable\"} 4",
+            "surge_target_value{target=\"b/burstable\",kind=\"burstable\",field=\"swaps_done\"} 4",
             "surge_export_latency_seconds_count{export=\"d\",op=\"write\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
@@ -545,6 +560,7 @@ mod tests {
     #[test]
     fn scrapers_outside_the_allow_list_get_403() {
         let c = Control::new();
+        c.register(Arc::new(Fake("b/burstable", "burstable", json!({"swap_failure": {"attempts": 2}, "swaps_done": 4, "rebuilds_in_flight": 1})))).unwrap();
         c.register(Arc::new(Fake("new", "gizmo", json!({"widgets": 7})))).unwrap();
         let only_elsewhere: surge_nbd::AllowList = "10.0.0.0/8".parse().unwrap();
         let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Metrics::new(c.clone()), Some(only_elsewhere)).unwrap();

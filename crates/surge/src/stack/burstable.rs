@@ -180,6 +180,25 @@ pub struct BurstableVolume {
     credits: Option<ebs::SampledCredits>,
     /// Where the attachment limit came from, for `surge status`.
     slots_source: String,
+    /// The last swap that could not start (the cloud refused a fresh member),
+    /// while no swap has started since: the policy's swaps wait out its backoff.
+    swap_failure: Mutex<Option<SwapFailure>>,
+}
+
+/// A swap the cloud refused (InsufficientVolumeCapacity, VolumeLimitExceeded,
+/// AttachmentLimitExceeded, an attach that never completed, throttling or
+/// expired credentials): the current members keep serving.
+struct SwapFailure {
+    at: Duration,
+    error: String,
+    retry_at: Duration,
+    attempts: u32,
+    slots: Vec<usize>,
+}
+
+/// Wait after `attempts` refused swaps in a row: 1 s, doubling, at most 5 min.
+fn swap_backoff(attempts: u32) -> Duration {
+    Duration::from_secs(1u64 << attempts.saturating_sub(1).min(8)).min(Duration::from_secs(300))
 }
 
 /// A request in flight on a [`BurstableVolume`]; its end is stamped too.
@@ -228,7 +247,11 @@ impl BurstableVolume {
             (provider, None)
         };
         let saved = load_state(&p.state_dir)?;
-        let fresh = saved.is_none();
+        // A state without members: the first start was killed while it made
+        // them (the state is saved before, so that what it made is known as
+        // never served; see below).
+        let interrupted = saved.as_ref().is_some_and(|s| s.slots.is_empty());
+        let fresh = saved.is_none() || interrupted;
         let mut saved = saved.unwrap_or(Saved { version: 1, mode: Some(p.mode), member_spec: p.member.to_string(), chunk: p.chunk, ..Saved::default() });
         if saved.mode != Some(p.mode) || saved.member_spec != p.member.to_string() || saved.chunk != p.chunk || (!fresh && saved.slots.len() != p.members) {
             bail!(
@@ -268,6 +291,22 @@ impl BurstableVolume {
         };
         // Members.
         if fresh {
+            let prefix = format!("{}-s", p.name);
+            if interrupted {
+                // Never served: nothing on them was acknowledged.
+                for v in known.iter().filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&prefix))) {
+                    tracing::warn!(volume = %v.id, name = ?v.name, "deleting a member made by a first start that was interrupted");
+                    let _ = provider.detach(&v.id);
+                    provider.delete(&v.id).with_context(|| format!("deleting {} (made by an interrupted first start)", v.id))?;
+                }
+            } else if let Some(v) = known.iter().find(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&prefix))) {
+                bail!(
+                    "{} has no burstable state, but volume {} ({:?}) of this export exists: its state directory was lost; \
+                     surge does not guess the layout: restore the directory, or delete the export's volumes to start over",
+                    p.state_dir.display(), v.id, v.name
+                );
+            }
+            save_state(&p.state_dir, &saved)?;
             let names: Vec<String> = (0..p.members).map(|i| format!("{}-s{i}-g0", p.name)).collect();
             let ids = create_attach_all(&provider, &clock, &p.member, &names)?;
             saved.slots = ids.iter().map(|(id, _)| SavedSlot { member: id.clone(), swap: None }).collect();
@@ -358,6 +397,7 @@ impl BurstableVolume {
             bars: Mutex::new(bars),
             credits,
             slots_source,
+            swap_failure: Mutex::new(None),
             p,
             provider,
             clock,
@@ -443,9 +483,13 @@ impl BurstableVolume {
         let mut todo: Vec<(Vec<usize>, String)> = self.manual.lock().drain(..).map(|s| (s, "requested with surge set".to_string())).collect();
         let manual = todo.len();
         let decisions = self.policy.lock().tick(now, &obs);
-        todo.extend(decisions.into_iter().map(|d| match d.action {
-            Action::Swap { slots } => (slots, d.reason),
-        }));
+        // After a refused swap the policy asks again every tick: its swaps wait
+        // out the backoff (one asked for with `surge set` goes at once).
+        if !self.swap_failure.lock().as_ref().is_some_and(|f| now < f.retry_at) {
+            todo.extend(decisions.into_iter().map(|d| match d.action {
+                Action::Swap { slots } => (slots, d.reason),
+            }));
+        }
         for (k, (slots, reason)) in todo.into_iter().enumerate() {
             tracing::info!(volume = %self.p.name, ?slots, %reason, "burstable swap");
             self.log.lock().push(LoggedDecision { at_s: secs(now), slots: slots.clone(), reason });
@@ -457,10 +501,29 @@ impl BurstableVolume {
                 Mode::Persistent => slots.iter().try_for_each(|&i| self.start_persistent_swap(i)),
                 Mode::Cache | Mode::Ephemeral => self.swap_all(idle_since),
             };
-            r?;
+            match r {
+                Ok(()) => *self.swap_failure.lock() = None,
+                Err(e) => {
+                    self.swap_failed(now, slots, &e);
+                    break;
+                }
+            }
         }
         self.update_bars();
         Ok(())
+    }
+
+    /// A swap could not start: nothing changed (what it made was deleted), the
+    /// current members keep serving; say so once and back off.
+    fn swap_failed(&self, now: Duration, slots: Vec<usize>, e: &anyhow::Error) {
+        let mut f = self.swap_failure.lock();
+        let attempts = f.as_ref().map_or(0, |f| f.attempts) + 1;
+        let wait = swap_backoff(attempts);
+        tracing::error!(
+            volume = %self.p.name, ?slots, attempt = attempts,
+            "a member swap could not start; the current members keep serving, retrying in {:.0} s: {e:#}", wait.as_secs_f64()
+        );
+        *f = Some(SwapFailure { at: now, error: format!("{e:#}"), retry_at: now + wait, attempts, slots });
     }
 
     fn observe(&self) -> anyhow::Result<Obs> {
@@ -1053,6 +1116,10 @@ impl Controllable for BurstableVolume {
             "last_swaps": self.history.lock().iter().rev().take(4).cloned().collect::<Vec<_>>(),
             "decisions": self.log.lock().iter().rev().take(6).cloned().collect::<Vec<_>>(),
             "usd_so_far": self.cost_usd(),
+            "swap_failure": self.swap_failure.lock().as_ref().map(|f| serde_json::json!({
+                "at_s": secs(f.at), "error": f.error, "retry_at_s": secs(f.retry_at), "attempts": f.attempts, "slots": f.slots,
+                "effect": "no fresh member: the current ones keep serving",
+            })),
             "failure": self.loss().map(|loss| serde_json::json!({
                 "loss": loss,
                 "action": format!("every FLUSH fails until the loss is acknowledged: surge set {} ack_lost=true", self.name()),
@@ -1615,6 +1682,54 @@ mod tests {
         want[8192..8192 + 4096].fill(0x5a);
         assert!(read_all(v.as_ref()) == want, "what was there and what came during the attach are both kept");
         assert_eq!(local.list().unwrap().len(), 2, "the fresh members were deleted");
+    }
+
+    /// Item 6 for the burstable path: the cloud refuses the fresh member
+    /// (InsufficientVolumeCapacity, VolumeLimitExceeded on AWS; an injected
+    /// failure here). The old members keep serving, status says why and when
+    /// the swap is tried again, the policy's swap waits out a backoff (not
+    /// one attempt per tick), and the retry after it succeeds.
+    #[test]
+    fn a_refused_fresh_member_keeps_the_old_one_serving_and_is_retried_after_a_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let args = "persistent,size=2GiB,members=2,rebuild_rate=off,min_interval=0s,swap_below=50%";
+        let (v, local) = open(dir.path(), args, &clock);
+        let data = fill(v.as_ref(), 3);
+        spend_credits(&v, &local, &clock);
+        let before = v.member_ids();
+        local.inject_failure(surge_cloud::Action::Create, 0);
+        local.inject_failure(surge_cloud::Action::Create, 0);
+        v.step().unwrap();
+        let st = v.status();
+        let f = &st["swap_failure"];
+        assert_eq!(f["attempts"], 1, "{st}");
+        assert!(f["error"].as_str().unwrap().contains("injected failure"), "{f}");
+        assert!(f["effect"].as_str().unwrap().contains("keep serving"), "{f}");
+        assert_eq!(v.member_ids(), before);
+        assert!(read_all(v.as_ref()) == data, "the old members serve");
+        // Ticks within the 1 s backoff try nothing.
+        for _ in 0..4 {
+            clock.advance(Duration::from_millis(200));
+            v.step().unwrap();
+        }
+        assert_eq!(v.status()["swap_failure"]["attempts"], 1, "not retried before the backoff");
+        assert_eq!(local.list().unwrap().len(), 2, "what the refused swaps made was deleted");
+        clock.advance(Duration::from_millis(300));
+        v.step().unwrap();
+        assert_eq!(v.status()["swap_failure"]["attempts"], 2, "retried after 1 s, refused again");
+        clock.advance(Duration::from_secs(1));
+        v.step().unwrap();
+        assert_eq!(v.status()["swap_failure"]["attempts"], 2, "the second backoff is 2 s");
+        clock.advance(Duration::from_secs(1));
+        v.write_at(&[0x77; 4096], 0, false).unwrap();
+        run_swaps(&v);
+        assert!(v.status()["swap_failure"].is_null(), "cleared by the swap that started");
+        assert!(v.member_ids().iter().any(|m| !before.contains(m)), "a member was swapped: {before:?} -> {:?}", v.member_ids());
+        let mut want = data;
+        want[..4096].fill(0x77);
+        assert!(read_all(v.as_ref()) == want);
+        assert_eq!(local.list().unwrap().len(), 2, "the old members were deleted");
     }
 
     #[test]
