@@ -30,7 +30,7 @@ cleanup() {
   [ -n "${KEEP_WORK:-}" ] && echo "kept $work" >&2 || rm -rf "$work"
 }
 trap cleanup EXIT
-fail() { echo "93-aws-modify: $*" >&2; tail -30 "$work/serve.err" >&2 || true; exit 1; }
+fail() { echo "94-aws-modify: $*" >&2; tail -30 "$work/serve.err" >&2 || true; exit 1; }
 
 fake_instance "$work"
 instance=$INSTANCE zone=$ZONE
