@@ -363,16 +363,24 @@ impl MetricsServer {
         let addr = server.server_addr().to_ip().context("metrics server address")?;
         let (tx, rx) = crossbeam_channel::bounded::<(tiny_http::Request, bool)>(RESPONDERS * 4);
         let stalled: Arc<Mutex<std::collections::VecDeque<SocketAddr>>> = Arc::default();
+        // Connections with a request being answered: a pipelining client gets
+        // one responder, never all of them (its responses are written in
+        // order, so the others would only wait on its stalled one).
+        let answering: Arc<Mutex<std::collections::HashSet<SocketAddr>>> = Arc::default();
         let metrics = Arc::new(metrics);
         let mut threads = Vec::new();
         for i in 0..RESPONDERS {
-            let (rx, metrics, stalled) = (rx.clone(), metrics.clone(), stalled.clone());
+            let (rx, metrics, stalled, answering) = (rx.clone(), metrics.clone(), stalled.clone(), answering.clone());
             let t = std::thread::Builder::new()
                 .name(format!("metrics{i}"))
                 .spawn(move || {
                     for (req, allowed) in rx {
                         let from = req.remote_addr().copied();
-                        if respond(req, allowed, &metrics).is_err() {
+                        let failed = respond(req, allowed, &metrics).is_err();
+                        if let Some(a) = from {
+                            answering.lock().remove(&a);
+                        }
+                        if failed {
                             if let Some(a) = from {
                                 let mut s = stalled.lock();
                                 if s.len() >= STALLED_REMEMBERED {
@@ -392,7 +400,7 @@ impl MetricsServer {
             .spawn(move || {
                 for req in s.incoming_requests() {
                     let from = req.remote_addr().copied();
-                    if from.is_some_and(|a| stalled.lock().contains(&a)) {
+                    if from.is_some_and(|a| stalled.lock().contains(&a) || !answering.lock().insert(a)) {
                         discard(req);
                         continue;
                     }
@@ -401,6 +409,9 @@ impl MetricsServer {
                         Some(list) => from.is_some_and(|a| list.allows(&surge_nbd::Peer::tcp(a.ip()))),
                     };
                     if let Err(crossbeam_channel::TrySendError::Full((req, _))) = tx.try_send((req, allowed)) {
+                        if let Some(a) = from {
+                            answering.lock().remove(&a);
+                        }
                         discard(req);
                     }
                 }
