@@ -18,36 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s)
 surge="${CARGO_TARGET_DIR:-target}/release/surge"
-work=$(mktemp -d)
 . scripts/lib/moto.sh
-moto_start "$work"
-port=$MOTO_PORT moto=$MOTO_PID
-serve=""
-cleanup() {
-  [ -n "$serve" ] && kill -9 "$serve" 2>/dev/null || true
-  touch "$work/root/stop" 2>/dev/null || true
-  kill "$moto" 2>/dev/null || true
-  [ -n "${KEEP_WORK:-}" ] && echo "kept $work" >&2 || rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "91-aws-elastic: $*" >&2; tail -30 "$work/serve.err" >&2 || true; exit 1; }
-
-# The instance and the fake udev (scripts/lib/fake-udev.py).
-fake_instance "$work"
-instance=$INSTANCE zone=$ZONE
-cat >"$work/surge.toml" <<TOML
-provider = "aws"
-[aws]
-region = "us-east-1"
-endpoint_url = "http://127.0.0.1:$port"
-availability_zone = "$zone"
-instance_id = "$instance"
-owner = "ci"
-device_root = "$work/root"
-direct_io = false
-poll = "100ms"
-TOML
-cloud() { "$surge" cloud --config "$work/surge.toml" "$@"; }
+aws_step 91-aws-elastic
+aws_config
 # The issue's export, with a 1 s window, 3 s inactivity delay and 1 GiB
 # caches so that the burst, drain and delete fit in seconds. UT is 5 %: the
 # fake devices have no EBS limits and a loaded 2-core CI machine writes

@@ -12,43 +12,11 @@ cd "$(dirname "$0")/../.."
 t0=$(date +%s)
 surge="${CARGO_TARGET_DIR:-target}/release/surge"
 
-work=$(mktemp -d)
 . scripts/lib/moto.sh
-moto_start "$work"
-port=$MOTO_PORT moto=$MOTO_PID
-serve=
-udev=
-cleanup() {
-  rc=$?
-  [ "$rc" != 0 ] && [ -f "$work/serve.err" ] && tail -30 "$work/serve.err"
-  [ -n "$serve" ] && kill "$serve" 2>/dev/null
-  touch "$work/root/stop" 2>/dev/null
-  [ -n "$udev" ] && wait "$udev" 2>/dev/null
-  kill $moto 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-# An m5.large in moto (Nitro; DescribeInstanceTypes: 27 shared slots) and a
-# fake udev that links attached volumes under a fake /dev.
-fake_instance "$work" m5.large
-udev=$UDEV_PID instance=$INSTANCE zone=$ZONE
-cat >"$work/surge.toml" <<TOML
-provider = "aws"
-[[export]]
+aws_step 92-aws-burstable m5.large
+aws_config '[[export]]
 name = "b"
-spec = "burstable:persistent,size=8GiB,members=4,rebuild_rate=off,tick=500ms,region=256KiB,cloudwatch_every=1s"
-[aws]
-region = "us-east-1"
-endpoint_url = "http://127.0.0.1:$port"
-availability_zone = "$zone"
-owner = "ci"
-instance_id = "$instance"
-device_root = "$work/root"
-direct_io = false
-poll = "100ms"
-TOML
-cloud() { "$surge" cloud --config "$work/surge.toml" "$@"; }
+spec = "burstable:persistent,size=8GiB,members=4,rebuild_rate=off,tick=500ms,region=256KiB,cloudwatch_every=1s"'
 nvol() { cloud list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))'; }
 
 # 1. Dry run: the four members' CreateVolume and AttachVolume with list
@@ -85,12 +53,7 @@ qemu-io -f raw -c "write -P 0x5a 0 4M" -c "write -P 0xa5 7G 1M" "$nbd" >/dev/nul
 # writes go on meanwhile.
 [ "$(status 'print({m["credits_trusted"] for m in s["members"]})')" = "{'model'}" ]
 m0=${before%% *}
-python3 - "$port" "$m0" <<'PY'
-import boto3, sys, datetime
-cw = boto3.client("cloudwatch", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{sys.argv[1]}")
-cw.put_metric_data(Namespace="AWS/EBS", MetricData=[{"MetricName": "BurstBalance", "Dimensions": [{"Name": "VolumeId", "Value": sys.argv[2]}],
-                   "Timestamp": datetime.datetime.now(datetime.timezone.utc), "Value": 80.0, "Unit": "Percent"}])
-PY
+put_burst_balance "$m0" 80
 qemu-io -f raw -c "write -P 0x3c 1M 1M" "$nbd" >/dev/null
 for _ in $(seq 600); do [ "$(status 'print(s["swaps_done"])')" = 4 ] && break; sleep 0.1; done
 sleep 1 # no further swap follows
@@ -120,5 +83,5 @@ stop
 # 6. Nothing leaked: only the four members, no orphan.
 [ "$(nvol)" = 4 ]
 [ "$(cloud gc --dry-run --min-age 0s --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["orphans"]))')" = 0 ]
-touch "$work/root/stop"; wait "$udev" || true; udev=
+touch "$work/root/stop"; wait "$UDEV_PID" || true
 echo "aws burstable step: dry run, members on EBS, CloudWatch point taken, swap of 4 members, data intact, restart, no leak: $(($(date +%s) - t0)) s"

@@ -12,42 +12,11 @@ cd "$(dirname "$0")/../.."
 t0=$(date +%s)
 surge="${CARGO_TARGET_DIR:-target}/release/surge"
 
-work=$(mktemp -d)
 . scripts/lib/moto.sh
-moto_start "$work"
-port=$MOTO_PORT moto=$MOTO_PID
-serve=
-udev=
-cleanup() {
-  rc=$?
-  [ "$rc" != 0 ] && [ -f "$work/serve.err" ] && tail -30 "$work/serve.err"
-  [ -n "$serve" ] && kill -9 "$serve" 2>/dev/null
-  touch "$work/root/stop" 2>/dev/null
-  [ -n "$udev" ] && wait "$udev" 2>/dev/null
-  kill $moto 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "93-aws-crash: $*" >&2; exit 1; }
-
-fake_instance "$work" m5.large
-udev=$UDEV_PID instance=$INSTANCE zone=$ZONE
-cat >"$work/surge.toml" <<TOML
-provider = "aws"
-[[export]]
+aws_step 93-aws-crash m5.large
+aws_config '[[export]]
 name = "b"
-spec = "burstable:persistent,size=4GiB,members=2,rebuild_rate=1MiB/s,tick=200ms,region=256KiB,cloudwatch_every=1s"
-[aws]
-region = "us-east-1"
-endpoint_url = "http://127.0.0.1:$port"
-availability_zone = "$zone"
-owner = "ci"
-instance_id = "$instance"
-device_root = "$work/root"
-direct_io = false
-poll = "100ms"
-TOML
-cloud() { "$surge" cloud --config "$work/surge.toml" "$@"; }
+spec = "burstable:persistent,size=4GiB,members=2,rebuild_rate=1MiB/s,tick=200ms,region=256KiB,cloudwatch_every=1s"'
 ids() { cloud list --json | python3 -c 'import json,sys; print(" ".join(sorted(v["id"] for v in json.load(sys.stdin))))'; }
 start() {
   : >"$work/serve.out"
@@ -67,12 +36,7 @@ before=$(members)
 # 1 MiB/s), then a flush: acknowledged and durable.
 qemu-io -f raw -c "write -P 0x5a 0 16M" -c "write -P 0x3c 16M 8M" -c "write -P 0xa5 3G 1M" -c flush "$nbd" >/dev/null
 m0=${before%% *}
-python3 - "$port" "$m0" <<'PY'
-import boto3, sys, datetime
-cw = boto3.client("cloudwatch", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{sys.argv[1]}")
-cw.put_metric_data(Namespace="AWS/EBS", MetricData=[{"MetricName": "BurstBalance", "Dimensions": [{"Name": "VolumeId", "Value": sys.argv[2]}],
-                   "Timestamp": datetime.datetime.now(datetime.timezone.utc), "Value": 80.0, "Unit": "Percent"}])
-PY
+put_burst_balance "$m0" 80
 # The swap under way: both rebuilds have copied something, neither is done.
 for _ in $(seq 300); do
   [ "$(status 'r=[m["rebuild"] for m in s["members"]]; print(all(x and 0 < x["copied_bytes"] < x["size_bytes"] for x in r))')" = True ] && break
@@ -105,5 +69,5 @@ kill -TERM "$serve"; wait "$serve"; serve=
 start
 check
 kill -TERM "$serve"; wait "$serve"; serve=
-touch "$work/root/stop"; wait "$udev" || true; udev=
+touch "$work/root/stop"; wait "$UDEV_PID" || true
 echo "aws crash step: SIGKILL mid-swap on EBS, swap resumed and completed, data intact, nothing leaked: $(($(date +%s) - t0)) s"

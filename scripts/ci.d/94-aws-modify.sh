@@ -18,36 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s)
 surge="${CARGO_TARGET_DIR:-target}/release/surge"
-work=$(mktemp -d)
 . scripts/lib/moto.sh
-moto_start "$work"
-port=$MOTO_PORT moto=$MOTO_PID
-serve=""
-cleanup() {
-  [ -n "$serve" ] && kill -9 "$serve" 2>/dev/null || true
-  touch "$work/root/stop" 2>/dev/null || true
-  kill "$moto" 2>/dev/null || true
-  [ -n "${KEEP_WORK:-}" ] && echo "kept $work" >&2 || rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "94-aws-modify: $*" >&2; tail -30 "$work/serve.err" >&2 || true; exit 1; }
-
-fake_instance "$work"
-instance=$INSTANCE zone=$ZONE
-cat >"$work/surge.toml" <<TOML
-provider = "aws"
-[aws]
-region = "us-east-1"
-endpoint_url = "http://127.0.0.1:$port"
-availability_zone = "$zone"
-instance_id = "$instance"
-owner = "ci"
-device_root = "$work/root"
-direct_io = false
-poll = "100ms"
-modify_rules = "ebs-24h"
-TOML
-cloud() { "$surge" cloud --config "$work/surge.toml" "$@"; }
+aws_step 94-aws-modify
+aws_config "" 'modify_rules = "ebs-24h"'
 # A 1 s window and 3 s inactivity delay so the burst and the lowering fit in
 # seconds; UT 5 % because the fake device has no EBS limits and a loaded CI
 # machine writes through NBD at a few tens of MB/s.
