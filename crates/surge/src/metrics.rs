@@ -336,6 +336,7 @@ pub struct MetricsServer {
     server: Arc<tiny_http::Server>,
     threads: Vec<std::thread::JoinHandle<()>>,
     addr: SocketAddr,
+    stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Threads answering scrapes.
@@ -395,10 +396,31 @@ impl MetricsServer {
             threads.push(t);
         }
         let s = server.clone();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
         let accept = std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
-                for req in s.incoming_requests() {
+                let mut woke = std::time::Instant::now();
+                loop {
+                    // The listener's receive timeout (there so that connections
+                    // inherit it) also bounds accept(), and tiny_http's accept
+                    // thread ends at the first accept error: a connection of our
+                    // own at least every RECV_TIMEOUT / 2 keeps accept() from
+                    // ever timing out.
+                    if woke.elapsed() >= RECV_TIMEOUT / 2 {
+                        wake_accept(addr);
+                        woke = std::time::Instant::now();
+                    }
+                    let req = match s.recv_timeout((woke + RECV_TIMEOUT / 2).saturating_duration_since(std::time::Instant::now())) {
+                        Ok(Some(req)) => req,
+                        Ok(None) if stopping.load(std::sync::atomic::Ordering::Relaxed) => break,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            tracing::error!("metrics endpoint {addr} stopped: accepting a connection failed: {e}");
+                            break;
+                        }
+                    };
                     let from = req.remote_addr().copied();
                     if from.is_some_and(|a| stalled.lock().contains(&a) || !answering.lock().insert(a)) {
                         discard(req);
@@ -418,7 +440,7 @@ impl MetricsServer {
             })
             .context("spawning the metrics thread")?;
         threads.push(accept);
-        Ok(MetricsServer { server, threads, addr })
+        Ok(MetricsServer { server, threads, addr, stop })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -439,6 +461,18 @@ fn respond(req: tiny_http::Request, allowed: bool, metrics: &Metrics) -> std::io
     }
 }
 
+/// Connects to the metrics listener and hangs up at once: tiny_http accepts
+/// the connection, reads nothing and closes it.
+fn wake_accept(addr: SocketAddr) {
+    let mut to = addr;
+    if to.ip().is_unspecified() {
+        to.set_ip(if to.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
+    }
+    if let Err(e) = std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_secs(1)) {
+        tracing::warn!("metrics endpoint {to}: keeping the listener awake: {e}");
+    }
+}
+
 /// Leaves a request unanswered without writing anything (dropping it would
 /// write a 500, which may block on a client that does not read).
 fn discard(req: tiny_http::Request) {
@@ -447,6 +481,7 @@ fn discard(req: tiny_http::Request) {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.server.unblock();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -566,6 +601,18 @@ mod tests {
             assert!(t.elapsed() < std::time::Duration::from_secs(10), "a scrape took {:?}", t.elapsed());
         }
         drop(stalled);
+    }
+
+    // The listener's receive timeout also bounds accept(): the endpoint
+    // stopped for good after RECV_TIMEOUT without a new connection.
+    #[test]
+    fn the_endpoint_still_answers_after_a_quiet_spell_longer_than_the_receive_timeout() {
+        let c = Control::new();
+        c.register(Arc::new(Fake("new", "gizmo", json!({"widgets": 7})))).unwrap();
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Metrics::new(c), None).unwrap();
+        assert!(scrape(server.addr()).unwrap().contains("widgets"));
+        std::thread::sleep(RECV_TIMEOUT + std::time::Duration::from_secs(2));
+        assert!(scrape(server.addr()).unwrap().contains("widgets"));
     }
 
     #[test]
