@@ -147,6 +147,29 @@ fn billed_usd(prices: &PriceTable, usd_hour: f64, ns: u64) -> f64 {
     prices.billed_seconds(ns, prices.minimum_seconds) as f64 / 3600.0 * usd_hour
 }
 
+/// The table row of a candidate that was replayed: its time, its dollars and
+/// the value of the time it took.
+fn simulated_row(name: String, spec: String, sized: String, replay: ReplayResult, storage: f64, compute: f64, o: &PlanOptions) -> Row {
+    let ns = replay.completion_ns.max(1);
+    let value = o.value_per_hour.map(|v| v * ns as f64 / 3.6e12);
+    Row {
+        name,
+        spec: Some(spec),
+        sized,
+        simulated: true,
+        completion_s: Some(ns as f64 / 1e9),
+        storage_usd: Some(storage),
+        compute_usd: Some(compute),
+        time_value_usd: value,
+        total_usd: Some(storage + compute + value.unwrap_or(0.0)),
+        meets_deadline: None,
+        why_lost: None,
+        replay: Some(replay),
+        peak_spec: None,
+        modifications: None,
+    }
+}
+
 pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<WorkloadPlan, PlanError> {
     if t.records.is_empty() {
         return Err(PlanError::Invalid("the trace has no requests".into()));
@@ -165,48 +188,18 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
         let ns = r.completion_ns.max(1);
         let storage = prices.usd_month(&c.spec) * prices.billed_seconds(ns, prices.minimum_seconds) as f64 / prices.seconds_per_month as f64;
         let compute = billed_usd(prices, usd_hour, ns);
-        let value = o.value_per_hour.map(|v| v * ns as f64 / 3.6e12);
-        rows.push(Row {
-            name: c.name.clone(),
-            spec: Some(c.spec.to_string()),
-            sized: c.sized.clone(),
-            simulated: true,
-            completion_s: Some(ns as f64 / 1e9),
-            storage_usd: Some(storage),
-            compute_usd: Some(compute),
-            time_value_usd: value,
-            total_usd: Some(storage + compute + value.unwrap_or(0.0)),
-            meets_deadline: None,
-            why_lost: None,
-            replay: Some(r),
-            peak_spec: None,
-            modifications: None,
-        });
+        rows.push(simulated_row(c.name.clone(), c.spec.to_string(), c.sized.clone(), r, storage, compute, o));
     }
     match crate::modify::specs(&demand) {
         Some(ms) => {
             let rules = surge_cloud::ModifyRules::ebs_rolling();
             let m = crate::modify::run(t, &ms, rules, ebs.shape(), &o.instance, prices, qd).map_err(|why| PlanError::Candidate { name: MODIFY.into(), why })?;
-            let ns = m.replay.completion_ns.max(1);
-            let value = o.value_per_hour.map(|v| v * ns as f64 / 3.6e12);
-            let (storage, compute) = (m.cost.storage_usd, m.cost.compute_usd);
             let raises = m.modifications.iter().filter(|x| x.action == surge_policy::modify::ModifyAction::Raise).count();
-            rows.push(Row {
-                name: MODIFY.into(),
-                spec: Some(ms.base.to_string()),
-                sized: format!("base: the cheapest gp3 that holds it; raised to {} on a burst ({} modifications, {raises} raises, EBS's 4 per rolling 24 h, 5 min optimizing)", ms.peak, m.modifications.len()),
-                simulated: true,
-                completion_s: Some(ns as f64 / 1e9),
-                storage_usd: Some(storage),
-                compute_usd: Some(compute),
-                time_value_usd: value,
-                total_usd: Some(storage + compute + value.unwrap_or(0.0)),
-                meets_deadline: None,
-                why_lost: None,
-                replay: Some(m.replay),
-                peak_spec: Some(ms.peak.to_string()),
-                modifications: Some(m.modifications),
-            });
+            let sized = format!("base: the cheapest gp3 that holds it; raised to {} on a burst ({} modifications, {raises} raises, EBS's 4 per rolling 24 h, 5 min optimizing)", ms.peak, m.modifications.len());
+            let mut row = simulated_row(MODIFY.into(), ms.base.to_string(), sized, m.replay, m.cost.storage_usd, m.cost.compute_usd, o);
+            row.peak_spec = Some(ms.peak.to_string());
+            row.modifications = Some(m.modifications);
+            rows.push(row);
         }
         None => rows.push(not_simulated(&NotSimulated { name: MODIFY, why: "not run: the trace is untimed, or the base gp3 (3,000 IOPS, 125 MiB/s) already serves its peak second, so there is nothing to raise" })),
     }
