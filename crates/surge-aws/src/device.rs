@@ -134,16 +134,33 @@ pub fn wait_for(root: &Path, want: Expect<'_>, device: &str, timeout: Duration, 
     }
 }
 
-/// A free device name for AttachVolume (`/dev/sdf` .. `/dev/sdp`, as AWS
-/// recommends for EBS), given the names the instance already uses.
+/// The names surge attaches EBS volumes under, in the order it uses them:
+/// `/dev/sdf`..`/dev/sdz` (AWS's recommendation for EBS on HVM instances),
+/// then `/dev/xvdba`..`/dev/xvdcz` (also valid on HVM): 73 names, more than
+/// any instance's attachment slots surge plans for (Nitro's 28 shared).
+pub fn device_names() -> impl Iterator<Item = String> {
+    let sd = ('f'..='z').map(|l| format!("/dev/sd{l}"));
+    let xvd = ['b', 'c'].into_iter().flat_map(|a| ('a'..='z').map(move |b| format!("/dev/xvd{a}{b}")));
+    sd.chain(xvd)
+}
+
+/// How many names [`device_names`] gives.
+pub const DEVICE_NAMES: usize = 21 + 52;
+
+/// The kernel's name for an attachment name (Xen shows `/dev/sdf` as `xvdf`):
+/// two names clash when these are equal.
+fn kernel_name(name: &str) -> String {
+    let n = name.trim_start_matches("/dev/");
+    match n.strip_prefix("sd") {
+        Some(rest) => format!("xvd{rest}"),
+        None => n.to_string(),
+    }
+}
+
+/// A free device name for AttachVolume, given the names the instance already uses.
 pub fn free_device_name(used: &[String]) -> Option<String> {
-    let taken = |l: char| {
-        used.iter().any(|u| {
-            let u = u.trim_start_matches("/dev/");
-            u == format!("sd{l}") || u == format!("xvd{l}")
-        })
-    };
-    ('f'..='p').find(|&l| !taken(l)).map(|l| format!("/dev/sd{l}"))
+    let taken: Vec<String> = used.iter().map(|u| kernel_name(u)).collect();
+    device_names().find(|d| !taken.contains(&kernel_name(d)))
 }
 
 #[cfg(test)]
@@ -252,7 +269,13 @@ mod tests {
         assert_eq!(free_device_name(&[]).as_deref(), Some("/dev/sdf"));
         let used = ["/dev/xvda".to_string(), "/dev/sdf".into(), "xvdg".into()];
         assert_eq!(free_device_name(&used).as_deref(), Some("/dev/sdh"));
-        let all: Vec<String> = ('f'..='p').map(|l| format!("/dev/sd{l}")).collect();
+        let first: Vec<String> = ('f'..='z').map(|l| format!("/dev/sd{l}")).collect();
+        assert_eq!(free_device_name(&first).as_deref(), Some("/dev/xvdba"), "past the recommended names");
+        let mut xen = first.iter().map(|n| n.replace("/dev/sd", "xvd")).collect::<Vec<_>>();
+        xen.push("/dev/xvdba".into());
+        assert_eq!(free_device_name(&xen).as_deref(), Some("/dev/xvdbb"), "the kernel's names clash with the attachment names");
+        let all: Vec<String> = device_names().collect();
+        assert_eq!(all.len(), DEVICE_NAMES);
         assert_eq!(free_device_name(&all), None);
     }
 }

@@ -10,15 +10,14 @@
 //! - No figure (older API answers, emulators): Nitro's 28 shared slots when
 //!   the hypervisor is `nitro`, else unknown (the stack's `attach_limit`).
 //!
-//! Every volume attached now (the root volume too) takes a slot. surge names
-//! attachments `/dev/sdf`..`/dev/sdp` (`device::free_device_name`), which
-//! bounds what it can attach as well.
+//! Every volume attached now (the root volume too) takes a slot. surge's
+//! attachment names (`device::device_names`, 73 of them) bound what it can
+//! attach as well, on instance types with more dedicated slots than that.
 
 use aws_sdk_ec2::types::{Instance, InstanceTypeInfo};
 use surge_cloud::AttachmentSlots;
 
-/// Device names surge can attach under (`/dev/sdf`..`/dev/sdp`).
-pub const DEVICE_NAMES: usize = 11;
+use crate::device::DEVICE_NAMES;
 
 /// Slots of `inst`, given its type's description (if AWS gave one).
 pub fn slots(inst: &Instance, info: Option<&InstanceTypeInfo>) -> Option<AttachmentSlots> {
@@ -39,7 +38,7 @@ pub fn slots(inst: &Instance, info: Option<&InstanceTypeInfo>) -> Option<Attachm
     // surge's device names bound it too: names in use are the attached volumes'.
     let by_names = taken + attached.len() + DEVICE_NAMES.saturating_sub(attached.len().saturating_sub(1));
     let (total, source) = if by_names < total {
-        (by_names, format!("{source}; surge attaches as /dev/sdf../dev/sdp ({DEVICE_NAMES} names), which leaves {by_names}"))
+        (by_names, format!("{source}; surge has {DEVICE_NAMES} attachment names (/dev/sdf../dev/sdz, /dev/xvdba../dev/xvdcz), which leaves {by_names}"))
     } else {
         (total, source)
     };
@@ -85,9 +84,9 @@ mod tests {
     fn shared_slots_count_extra_interfaces_instance_store_and_attached_volumes() {
         // m5d.large as moto describes m5.large (27, shared), with 2 NVMe disks and 2 interfaces.
         let s = slots(&instance("m5d.large", &["vol-root"], 2), Some(&info(Some(27), Some("shared"), "nitro", 2))).unwrap();
-        assert_eq!((s.total, s.taken_by_others), (15, 3), "{s:?}");
-        assert!(s.source.contains("/dev/sdp"), "surge's 11 device names bound it, not the 27 - 3: {}", s.source);
-        assert_eq!(s.free_for(&[]), 11);
+        assert_eq!((s.total, s.taken_by_others), (27, 3), "{s:?}");
+        assert!(!s.source.contains("attachment names"), "surge's 73 names do not bound it: {}", s.source);
+        assert_eq!(s.free_for(&[]), 23, "27 - 1 more interface - 2 disks - the root volume");
         let s = slots(&instance("m5d.large", &["vol-root"], 2), Some(&info(Some(12), Some("shared"), "nitro", 2))).unwrap();
         assert_eq!((s.total, s.free_for(&[])), (12, 8), "12 - 1 more interface - 2 disks - the root volume");
         // Without the name limit (a dedicated-limit type with few slots): the figure itself.
@@ -95,6 +94,10 @@ mod tests {
         assert_eq!((s.total, s.taken_by_others), (8, 0));
         assert_eq!(s.free_for(&["vol-a".into()]), 7, "the stack's own volume counts as free for it");
         assert!(s.source.contains("dedicated"));
+        // More dedicated slots than surge has names: the names bound it.
+        let s = slots(&instance("u7i-12tb.224xlarge", &["vol-root"], 1), Some(&info(Some(128), Some("dedicated"), "nitro", 0))).unwrap();
+        assert_eq!((s.total, s.free_for(&[])), (74, 73), "{s:?}");
+        assert!(s.source.contains("73 attachment names"), "{}", s.source);
     }
 
     #[test]

@@ -113,6 +113,12 @@ pub struct AwsProvider {
     /// DescribeVolumesModifications failed once (logged once; the rule's
     /// expected duration stands in for the state from then on).
     no_modification_state: std::sync::atomic::AtomicBool,
+    /// Per volume (name or id as asked): its id if its type has a burst
+    /// bucket (gp2, st1, sc1), else `None`. Learnt once, so that a
+    /// BurstBalance read is one CloudWatch call and still works while EC2's
+    /// API throttles (the services have separate limits); a modification
+    /// forgets it (the type may change).
+    burst_ids: Mutex<HashMap<String, Option<String>>>,
 }
 
 fn now_unix_ns() -> u64 {
@@ -157,7 +163,7 @@ impl AwsProvider {
         if let (Some(id), Some(az)) = (&cfg.instance_id, &cfg.availability_zone) {
             let _ = instance.set(Instance { id: id.clone(), az: az.clone() });
         }
-        Ok(AwsProvider { rt, ec2, cw, cfg, http, instance, attached: Mutex::new(HashMap::new()), deleted: Mutex::new(Vec::new()), naming: Mutex::new(Vec::new()), modified: Mutex::new(HashMap::new()), no_modification_state: Default::default() })
+        Ok(AwsProvider { rt, ec2, cw, cfg, http, instance, attached: Mutex::new(HashMap::new()), deleted: Mutex::new(Vec::new()), naming: Mutex::new(Vec::new()), modified: Mutex::new(HashMap::new()), no_modification_state: Default::default(), burst_ids: Mutex::new(HashMap::new()) })
     }
 
     pub fn config(&self) -> &AwsConfig {
@@ -379,6 +385,11 @@ impl AwsProvider {
         }))
     }
 
+    /// Drop what `burst_ids` knows of a volume (modified or deleted).
+    fn forget_burst_id(&self, key: &str, id: &str) {
+        self.burst_ids.lock().retain(|k, cached| k != key && k != id && cached.as_deref() != Some(id));
+    }
+
     /// This instance and its type's description (`None` if AWS has none).
     fn instance_and_type(&self) -> Result<(aws_sdk_ec2::types::Instance, Option<aws_sdk_ec2::types::InstanceTypeInfo>), CloudError> {
         let a = Action::Describe;
@@ -537,7 +548,7 @@ impl Provider for AwsProvider {
             .collect();
         used.extend(naming.iter().cloned());
         let device = device::free_device_name(&used)
-            .ok_or_else(|| CloudError::Busy { action: a, volume: id.clone(), why: format!("instance {} has no free device name in /dev/sdf../dev/sdp", inst.id) })?;
+            .ok_or_else(|| CloudError::Busy { action: a, volume: id.clone(), why: format!("instance {} has none of surge's device names free (/dev/sdf../dev/sdz, /dev/xvdba../dev/xvdcz)", inst.id) })?;
         naming.push(device.clone());
         drop(naming);
         let _release = Release(&self.naming, device.clone());
@@ -586,6 +597,7 @@ impl Provider for AwsProvider {
         let a = Action::Delete;
         let v = self.find(a, key)?;
         let id = v.volume_id().unwrap_or_default().to_string();
+        self.forget_burst_id(key, &id);
         if v.state().map(|s| s.as_str()) != Some("available") {
             return Err(CloudError::Busy { action: a, volume: id, why: format!("{}; detach it first", describe_state(Some(&v))) });
         }
@@ -634,12 +646,21 @@ impl Provider for AwsProvider {
         true
     }
 
-    fn credit_sample(&self, id: &str) -> Result<Option<surge_cloud::CreditSample>, CloudError> {
-        let v = self.find(Action::Describe, id)?;
-        if !matches!(v.volume_type().map(|t| t.as_str()), Some("gp2" | "st1" | "sc1")) {
-            return Ok(None);
+    fn credit_sample(&self, key: &str) -> Result<Option<surge_cloud::CreditSample>, CloudError> {
+        let known = self.burst_ids.lock().get(key).cloned();
+        let id = match known {
+            Some(id) => id,
+            None => {
+                let v = self.find(Action::Describe, key)?;
+                let id = matches!(v.volume_type().map(|t| t.as_str()), Some("gp2" | "st1" | "sc1")).then(|| v.volume_id().unwrap_or_default().to_string());
+                self.burst_ids.lock().insert(key.to_string(), id.clone());
+                id
+            }
+        };
+        match id {
+            Some(id) => self.burst_balance_point(&id),
+            None => Ok(None),
         }
-        self.burst_balance_point(v.volume_id().unwrap_or_default())
     }
 
     fn attachment_slots(&self) -> Result<Option<surge_cloud::AttachmentSlots>, CloudError> {
@@ -665,6 +686,7 @@ impl Provider for AwsProvider {
         let a = Action::Modify;
         let v = self.find(a, key)?;
         let id = v.volume_id().unwrap_or_default().to_string();
+        self.forget_burst_id(key, &id);
         let cur = self.info(&v)?;
         if spec.size < cur.size {
             return Err(CloudError::Busy { action: a, volume: id, why: format!("EBS volumes only grow (now {})", cur.spec) });

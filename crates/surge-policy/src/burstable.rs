@@ -313,8 +313,12 @@ impl BurstablePolicy {
 
     fn all_persistent(&mut self, obs: &Obs, due: &[usize], free: usize) -> Option<(Vec<usize>, String)> {
         let first = *due.iter().min_by_key(|&&i| obs.members[i].credits)?;
-        let mut slots: Vec<usize> = (0..obs.members.len()).filter(|&i| !obs.members[i].swapping && obs.members[i].credits.is_some()).collect();
-        slots.sort_by_key(|&i| obs.members[i].credits);
+        // A member whose balance is unknown (after a restart, before its
+        // first CloudWatch point) is swapped too, after the known ones: the
+        // stripe bursts only as fast as its emptiest member, and an early
+        // swap costs a rebuild where a late one costs the burst.
+        let mut slots: Vec<usize> = (0..obs.members.len()).filter(|&i| !obs.members[i].swapping && obs.members[i].capacity.is_some()).collect();
+        slots.sort_by_key(|&i| obs.members[i].credits.map_or((1, 0), |c| (0, c)));
         if free == 0 {
             self.waiting = Some(format!("{}; no free attachment (limit {})", self.describe(obs, first), self.cfg.attach_limit));
             return None;
@@ -488,6 +492,30 @@ mod tests {
         sim.run(Duration::from_secs(3_000));
         // 50 % = 2.7 M credits at 1,000/s: the tick before 2,700 s.
         assert_eq!(sim.swaps.first().map(|s| s.0), Some(Duration::from_secs(2_695)));
+    }
+
+    #[test]
+    fn all_at_once_swaps_members_of_unknown_balance_too_after_the_known_ones() {
+        let mut c = cfg(Mode::Persistent, Strategy::AllAtOnce);
+        c.attach_limit = 6;
+        let mut p = BurstablePolicy::new(c, 3);
+        let m = |credits: Option<u64>| MemberObs { credits, capacity: Some(CAP), swapping: false };
+        let low = |c: u64| Obs { members: vec![m(None), m(Some(c)), m(Some(CAP))], attached: 3, idle_for: Duration::ZERO };
+        assert!(p.tick(Duration::ZERO, &low(300_000)).is_empty());
+        let d = p.tick(Duration::from_secs(5), &low(100_000));
+        assert_eq!(d.len(), 1, "member 1 drains below its floor");
+        assert_eq!(d[0].action, Action::Swap { slots: vec![1, 2, 0] }, "lowest first, the unknown one last");
+        // One free attachment: the known, lowest member only.
+        let mut c = cfg(Mode::Persistent, Strategy::AllAtOnce);
+        c.attach_limit = 4;
+        let mut p = BurstablePolicy::new(c, 3);
+        p.tick(Duration::ZERO, &low(300_000));
+        assert_eq!(p.tick(Duration::from_secs(5), &low(100_000))[0].action, Action::Swap { slots: vec![1] });
+        // A member without a bucket (gp3) is never swapped.
+        let mut p = BurstablePolicy::new(cfg(Mode::Persistent, Strategy::AllAtOnce), 2);
+        let obs = |c: u64| Obs { members: vec![MemberObs { credits: None, capacity: None, swapping: false }, m(Some(c))], attached: 2, idle_for: Duration::ZERO };
+        p.tick(Duration::ZERO, &obs(300_000));
+        assert_eq!(p.tick(Duration::from_secs(5), &obs(100_000))[0].action, Action::Swap { slots: vec![1] });
     }
 
     #[test]

@@ -217,6 +217,10 @@ pub struct ElasticVolume {
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     flusher: Mutex<Option<Flusher>>,
+    /// The detach-and-delete of doomed volumes under way (background mode):
+    /// on a real cloud a detach can take minutes or stick in-use, and the
+    /// controller must meanwhile go on deciding (a new burst, a drain).
+    reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 fn io_total(c: &Counted) -> u64 {
@@ -340,6 +344,7 @@ impl ElasticVolume {
             stop: Arc::new(AtomicBool::new(false)),
             threads: Mutex::new(Vec::new()),
             flusher: Mutex::new(None),
+            reaper: Mutex::new(None),
             p,
             provider,
             clock,
@@ -379,6 +384,9 @@ impl ElasticVolume {
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
+        if let Some(t) = self.reaper.lock().take() {
+            let _ = t.join();
+        }
         self.flusher.lock().take();
         let pending = self.pending.lock().take();
         if let Some(mut p) = pending {
@@ -406,7 +414,7 @@ impl ElasticVolume {
         let _ = self.cache.flush();
         // A clean cache holds nothing a restart needs: deleted, not left behind.
         if self.cache.is_attached() && self.cache.stats().dirty_bytes == 0 {
-            if let Err(e) = self.release() {
+            if let Err(e) = self.release(true) {
                 tracing::warn!(export = %self.p.name, "releasing the clean cache volume at exit: {e:#}");
             }
         }
@@ -425,10 +433,10 @@ impl ElasticVolume {
 
     /// One controller step: settle failed caches and leftovers, feed the
     /// policy, apply what it decides.
-    pub fn step(&self) -> anyhow::Result<()> {
+    pub fn step(self: &Arc<Self>) -> anyhow::Result<()> {
         self.poll_provision();
         self.drop_failed_cache()?;
-        self.delete_doomed();
+        self.reap();
         let now = self.clock.now();
         self.update_backing(now);
         let (bytes, ops) = (self.app_bytes.load(Relaxed), self.app_ops.load(Relaxed));
@@ -468,7 +476,7 @@ impl ElasticVolume {
                 self.boost_drain();
             }
             Action::Resume => self.cache.set_phase(Phase::Boost),
-            Action::Detach => match self.release() {
+            Action::Detach => match self.release(!self.p.background_provision) {
                 Ok(()) => {
                     self.boost_released();
                     self.policy.lock().detached(self.clock.now());
@@ -577,9 +585,8 @@ impl ElasticVolume {
             Ok(v) if p.cancelled => {
                 self.policy.lock().observe_provision_time(took);
                 tracing::info!(volume = %v.id, export = %self.p.name, "cache volume arrived after {:.1} s, after its burst: released unused", took.as_secs_f64());
-                let _ = self.provider.detach(&v.id);
+                // Detached and deleted by the next step's reaping.
                 self.doom(&v.id);
-                self.delete_doomed();
                 self.boost_released();
                 return;
             }
@@ -685,9 +692,8 @@ impl ElasticVolume {
                 tracing::error!(volume = %v.id, "cache volume failed over to backing and is fenced; deleting it");
                 self.boost_released();
                 self.old_cache_bytes.fetch_add(io_total(&v.io), Relaxed);
-                let _ = self.provider.detach(&v.id);
+                // Detached and deleted by the next step's reaping.
                 self.doom(&v.id);
-                self.delete_doomed();
                 Ok(())
             }
         }
@@ -745,6 +751,28 @@ impl ElasticVolume {
         }
     }
 
+    /// Detach and delete the doomed volumes that are due: in this call
+    /// (synchronous mode), or on the reaper thread, one at a time, so that a
+    /// slow or stuck detach holds up nothing else.
+    fn reap(self: &Arc<Self>) {
+        if !self.p.background_provision {
+            return self.delete_doomed();
+        }
+        let now = self.clock.now();
+        if !self.doomed.lock().iter().any(|d| d.next_at <= now) {
+            return;
+        }
+        let mut reaper = self.reaper.lock();
+        if reaper.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        if let Some(t) = reaper.take() {
+            let _ = t.join();
+        }
+        let me = self.clone();
+        *reaper = Some(std::thread::Builder::new().name(format!("reap-{}", self.p.name)).spawn(move || me.delete_doomed()).expect("spawn reaper"));
+    }
+
     /// Delete every doomed volume the provider lets us; a deleted failed
     /// volume leaves the fence record.
     fn delete_doomed(&self) {
@@ -779,12 +807,17 @@ impl ElasticVolume {
 
     /// Detach (only when clean) and delete the cache volume. An error leaves
     /// the cache attached (detach refused) or the volume doomed (the provider
-    /// refused; retried each tick).
-    fn release(&self) -> anyhow::Result<()> {
+    /// refused; retried each tick). Unless `wait`, the provider's detach and
+    /// delete are left to the reaper (`deletes` in status says how they go).
+    fn release(&self, wait: bool) -> anyhow::Result<()> {
         self.cache.detach()?;
         let taken = self.vol.lock().take();
         if let Some(v) = taken {
             self.old_cache_bytes.fetch_add(io_total(&v.io), Relaxed);
+            if !wait {
+                self.doom(&v.id);
+                return Ok(());
+            }
             let detach = self.provider.detach(&v.id);
             self.doom(&v.id);
             self.delete_doomed();
@@ -1332,7 +1365,7 @@ mod failure_tests {
     /// A cache holding block 0 = 0xA1 (FLUSHed) whose device then refuses every
     /// write and flush (so its metadata cannot be cleared); a write fails it
     /// over; block 0 is rewritten (0xA2) and FLUSHed.
-    fn fail_over_with_a_dead_cache(v: &ElasticVolume) -> String {
+    fn fail_over_with_a_dead_cache(v: &Arc<ElasticVolume>) -> String {
         v.provision(16 * MIB).unwrap();
         v.write_at(&[0xA1; 4096], 0, false).unwrap();
         v.flush().unwrap();
@@ -1508,26 +1541,40 @@ mod cloud_tests {
         }
     }
 
-    /// A provider whose attach waits until the test lets it go (an EBS
-    /// attach that takes minutes), counting the attaches begun.
-    struct SlowAttach {
+    /// A provider whose attach (or detach) of a cache volume waits until
+    /// the test lets it go (an EBS attach that takes minutes, a detach stuck
+    /// in-use), counting the calls begun.
+    struct Gated {
         inner: Arc<LocalProvider>,
+        on: surge_cloud::Action,
         gate: Mutex<mpsc::Receiver<()>>,
         begun: AtomicU64,
     }
 
-    impl Provider for SlowAttach {
+    impl Gated {
+        fn new(inner: Arc<LocalProvider>, on: surge_cloud::Action) -> (Arc<Self>, mpsc::Sender<()>) {
+            let (go, gate) = mpsc::channel();
+            (Arc::new(Gated { inner, on, gate: Mutex::new(gate), begun: AtomicU64::new(0) }), go)
+        }
+
+        fn hold(&self, action: surge_cloud::Action, id: &str) {
+            if action == self.on && self.inner.describe(id).is_ok_and(|v| v.name.as_deref().is_some_and(|n| n.contains("-cache-"))) {
+                self.begun.fetch_add(1, Relaxed);
+                let _ = self.gate.lock().recv();
+            }
+        }
+    }
+
+    impl Provider for Gated {
         fn create(&self, r: CreateRequest) -> surge_cloud::provider::Result<surge_cloud::VolumeInfo> {
             self.inner.create(r)
         }
         fn attach(&self, id: &str) -> surge_cloud::provider::Result<Arc<dyn BlockDev>> {
-            if !id.is_empty() && self.inner.describe(id).is_ok_and(|v| v.name.as_deref().is_some_and(|n| n.contains("-cache-"))) {
-                self.begun.fetch_add(1, Relaxed);
-                let _ = self.gate.lock().recv();
-            }
+            self.hold(surge_cloud::Action::Attach, id);
             self.inner.attach(id)
         }
         fn detach(&self, id: &str) -> surge_cloud::provider::Result<()> {
+            self.hold(surge_cloud::Action::Detach, id);
             self.inner.detach(id)
         }
         fn delete(&self, id: &str) -> surge_cloud::provider::Result<()> {
@@ -1546,7 +1593,7 @@ mod cloud_tests {
 
     /// `n` writes of 8 MiB (byte i + 1) every 0.2 s of compute: well above
     /// 30 % of 33 MB/s (the backing's model paces them on the virtual clock).
-    fn burst(v: &ElasticVolume, clock: &VirtualClock, n: u64) {
+    fn burst(v: &Arc<ElasticVolume>, clock: &VirtualClock, n: u64) {
         for i in 0..n {
             v.write_at(&vec![i as u8 + 1; (8 * MIB) as usize], i * 4 * MIB % (48 * MIB), false).unwrap();
             clock.advance(Duration::from_millis(200));
@@ -1559,8 +1606,7 @@ mod cloud_tests {
         let d = tempfile::tempdir().unwrap();
         let clock = Arc::new(VirtualClock::new());
         let local = cloud(d.path(), &clock, surge_cloud::Delays::none());
-        let (go, gate) = mpsc::channel();
-        let prov = Arc::new(SlowAttach { inner: local.clone(), gate: Mutex::new(gate), begun: AtomicU64::new(0) });
+        let (prov, go) = Gated::new(local.clone(), surge_cloud::Action::Attach);
         let v = ElasticVolume::open(params(d.path(), true), prov.clone(), clock.clone()).unwrap();
         burst(&v, &clock, 20);
         // The controller keeps ticking while the attach hangs; I/O goes to backing.
@@ -1581,7 +1627,7 @@ mod cloud_tests {
         go.send(()).unwrap();
         for _ in 0..1000 {
             v.step().unwrap();
-            if v.status()["provisioning"].is_null() {
+            if v.status()["provisioning"].is_null() && v.doomed_volumes().is_empty() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -1594,6 +1640,51 @@ mod cloud_tests {
         let mut buf = vec![0u8; 4096];
         v.read_at(&mut buf, 0).unwrap();
         assert_eq!(buf[0], 13, "the burst's last write to block 0 (i = 12) went to backing");
+    }
+
+    /// Steps (each after `dt` of virtual time and a real millisecond, for
+    /// the worker threads) until `done`, at most `n`.
+    fn step_until(v: &Arc<ElasticVolume>, clock: &VirtualClock, dt: Duration, n: usize, mut done: impl FnMut(&ElasticVolume) -> bool) -> bool {
+        for _ in 0..n {
+            if done(v) {
+                return true;
+            }
+            clock.advance(dt);
+            while v.cache().flush_step(usize::MAX).unwrap_or(0) > 0 {}
+            v.step().unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        done(v)
+    }
+
+    #[test]
+    fn a_detach_that_hangs_holds_up_neither_the_controller_nor_the_next_burst() {
+        let d = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let local = cloud(d.path(), &clock, surge_cloud::Delays::none());
+        let (prov, go) = Gated::new(local.clone(), surge_cloud::Action::Detach);
+        let v = ElasticVolume::open(params(d.path(), true), prov.clone(), clock.clone()).unwrap();
+        burst(&v, &clock, 20);
+        assert!(step_until(&v, &clock, Duration::from_millis(200), 500, |v| v.cache().is_attached()), "{:?}", v.decisions());
+        let first = v.vol.lock().as_ref().unwrap().id.clone();
+        // Idle: drained, released; its detach hangs on the reaper thread.
+        assert!(step_until(&v, &clock, Duration::from_secs(1), 300, |_| prov.begun.load(Relaxed) == 1), "{:?}", v.decisions());
+        assert!(!v.cache().is_attached());
+        assert_eq!(v.status()["deletes"][0]["id"], first.as_str(), "{}", v.status());
+        // The next burst gets its cache while the first volume is still detaching.
+        burst(&v, &clock, 20);
+        assert!(step_until(&v, &clock, Duration::from_millis(200), 500, |v| v.cache().is_attached()), "{:?}", v.decisions());
+        let second = v.vol.lock().as_ref().unwrap().id.clone();
+        assert_ne!(second, first);
+        assert!(local.list().unwrap().iter().any(|x| x.id == first && x.state == surge_cloud::VolumeState::Attached), "not deleted while attached");
+        // The detach completes at last: the first volume is deleted, the second serves.
+        go.send(()).unwrap();
+        assert!(step_until(&v, &clock, Duration::from_millis(200), 1000, |v| v.doomed_volumes().is_empty()), "{}", v.status()["deletes"]);
+        assert!(!local.list().unwrap().iter().any(|x| x.id == first));
+        assert!(v.cache().is_attached());
+        let mut buf = vec![0u8; 4096];
+        v.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf[0], 13, "the second burst's last write to block 0");
     }
 
     #[test]

@@ -504,7 +504,7 @@ mod tests {
 
     /// 4 MiB writes back to back over 512 MiB (the backing model moves
     /// virtual time), a controller step after each.
-    fn burst(v: &ElasticVolume, writes: u64) {
+    fn burst(v: &Arc<ElasticVolume>, writes: u64) {
         for i in 0..writes {
             v.write_at(&vec![i as u8 + 1; 4 << 20], (i % 128) * (4 << 20), false).unwrap();
             v.step().unwrap();
