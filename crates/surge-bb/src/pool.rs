@@ -268,11 +268,10 @@ pub fn run(tier: Arc<Tier>, provider: &mut dyn NodeProvider, meter: &CostMeter, 
             tracing::warn!("{line}");
             println!("{line}");
         }
-        let before_adopt = nodes.len();
+        let before = nodes.len();
         adopt(provider, &live, &draining, &mut nodes, meter, s)?;
         let demand = sampler.sample(&tier, meter, nodes.len());
         let d = policy.decide(started.elapsed(), &demand);
-        let before = before_adopt;
         if d.target > nodes.len() {
             for r in provider.start_many(d.target - nodes.len()) {
                 match r {

@@ -379,24 +379,36 @@ pub struct Ec2PoolArgs {
     pub ec2_endpoint: Option<String>,
 }
 
+impl Ec2PoolArgs {
+    /// What must hold before anything is opened or launched.
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.ec2_ami.is_some() || self.ec2_launch_template.is_some(), "--nodes ec2 needs --ec2-ami or --ec2-launch-template");
+        Ok(())
+    }
+}
+
+/// The nodes' user-data: --ec2-user-data's file, else the default script
+/// with the pool's node arguments and the Redis URL (refused if it holds a
+/// password: user-data is readable through the EC2 API).
+#[cfg(feature = "aws")]
+fn ec2_user_data(common: &Common, e: &Ec2PoolArgs, node_args: Vec<String>) -> anyhow::Result<String> {
+    if let Some(f) = &e.ec2_user_data {
+        return std::fs::read_to_string(f).with_context(|| format!("--ec2-user-data {}", f.display()));
+    }
+    anyhow::ensure!(
+        surge_bb::meta::redis::redact(&common.redis) == common.redis,
+        "--nodes ec2: the Redis URL holds a password, which would be in the nodes' user-data (readable through the EC2 API): \
+         give the nodes --redis-password-file (a path on their image) instead"
+    );
+    let mut args = vec!["--redis".to_string(), common.redis.clone()];
+    args.extend(node_args);
+    Ok(surge_bb::ec2::default_user_data(&e.ec2_surge_path, e.node_port, &args))
+}
+
 /// The EC2 node provider for `surge bb pool --nodes ec2`.
 #[cfg(feature = "aws")]
 fn ec2_nodes(common: &Common, e: &Ec2PoolArgs, instance: &str, node_args: Vec<String>, tier: Arc<surge_bb::tier::Tier>) -> anyhow::Result<surge_bb::ec2::Ec2Nodes> {
-    anyhow::ensure!(e.ec2_ami.is_some() || e.ec2_launch_template.is_some(), "--nodes ec2 needs --ec2-ami or --ec2-launch-template");
-    let user_data = match &e.ec2_user_data {
-        Some(f) => std::fs::read_to_string(f).with_context(|| format!("--ec2-user-data {}", f.display()))?,
-        None => {
-            // The nodes' Redis URL goes in the user-data, which is no place for a password.
-            anyhow::ensure!(
-                surge_bb::meta::redis::redact(&common.redis) == common.redis,
-                "--nodes ec2: the Redis URL holds a password, which would be in the nodes' user-data (readable through the EC2 API): \
-                 give the nodes --redis-password-file (a path on their image) instead"
-            );
-            let mut args = vec!["--redis".to_string(), common.redis.clone()];
-            args.extend(node_args);
-            surge_bb::ec2::default_user_data(&e.ec2_surge_path, e.node_port, &args)
-        }
-    };
+    let user_data = ec2_user_data(common, e, node_args)?;
     let cfg = surge_bb::ec2::Ec2NodesConfig {
         aws: surge_aws::AwsConfig { region: Some(common.region.clone()), endpoint_url: e.ec2_endpoint.clone(), owner: e.ec2_owner.clone(), ..Default::default() },
         pool: e.ec2_pool.clone().unwrap_or_else(|| common.fs.clone()),
@@ -554,6 +566,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 0.0 < low_water && low_water < high_water && high_water <= 1.0,
                 "need 0 < --low-water ({low_water}) < --high-water ({high_water}) <= 1"
             );
+            if nodes == "ec2" {
+                ec2.check()?;
+            }
             let tier = common.tier()?;
             let mut args = vec!["--memory".to_string(), node_memory.to_string()];
             args.extend(common.to_args());
@@ -638,5 +653,34 @@ mod tests {
         // The arguments parse back as the same settings.
         let back = T::try_parse_from(std::iter::once("x".to_string()).chain(args)).unwrap().c;
         assert_eq!((back.redis_password_file, back.tls_dir, back.fs), (t.c.redis_password_file, t.c.tls_dir, t.c.fs));
+    }
+
+    #[derive(Parser)]
+    struct P {
+        #[command(flatten)]
+        c: Common,
+        #[command(flatten)]
+        e: Ec2PoolArgs,
+    }
+
+    #[test]
+    fn ec2_nodes_need_an_ami_or_a_launch_template() {
+        let p = P::try_parse_from(["x"]).unwrap();
+        assert!(p.e.check().unwrap_err().to_string().contains("--ec2-ami or --ec2-launch-template"));
+        assert!(P::try_parse_from(["x", "--ec2-launch-template", "lt-1"]).unwrap().e.check().is_ok());
+    }
+
+    // No secrets in user-data: EC2 shows it to anyone allowed
+    // DescribeInstanceAttribute, and to everything on the instance.
+    #[test]
+    #[cfg(feature = "aws")]
+    fn ec2_user_data_refuses_a_redis_password_and_carries_the_node_settings() {
+        let p = P::try_parse_from(["x", "--redis", "redis://surge:s3cret@10.0.0.1:6379/", "--ec2-ami", "ami-1"]).unwrap();
+        let err = ec2_user_data(&p.c, &p.e, p.c.to_args()).unwrap_err().to_string();
+        assert!(err.contains("password") && !err.contains("s3cret"), "{err}");
+        let p = P::try_parse_from(["x", "--redis", "redis://10.0.0.1:6379/", "--redis-password-file", "/etc/bb/pw", "--ec2-ami", "ami-1", "--node-port", "7411"]).unwrap();
+        let u = ec2_user_data(&p.c, &p.e, p.c.to_args()).unwrap();
+        assert!(u.contains("/usr/local/bin/surge bb node --listen \"$IP:7411\" --redis redis://10.0.0.1:6379/ --fs default"), "{u}");
+        assert!(u.contains("--redis-password-file /etc/bb/pw"), "{u}");
     }
 }
