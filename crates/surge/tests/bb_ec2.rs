@@ -343,3 +343,29 @@ fn the_pool_on_ec2_adopts_its_nodes_after_a_crash_and_terminates_them_on_stop() 
     // Two r5.large for at least their 60 s minimum.
     assert!(nodes_usd >= 2.0 * 0.126 * 60.0 / 3600.0 - 1e-5, "{stopped}");
 }
+
+/// EC2 without room for the whole growth: the provider asks once for all
+/// (the SDK does not repeat the capacity refusal), then for as many as EC2
+/// has room for. A launch whose node never joins the pool (no agent plays
+/// this pool's boot) is reported and its instance terminated.
+#[test]
+fn ec2_nodes_short_of_capacity_or_never_serving_are_reported_and_cleaned() {
+    test_env();
+    let bb = Bb::new("ec2faults", "256KiB");
+    let moto = Moto::start();
+    let proxy = Proxy::start(moto.port);
+    let ec2 = Ec2::new(&moto);
+    let tier = tier(&bb);
+    let mut p = Ec2Nodes::connect(nodes_config(&proxy.url(), "silent", Duration::from_millis(1500)), tier).unwrap();
+    proxy.add(moto::Rule::Fail { action: "RunInstances".into(), times: 1, status: 500, code: "InsufficientInstanceCapacity".into() });
+    let start = Instant::now();
+    let r = p.start_many(3);
+    assert_eq!(proxy.count("RunInstances"), 2, "one refused call, not retried by the SDK, then one for fewer");
+    assert_eq!(r.len(), 1, "moto starts the minimum asked for: 1 ({r:?})");
+    let err = r[0].as_ref().unwrap_err().to_string();
+    assert!(err.contains("did not join the pool's membership within 1.5s") && err.contains("terminated it"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10), "the wait ends at the serve timeout");
+    let id = err.split_whitespace().find(|w| w.starts_with("i-")).unwrap();
+    assert!(matches!(ec2.state(id).as_str(), "terminated" | "shutting-down"), "{}", ec2.state(id));
+    assert!(PoolInstances::connect(&aws(&moto.url()), "silent").unwrap().list().unwrap().is_empty());
+}
