@@ -335,6 +335,7 @@ pub enum Action {
 /// `surge bb pool --nodes ec2` (docs/burst-buffer.md, "Pool nodes on EC2").
 #[derive(clap::Args, Debug, Clone)]
 #[command(next_help_heading = "EC2 nodes (--nodes ec2)")]
+#[cfg_attr(not(feature = "aws"), allow(dead_code))]
 pub struct Ec2PoolArgs {
     /// AMI with surge installed (or give --ec2-launch-template).
     #[arg(long)]
