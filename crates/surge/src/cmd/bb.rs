@@ -578,10 +578,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 #[cfg(feature = "aws")]
                 "ec2" => Box::new(ec2_nodes(&common, &ec2, &instance, args, tier.clone())?),
                 #[cfg(not(feature = "aws"))]
-                "ec2" => {
-                    let _ = ec2;
-                    anyhow::bail!("--nodes ec2: this surge was built without the `aws` feature (cargo build --features aws)")
-                }
+                "ec2" => anyhow::bail!("--nodes ec2: this surge was built without the `aws` feature (cargo build --features aws)"),
                 _ => Box::new(surge_bb::pool::LocalNodes::new(std::env::current_exe()?, args).with_env(common.child_env())),
             };
             let clock: Arc<dyn surge_block::Clock> = Arc::new(surge_block::SystemClock::new());
