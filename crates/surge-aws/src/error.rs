@@ -47,8 +47,8 @@ pub fn kind_of_code(code: Option<&str>) -> Kind {
         Some("InvalidVolume.NotFound" | "InvalidInstanceID.NotFound") => Kind::NotFound,
         Some("VolumeInUse" | "IncorrectState" | "InvalidVolume.ZoneMismatch") => Kind::InUse,
         Some(c) if MODIFY_REFUSED_CODES.contains(&c) => Kind::ModifyRefused,
-        Some("InsufficientVolumeCapacity") => Kind::Capacity,
-        Some("VolumeLimitExceeded" | "AttachmentLimitExceeded" | "MaxIOPSLimitExceeded") => Kind::Limit,
+        Some("InsufficientVolumeCapacity" | "InsufficientInstanceCapacity") => Kind::Capacity,
+        Some("VolumeLimitExceeded" | "AttachmentLimitExceeded" | "MaxIOPSLimitExceeded" | "InstanceLimitExceeded" | "VcpuLimitExceeded") => Kind::Limit,
         _ => Kind::Other,
     }
 }
@@ -129,12 +129,15 @@ pub struct NoTightRetry;
 
 impl NoTightRetry {
     fn code(err: &aws_smithy_runtime_api::client::interceptors::context::Error) -> Option<&str> {
-        use aws_sdk_ec2::operation::{attach_volume::AttachVolumeError, create_volume::CreateVolumeError, modify_volume::ModifyVolumeError};
+        use aws_sdk_ec2::operation::{attach_volume::AttachVolumeError, create_volume::CreateVolumeError, modify_volume::ModifyVolumeError, run_instances::RunInstancesError};
         // Only these calls meet capacity and limits (the error type is erased here).
         if let Some(e) = err.downcast_ref::<CreateVolumeError>() {
             return e.code();
         }
         if let Some(e) = err.downcast_ref::<AttachVolumeError>() {
+            return e.code();
+        }
+        if let Some(e) = err.downcast_ref::<RunInstancesError>() {
             return e.code();
         }
         err.downcast_ref::<ModifyVolumeError>().and_then(|e| e.code())
@@ -176,6 +179,8 @@ mod tests {
         assert_eq!(kind_of_code(Some("InsufficientVolumeCapacity")), Kind::Capacity);
         assert_eq!(kind_of_code(Some("VolumeLimitExceeded")), Kind::Limit);
         assert_eq!(kind_of_code(Some("AttachmentLimitExceeded")), Kind::Limit);
+        assert_eq!(kind_of_code(Some("InsufficientInstanceCapacity")), Kind::Capacity);
+        assert_eq!(kind_of_code(Some("VcpuLimitExceeded")), Kind::Limit);
         assert_eq!(kind_of_code(Some("Throttling")), Kind::Throttled);
         assert_eq!(kind_of_code(Some("ExpiredTokenException")), Kind::Credentials);
         assert!(retried_later(Kind::Capacity) && retried_later(Kind::Limit));

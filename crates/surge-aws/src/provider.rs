@@ -129,35 +129,47 @@ fn tag<'a>(v: &'a Volume, key: &str) -> Option<&'a str> {
     v.tags().iter().find(|t| t.key() == Some(key)).and_then(|t| t.value())
 }
 
+/// The runtime, SDK settings (credentials chain, region, endpoint, retries)
+/// and HTTP client every surge AWS client is made from. Nothing is called on AWS.
+pub(crate) fn sdk_setup(cfg: &AwsConfig) -> Result<(tokio::runtime::Runtime, aws_config::SdkConfig, aws_smithy_runtime_api::client::http::SharedHttpClient), CloudError> {
+    let setup = |why: String| CloudError::Remote { action: Action::List, volume: String::new(), why };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| setup(format!("starting the AWS client runtime: {e}")))?;
+    use aws_smithy_http_client::tls;
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .build_https();
+    let retry = aws_config::retry::RetryConfig::standard()
+        .with_max_attempts(cfg.max_attempts.max(1))
+        .with_initial_backoff(cfg.initial_backoff)
+        .with_max_backoff(Duration::from_secs(20));
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(http.clone()).retry_config(retry);
+    if let Some(r) = &cfg.region {
+        loader = loader.region(aws_config::Region::new(r.clone()));
+    }
+    if let Some(u) = &cfg.endpoint_url {
+        loader = loader.endpoint_url(u.clone());
+    }
+    let sdk = rt.block_on(loader.load());
+    if sdk.region().is_none() {
+        return Err(setup("no AWS region: set AWS_REGION, a profile's region, or `region` under [aws] in the config".into()));
+    }
+    Ok((rt, sdk, http))
+}
+
+/// The EC2 client, with capacity and limit refusals left to surge's own retries.
+pub(crate) fn ec2_client(sdk: &aws_config::SdkConfig) -> aws_sdk_ec2::Client {
+    aws_sdk_ec2::Client::from_conf(aws_sdk_ec2::config::Builder::from(sdk).retry_classifier(crate::error::NoTightRetry).build())
+}
+
 impl AwsProvider {
     /// Load credentials and region the usual way (environment, profiles, SSO,
     /// instance profile) and make the clients. Nothing is called on AWS yet.
     pub fn connect(cfg: AwsConfig) -> Result<Self, CloudError> {
-        let setup = |why: String| CloudError::Remote { action: Action::List, volume: String::new(), why };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| setup(format!("starting the AWS client runtime: {e}")))?;
-        use aws_smithy_http_client::tls;
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
-            .build_https();
-        let retry = aws_config::retry::RetryConfig::standard()
-            .with_max_attempts(cfg.max_attempts.max(1))
-            .with_initial_backoff(cfg.initial_backoff)
-            .with_max_backoff(Duration::from_secs(20));
-        let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(http.clone()).retry_config(retry);
-        if let Some(r) = &cfg.region {
-            loader = loader.region(aws_config::Region::new(r.clone()));
-        }
-        if let Some(u) = &cfg.endpoint_url {
-            loader = loader.endpoint_url(u.clone());
-        }
-        let sdk = rt.block_on(loader.load());
-        if sdk.region().is_none() {
-            return Err(setup("no AWS region: set AWS_REGION, a profile's region, or `region` under [aws] in the config".into()));
-        }
-        let ec2 = aws_sdk_ec2::Client::from_conf(aws_sdk_ec2::config::Builder::from(&sdk).retry_classifier(crate::error::NoTightRetry).build());
+        let (rt, sdk, http) = sdk_setup(&cfg)?;
+        let ec2 = ec2_client(&sdk);
         let cw = aws_sdk_cloudwatch::Client::new(&sdk);
         let instance = OnceLock::new();
         if let (Some(id), Some(az)) = (&cfg.instance_id, &cfg.availability_zone) {

@@ -13,6 +13,8 @@
 pub mod client;
 pub mod conn;
 pub mod drain;
+#[cfg(feature = "aws")]
+pub mod ec2;
 pub mod fuse;
 pub mod kcache;
 pub mod local;

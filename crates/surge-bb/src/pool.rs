@@ -28,11 +28,35 @@ pub enum PoolError {
     Price(#[from] surge_cloud::cost::PriceError),
 }
 
-/// Starts and stops I/O nodes. Local child processes by default; a cloud
-/// provider would start an instance running `surge bb node` instead.
+/// Starts and stops I/O nodes. Local child processes by default; EC2
+/// instances running `surge bb node` with the `aws` feature (`ec2.rs`).
 pub trait NodeProvider: Send {
     /// Starts a node; returns its address once it serves.
     fn start(&mut self) -> Result<String, PoolError>;
+    /// Starts `n` nodes; one result each (in any order). A provider whose
+    /// nodes take long to boot starts them together (one by one, the pool
+    /// would grow by a node per boot time).
+    fn start_many(&mut self, n: usize) -> Vec<Result<String, PoolError>> {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            let r = self.start();
+            let failed = r.is_err();
+            v.push(r);
+            if failed {
+                break;
+            }
+        }
+        v
+    }
+    /// Nodes of this provider that serve (their address is in `live`) but
+    /// that the pool did not start in this run: a pool restarted takes them
+    /// over instead of starting new ones. Called when the pool starts and at
+    /// every interval; also where a provider cleans up what it left behind.
+    /// Default: none (local nodes die with the pool).
+    fn adopt(&mut self, live: &BTreeSet<String>) -> Vec<String> {
+        let _ = live;
+        Vec::new()
+    }
     /// Ends a node that has drained (or kills one that would not).
     fn stop(&mut self, addr: &str);
     /// Is the node still running (false once it exited, e.g. after a drain by hand)?
@@ -181,6 +205,23 @@ impl Sampler {
     }
 }
 
+/// Takes over the provider's nodes that serve but this run did not start
+/// (billed from now: what ran before the restart was the last run's).
+fn adopt(provider: &mut dyn NodeProvider, live: &[String], draining: &BTreeSet<String>, nodes: &mut BTreeSet<String>, meter: &CostMeter, s: &PoolSettings) -> Result<(), PoolError> {
+    let live: BTreeSet<String> = live.iter().cloned().collect();
+    for addr in provider.adopt(&live) {
+        if nodes.contains(&addr) || draining.contains(&addr) {
+            continue;
+        }
+        meter.start_compute(&addr, &s.instance, 1)?;
+        let line = format!("pool: adopted {addr} (a node of this pool that was running before this start)");
+        tracing::info!("{line}");
+        println!("{line}");
+        nodes.insert(addr);
+    }
+    Ok(())
+}
+
 fn mib(b: f64) -> f64 {
     b / 1048576.0
 }
@@ -227,20 +268,18 @@ pub fn run(tier: Arc<Tier>, provider: &mut dyn NodeProvider, meter: &CostMeter, 
             tracing::warn!("{line}");
             println!("{line}");
         }
+        let before = nodes.len();
+        adopt(provider, &live, &draining, &mut nodes, meter, s)?;
         let demand = sampler.sample(&tier, meter, nodes.len());
         let d = policy.decide(started.elapsed(), &demand);
-        let before = nodes.len();
         if d.target > nodes.len() {
-            for _ in nodes.len()..d.target {
-                match provider.start() {
+            for r in provider.start_many(d.target - nodes.len()) {
+                match r {
                     Ok(addr) => {
                         meter.start_compute(&addr, &s.instance, 1)?;
                         nodes.insert(addr);
                     }
-                    Err(e) => {
-                        tracing::error!("pool: {e}");
-                        break;
-                    }
+                    Err(e) => tracing::error!("pool: {e}"),
                 }
             }
         } else if d.target < nodes.len() && draining.is_empty() {

@@ -271,9 +271,10 @@ pub enum Action {
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         timeout: std::time::Duration,
     },
-    /// Keep the pool of I/O nodes sized to demand: start nodes (local processes)
-    /// under a write backlog, drain them when demand stays low; prices every
-    /// node-second and S3 request. SIGTERM drains and stops every node.
+    /// Keep the pool of I/O nodes sized to demand: start nodes (local processes,
+    /// or EC2 instances with --nodes ec2) under a write backlog, drain them when
+    /// demand stays low; prices every node-second and S3 request. SIGTERM drains
+    /// and stops every node; after a crash, a new pool adopts the EC2 nodes still serving.
     Pool {
         #[command(flatten)]
         common: Common,
@@ -302,6 +303,12 @@ pub enum Action {
         /// Extra argument for every node started (repeat), e.g. --node-arg=--writeback-delay=2s.
         #[arg(long, allow_hyphen_values = true)]
         node_arg: Vec<String>,
+        /// Where nodes run: `local` (processes on this machine) or `ec2`
+        /// (instances of --instance type; needs a surge built with `aws`).
+        #[arg(long, default_value = "local", value_parser = ["local", "ec2"])]
+        nodes: String,
+        #[command(flatten)]
+        ec2: Ec2PoolArgs,
     },
     /// Add the bucket's existing objects (outside .surge/) to the namespace.
     Import {
@@ -323,6 +330,104 @@ pub enum Action {
         #[arg(long)]
         no_auth: bool,
     },
+}
+
+/// `surge bb pool --nodes ec2` (docs/burst-buffer.md, "Pool nodes on EC2").
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "EC2 nodes (--nodes ec2)")]
+#[cfg_attr(not(feature = "aws"), allow(dead_code))]
+pub struct Ec2PoolArgs {
+    /// AMI with surge installed (or give --ec2-launch-template).
+    #[arg(long)]
+    pub ec2_ami: Option<String>,
+    /// Launch template, by id (lt-...) or name; --instance overrides its type.
+    #[arg(long)]
+    pub ec2_launch_template: Option<String>,
+    /// Its version ($Latest, $Default or a number; default: the template's default).
+    #[arg(long)]
+    pub ec2_launch_template_version: Option<String>,
+    #[arg(long)]
+    pub ec2_subnet: Option<String>,
+    /// Security group id (repeat); it must let the clients and the other nodes reach --node-port.
+    #[arg(long)]
+    pub ec2_security_group: Vec<String>,
+    /// Instance profile (name or ARN): where the nodes' S3 credentials come from.
+    #[arg(long)]
+    pub ec2_instance_profile: Option<String>,
+    /// File with the nodes' user-data, sent as is. Default: a script that runs
+    /// `--ec2-surge-path bb node --listen PRIVATE_IP:--node-port` with the
+    /// pool's settings, then powers off. No secrets in it: it is readable on
+    /// the instance and through the EC2 API.
+    #[arg(long)]
+    pub ec2_user_data: Option<PathBuf>,
+    /// Path of surge on the image (default user-data).
+    #[arg(long, default_value = "/usr/local/bin/surge")]
+    pub ec2_surge_path: String,
+    /// Port the nodes listen on at their private IP.
+    #[arg(long, default_value_t = 7400)]
+    pub node_port: u16,
+    /// A launched instance whose node has not joined the pool by then is terminated.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub ec2_serve_timeout: std::time::Duration,
+    /// Value of the surge:owner tag (several deployments in one account keep apart).
+    #[arg(long, default_value = "surge")]
+    pub ec2_owner: String,
+    /// Value of the surge:pool tag (default: the file-system name, --fs).
+    #[arg(long)]
+    pub ec2_pool: Option<String>,
+    /// EC2 endpoint override (a VPC endpoint; tests: moto).
+    #[arg(long, env = "SURGE_EC2_ENDPOINT")]
+    pub ec2_endpoint: Option<String>,
+}
+
+impl Ec2PoolArgs {
+    /// What must hold before anything is opened or launched.
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.ec2_ami.is_some() || self.ec2_launch_template.is_some(), "--nodes ec2 needs --ec2-ami or --ec2-launch-template");
+        Ok(())
+    }
+}
+
+/// The nodes' user-data: --ec2-user-data's file, else the default script
+/// with the pool's node arguments and the Redis URL (refused if it holds a
+/// password: user-data is readable through the EC2 API).
+#[cfg(feature = "aws")]
+fn ec2_user_data(common: &Common, e: &Ec2PoolArgs, node_args: Vec<String>) -> anyhow::Result<String> {
+    if let Some(f) = &e.ec2_user_data {
+        return std::fs::read_to_string(f).with_context(|| format!("--ec2-user-data {}", f.display()));
+    }
+    anyhow::ensure!(
+        surge_bb::meta::redis::redact(&common.redis) == common.redis,
+        "--nodes ec2: the Redis URL holds a password, which would be in the nodes' user-data (readable through the EC2 API): \
+         give the nodes --redis-password-file (a path on their image) instead"
+    );
+    let mut args = vec!["--redis".to_string(), common.redis.clone()];
+    args.extend(node_args);
+    Ok(surge_bb::ec2::default_user_data(&e.ec2_surge_path, e.node_port, &args))
+}
+
+/// The EC2 node provider for `surge bb pool --nodes ec2`.
+#[cfg(feature = "aws")]
+fn ec2_nodes(common: &Common, e: &Ec2PoolArgs, instance: &str, node_args: Vec<String>, tier: Arc<surge_bb::tier::Tier>) -> anyhow::Result<surge_bb::ec2::Ec2Nodes> {
+    let user_data = ec2_user_data(common, e, node_args)?;
+    let cfg = surge_bb::ec2::Ec2NodesConfig {
+        aws: surge_aws::AwsConfig { region: Some(common.region.clone()), endpoint_url: e.ec2_endpoint.clone(), owner: e.ec2_owner.clone(), ..Default::default() },
+        pool: e.ec2_pool.clone().unwrap_or_else(|| common.fs.clone()),
+        launch: surge_aws::instances::LaunchSpec {
+            image_id: e.ec2_ami.clone(),
+            launch_template: e.ec2_launch_template.clone(),
+            launch_template_version: e.ec2_launch_template_version.clone(),
+            instance_type: instance.to_string(),
+            subnet_id: e.ec2_subnet.clone(),
+            security_group_ids: e.ec2_security_group.clone(),
+            instance_profile: e.ec2_instance_profile.clone(),
+            user_data: Some(user_data),
+        },
+        node_port: e.node_port,
+        serve_timeout: e.ec2_serve_timeout,
+        sweep_every: std::time::Duration::from_secs(30),
+    };
+    Ok(surge_bb::ec2::Ec2Nodes::connect(cfg, tier)?)
 }
 
 fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
@@ -456,17 +561,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("{addr} drained and left the pool");
             Ok(())
         }
-        Action::Pool { common, min, max, node_memory, interval, shrink_after, high_water, low_water, instance, node_arg } => {
+        Action::Pool { common, min, max, node_memory, interval, shrink_after, high_water, low_water, instance, node_arg, nodes, ec2 } => {
             anyhow::ensure!(min >= 1 && max >= min, "--min {min} --max {max}: need 1 <= min <= max");
             anyhow::ensure!(
                 0.0 < low_water && low_water < high_water && high_water <= 1.0,
                 "need 0 < --low-water ({low_water}) < --high-water ({high_water}) <= 1"
             );
+            if nodes == "ec2" {
+                ec2.check()?;
+            }
             let tier = common.tier()?;
             let mut args = vec!["--memory".to_string(), node_memory.to_string()];
             args.extend(common.to_args());
             args.extend(node_arg);
-            let mut provider = surge_bb::pool::LocalNodes::new(std::env::current_exe()?, args).with_env(common.child_env());
+            let mut provider: Box<dyn surge_bb::pool::NodeProvider> = match nodes.as_str() {
+                #[cfg(feature = "aws")]
+                "ec2" => Box::new(ec2_nodes(&common, &ec2, &instance, args, tier.clone())?),
+                #[cfg(not(feature = "aws"))]
+                "ec2" => anyhow::bail!("--nodes ec2: this surge was built without the `aws` feature (cargo build --features aws)"),
+                _ => Box::new(surge_bb::pool::LocalNodes::new(std::env::current_exe()?, args).with_env(common.child_env())),
+            };
             let clock: Arc<dyn surge_block::Clock> = Arc::new(surge_block::SystemClock::new());
             let meter = surge_cloud::CostMeter::new(surge_cloud::PriceTable::default(), surge_cloud::WallClock::anchored(clock));
             let settings = surge_bb::pool::PoolSettings {
@@ -484,7 +598,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 drain_timeout: std::time::Duration::from_secs(120),
             };
             let stop = stop_flag()?;
-            surge_bb::pool::run(tier, &mut provider, &meter, &settings, &stop)?;
+            surge_bb::pool::run(tier, provider.as_mut(), &meter, &settings, &stop)?;
             Ok(())
         }
         Action::Import { common, prefix } => {
@@ -537,5 +651,34 @@ mod tests {
         // The arguments parse back as the same settings.
         let back = T::try_parse_from(std::iter::once("x".to_string()).chain(args)).unwrap().c;
         assert_eq!((back.redis_password_file, back.tls_dir, back.fs), (t.c.redis_password_file, t.c.tls_dir, t.c.fs));
+    }
+
+    #[derive(Parser)]
+    struct P {
+        #[command(flatten)]
+        c: Common,
+        #[command(flatten)]
+        e: Ec2PoolArgs,
+    }
+
+    #[test]
+    fn ec2_nodes_need_an_ami_or_a_launch_template() {
+        let p = P::try_parse_from(["x"]).unwrap();
+        assert!(p.e.check().unwrap_err().to_string().contains("--ec2-ami or --ec2-launch-template"));
+        assert!(P::try_parse_from(["x", "--ec2-launch-template", "lt-1"]).unwrap().e.check().is_ok());
+    }
+
+    // No secrets in user-data: EC2 shows it to anyone allowed
+    // DescribeInstanceAttribute, and to everything on the instance.
+    #[test]
+    #[cfg(feature = "aws")]
+    fn ec2_user_data_refuses_a_redis_password_and_carries_the_node_settings() {
+        let p = P::try_parse_from(["x", "--redis", "redis://surge:s3cret@10.0.0.1:6379/", "--ec2-ami", "ami-1"]).unwrap();
+        let err = ec2_user_data(&p.c, &p.e, p.c.to_args()).unwrap_err().to_string();
+        assert!(err.contains("password") && !err.contains("s3cret"), "{err}");
+        let p = P::try_parse_from(["x", "--redis", "redis://10.0.0.1:6379/", "--redis-password-file", "/etc/bb/pw", "--ec2-ami", "ami-1", "--node-port", "7411"]).unwrap();
+        let u = ec2_user_data(&p.c, &p.e, p.c.to_args()).unwrap();
+        assert!(u.contains("/usr/local/bin/surge bb node --listen \"$IP:7411\" --redis redis://10.0.0.1:6379/ --fs default"), "{u}");
+        assert!(u.contains("--redis-password-file /etc/bb/pw"), "{u}");
     }
 }
