@@ -409,6 +409,7 @@ impl JuiceFs {
             .args(["--access-key", S3Server::KEY, "--secret-key", S3Server::SECRET])
             .arg(&meta)
             .arg("bbjfs"))?;
+        let staging = writeback.then(|| dir.join("jfs-cache"));
         let (mnt_dir, dir) = (mnt.to_path_buf(), dir.to_path_buf());
         let start: StartMount = Box::new(move |n| {
             let mut c = Command::new("juicefs");
@@ -419,7 +420,6 @@ impl JuiceFs {
             c.arg(&meta).arg(&mnt_dir);
             Proc::spawn("juicefs mount", &mut c, &dir.join(format!("juicefs{n}.log")))
         });
-        let staging = writeback.then(|| dir.join("jfs-cache"));
         Ok(JuiceFs { mount: FuseMount::new(mnt, start)?, _redis: redis, staging })
     }
 }
