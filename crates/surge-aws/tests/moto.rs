@@ -9,26 +9,13 @@ use common::{Moto, Proxy, Rule};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::Duration;
 use surge_aws::device::nvme_link_name;
 use surge_aws::{AwsConfig, AwsProvider};
 use surge_cloud::gc::{self, GcOptions};
 use surge_cloud::{Action, CloudError, CreateRequest, Provider, VolumeState};
 
-fn test_env() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // moto accepts any credentials; nothing must come from this machine's AWS setup.
-        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
-        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-        std::env::set_var("AWS_CONFIG_FILE", "/nonexistent/surge-test");
-        std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/surge-test");
-        std::env::remove_var("AWS_SESSION_TOKEN");
-        std::env::remove_var("AWS_PROFILE");
-    });
-}
 
 fn config(endpoint: &str, owner: &str, root: &Path) -> AwsConfig {
     AwsConfig {
@@ -119,7 +106,7 @@ struct Rig {
 
 /// moto, the proxy in front of it, a provider through the proxy attached to a fresh instance.
 fn rig(owner: &str) -> Rig {
-    test_env();
+    common::test_env();
     let moto = Moto::start();
     let proxy = Proxy::start(moto.port);
     let root = tempfile::tempdir().unwrap();
@@ -302,7 +289,7 @@ fn a_volume_stuck_in_use_is_reported_as_busy() {
 
 #[test]
 fn a_device_that_never_appears_times_out_and_the_attach_is_undone() {
-    test_env();
+    common::test_env();
     let moto = Moto::start();
     let root = tempfile::tempdir().unwrap();
     let direct = AwsProvider::connect(config(&moto.url(), "nodev", root.path())).unwrap();

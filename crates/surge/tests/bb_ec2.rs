@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use surge_aws::instances::{LaunchSpec, PoolInstances, POOL_TAG, ROLE_BB_NODE, ROLE_TAG};
 use surge_aws::{AwsConfig, OWNER_TAG};
@@ -29,19 +29,6 @@ use surge_bb::pool::NodeProvider;
 const OWNER: &str = "bb-test";
 const AMI: &str = "ami-12c6146b";
 
-fn test_env() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // moto accepts any credentials; nothing may come from this machine's AWS setup.
-        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
-        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-        std::env::set_var("AWS_CONFIG_FILE", "/nonexistent/surge-test");
-        std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/surge-test");
-        std::env::remove_var("AWS_SESSION_TOKEN");
-        std::env::remove_var("AWS_PROFILE");
-    });
-}
 
 fn aws(endpoint: &str) -> AwsConfig {
     AwsConfig {
@@ -71,25 +58,6 @@ fn nodes_config(endpoint: &str, pool: &str, serve_timeout: Duration) -> Ec2Nodes
     }
 }
 
-fn tier(bb: &Bb) -> Arc<surge_bb::tier::Tier> {
-    surge_bb::tier::TierConfig {
-        redis: bb.redis.url(),
-        fs: "default".into(),
-        membership: "redis".into(),
-        s3: Some(surge_bb::s3::S3Config {
-            endpoint: Some(bb.endpoint.clone()),
-            bucket: bb.bucket.clone(),
-            region: "us-east-1".into(),
-            access_key: Some("test".into()),
-            secret_key: Some("test".into()),
-        }),
-        replicas: 2,
-        chunk_size: 256 << 10,
-        access: Default::default(),
-    }
-    .open()
-    .unwrap()
-}
 
 /// The fake agent, playing the node instances' boot.
 struct Agent {
@@ -191,13 +159,13 @@ fn wait_until(what: &str, timeout: Duration, bb: &Bb, f: impl Fn() -> bool) {
 /// launch that never served) and leaves another pool's instance alone.
 #[test]
 fn ec2_nodes_grow_drain_terminate_restart_and_adopt() {
-    test_env();
+    moto::test_env();
     let bb = Bb::new("ec2", "256KiB");
     let moto = Moto::start();
     let proxy = Proxy::start(moto.port);
     let ec2 = Ec2::new(&moto);
     let _agent = Agent::start(&moto, "p1", &bb);
-    let tier = tier(&bb);
+    let tier = bb.tier();
 
     // Grow: three nodes, one call.
     let mut p = Ec2Nodes::connect(nodes_config(&proxy.url(), "p1", Duration::from_secs(30)), tier.clone()).unwrap();
@@ -292,13 +260,13 @@ fn pool_cmd(bb: &Bb, proxy: &Proxy, log: &str) -> Child {
 /// and their instance-hours are in its cost.
 #[test]
 fn the_pool_on_ec2_adopts_its_nodes_after_a_crash_and_terminates_them_on_stop() {
-    test_env();
+    moto::test_env();
     let bb = Bb::new("ec2pool", "256KiB");
     let moto = Moto::start();
     let proxy = Proxy::start(moto.port);
     let _agent = Agent::start(&moto, "pp", &bb);
     let instances = PoolInstances::connect(&aws(&moto.url()), "pp").unwrap();
-    let tier = tier(&bb);
+    let tier = bb.tier();
 
     let mut pool = pool_cmd(&bb, &proxy, "pool-1.log");
     wait_until("two nodes serve", Duration::from_secs(60), &bb, || live(&tier).len() == 2);
@@ -350,12 +318,12 @@ fn the_pool_on_ec2_adopts_its_nodes_after_a_crash_and_terminates_them_on_stop() 
 /// this pool's boot) is reported and its instance terminated.
 #[test]
 fn ec2_nodes_short_of_capacity_or_never_serving_are_reported_and_cleaned() {
-    test_env();
+    moto::test_env();
     let bb = Bb::new("ec2faults", "256KiB");
     let moto = Moto::start();
     let proxy = Proxy::start(moto.port);
     let ec2 = Ec2::new(&moto);
-    let tier = tier(&bb);
+    let tier = bb.tier();
     let mut p = Ec2Nodes::connect(nodes_config(&proxy.url(), "silent", Duration::from_millis(1500)), tier).unwrap();
     proxy.add(moto::Rule::Fail { action: "RunInstances".into(), times: 1, status: 500, code: "InsufficientInstanceCapacity".into() });
     let start = Instant::now();

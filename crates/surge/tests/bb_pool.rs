@@ -494,23 +494,7 @@ fn an_added_node_takes_exactly_its_share_of_the_clean_chunks() {
     assert!(logs.contains("rebalance started") && logs.contains("rebalance done: moved"), "start and end lines:\n{logs}");
 
     // Every file reads back from the nodes: no S3 GET by the reader or a node.
-    let tier = surge_bb::tier::TierConfig {
-        redis: bb.redis.url(),
-        fs: "default".into(),
-        membership: "redis".into(),
-        s3: Some(surge_bb::s3::S3Config {
-            endpoint: Some(bb.endpoint.clone()),
-            bucket: bb.bucket.clone(),
-            region: "us-east-1".into(),
-            access_key: Some("test".into()),
-            secret_key: Some("test".into()),
-        }),
-        replicas: 2,
-        chunk_size: 256 << 10,
-        access: Default::default(),
-    }
-    .open()
-    .unwrap();
+    let tier = bb.tier();
     let client = surge_bb::client::Client::new(tier.clone(), Default::default()).unwrap();
     for (f, data) in &acked {
         let a = client.resolve(f).unwrap();
@@ -688,7 +672,8 @@ fn a_rebalance_under_way_pauses_while_its_node_takes_writes() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = keep_writing(&m, &stop, &Arc::default());
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = keep_writing(&m, &stop, &written);
     let start = Instant::now();
     let mut paused = false;
     while !paused && start.elapsed() < Duration::from_secs(10) {
@@ -696,6 +681,12 @@ fn a_rebalance_under_way_pauses_while_its_node_takes_writes() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let states = node_states(&bb);
+    // The pause can show before the writer's fifth file (a loaded machine):
+    // the writes must go on past it, not be held up by the rebalance.
+    let start = Instant::now();
+    while written.load(Ordering::SeqCst) < 5 && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     stop.store(true, Ordering::SeqCst);
     assert!(writer.join().unwrap() >= 5, "the writer must have kept writing");
     assert!(paused, "status never showed a rebalance paused for writes: {states:?}\n{}", bb.logs());

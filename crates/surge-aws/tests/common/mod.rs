@@ -217,3 +217,18 @@ fn serve(c: TcpStream, upstream: u16, st: &Mutex<ProxyState>) -> std::io::Result
     }
     respond(&mut w, status, &reply)
 }
+
+/// moto accepts any credentials: point the SDK at test ones, once per test
+/// process, so that nothing comes from this machine's AWS setup.
+pub fn test_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+        std::env::set_var("AWS_CONFIG_FILE", "/nonexistent/surge-test");
+        std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/surge-test");
+        std::env::remove_var("AWS_SESSION_TOKEN");
+        std::env::remove_var("AWS_PROFILE");
+    });
+}

@@ -151,6 +151,27 @@ pub struct Bb {
 }
 
 impl Bb {
+    /// The tier as a client of this burst buffer opens it (2 replicas, 256 KiB chunks).
+    pub fn tier(&self) -> std::sync::Arc<surge_bb::tier::Tier> {
+        surge_bb::tier::TierConfig {
+            redis: self.redis.url(),
+            fs: "default".into(),
+            membership: "redis".into(),
+            s3: Some(surge_bb::s3::S3Config {
+                endpoint: Some(self.endpoint.clone()),
+                bucket: self.bucket.clone(),
+                region: "us-east-1".into(),
+                access_key: Some("test".into()),
+                secret_key: Some("test".into()),
+            }),
+            replicas: 2,
+            chunk_size: 256 << 10,
+            access: Default::default(),
+        }
+        .open()
+        .unwrap()
+    }
+
     pub fn new(name: &str, chunk_size: &str) -> Bb {
         require("redis-server");
         require("fusermount3");
