@@ -90,15 +90,7 @@ impl Drop for Agent {
     fn drop(&mut self) {
         // Its stdin closing ends it; it kills its nodes first.
         drop(self.child.stdin.take());
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        bb_support::exit_or_kill(&mut self.child, Duration::from_secs(10));
     }
 }
 

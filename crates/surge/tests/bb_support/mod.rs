@@ -119,16 +119,21 @@ impl Mount {
         if mounted(&self.dir) {
             let _ = Command::new("fusermount3").arg("-u").arg(&self.dir).status();
         }
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(20) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        exit_or_kill(&mut self.child, Duration::from_secs(20));
     }
+}
+
+/// Waits up to `grace` for `child` to exit by itself, then kills it.
+pub fn exit_or_kill(child: &mut std::process::Child, grace: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < grace {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl Drop for Mount {
