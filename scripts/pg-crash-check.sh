@@ -175,9 +175,22 @@ PY
 # cache of the file system: nothing it held reaches the export any more).
 kill -9 "$SERVE"; wait "$SERVE" 2>/dev/null || true; SERVE=""
 kill -9 "$NBDFUSE" 2>/dev/null || true; wait "$NBDFUSE" 2>/dev/null || true; NBDFUSE=""
+# The postmaster and its backends together, as a power cut would: a backend
+# left alone can wait forever on a lock its dead peers held (seen once: a
+# COMMIT in a futex wait, and pgbench waiting on it).
+pm=$(pgrep -f "postgres -D $MNT/pg/data" | head -1 || true)
+[ -n "$pm" ] && kill -9 "$pm" $(pgrep -P "$pm") 2>/dev/null || true
 pkill -9 -f "postgres -D $MNT/pg/data" || true
 for _ in $(seq 300); do pgrep -f "postgres -D $MNT/pg/data" >/dev/null || break; sleep 0.1; done
 pgrep -f "postgres -D $MNT/pg/data" >/dev/null && fail "PostgreSQL does not die"
+# pgbench ends by itself once its connections are gone (and writes out its
+# log); bounded, in case a connection never says so.
+for _ in $(seq 300); do kill -0 "$PGBENCH" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$PGBENCH" 2>/dev/null; then
+  echo "pgbench did not end within 30 s of the kill: killing it (its last log lines may be lost)" >&2
+  pkill -9 -P "$PGBENCH" 2>/dev/null || true
+  kill -9 "$PGBENCH" 2>/dev/null || true
+fi
 wait "$PGBENCH" 2>/dev/null || true
 umount -l "$MNT"
 losetup -d "$LOOP" 2>/dev/null || true
