@@ -13,7 +13,7 @@
 # (EBS: seconds to minutes), no throughput or IOPS limits, no CloudWatch
 # BurstBalance points unless put, no modification states. The slow-attach,
 # cancel and stuck-detach paths are covered by unit tests on virtual time
-# (`cargo test -p surge --bin surge elastic::cloud_tests`).
+# (`cargo test -p surge-controller elastic::cloud_tests`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s)

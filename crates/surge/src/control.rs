@@ -19,19 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Something `surge status` shows and `surge set` changes.
-pub trait Controllable: Send + Sync {
-    /// Unique target name, e.g. the export name or `export/cache`.
-    fn name(&self) -> String;
-    /// What it is: "export", "cache", "tenant", "cost", ...
-    fn kind(&self) -> String;
-    /// Current state as JSON (numbers as numbers, so clients can compute).
-    fn status(&self) -> serde_json::Value;
-    /// Change one setting live.
-    fn set(&self, key: &str, _value: &str) -> Result<(), String> {
-        Err(format!("{} has no setting {key:?}", self.name()))
-    }
-}
+pub use surge_controller::Controllable;
 
 /// Everything registered in this daemon, in registration order.
 #[derive(Default)]

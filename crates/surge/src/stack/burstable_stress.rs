@@ -11,6 +11,8 @@
 //! them, a power cut for the volumes).
 
 use super::*;
+use crate::control::Controllable;
+use surge_block::Clock;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use surge_block::crashpoint::{Power, PowerConfig, Volatile};
