@@ -65,7 +65,7 @@ pub struct NotSimulated {
 /// a replay would have to run on a discrete-event clock).
 pub const NOT_SIMULATED: &[NotSimulated] = &[
     NotSimulated { name: "elastic cache (cache=auto) over gp3 or st1", why: "the cache layer's writeback thread and the elastic controller (binary crate) are not run on replay time yet" },
-    NotSimulated { name: "burstable stripe of N gp2 members", why: "the member-swap controller and mirror rebuilds (binary crate) are not run on replay time yet" },
+    NotSimulated { name: "member swaps of the burstable stripe", why: "a swap's mirror rebuild runs on a thread of its own, not on replay time: a stripe whose members run out of credits is timed at their baseline (an upper bound)" },
     NotSimulated { name: "elastic cache over a burstable or gp3 backing", why: "needs both of the above" },
     NotSimulated { name: "modify-volume to io2 (peaks over gp3's 16,000 IOPS / 1,000 MiB/s)", why: "modify-volume is simulated between gp3 specs only" },
 ];

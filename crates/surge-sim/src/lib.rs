@@ -11,18 +11,26 @@
 //! - [`modify`]: the modify-volume candidate: `surge-policy`'s ModifyPolicy
 //!   driving a gp3 volume between a base and a peak spec under EBS's rolling
 //!   rule, with the local cloud's optimizing ramp, billed by the cost meter.
+//! - [`stripe`]: the burstable-stripe candidate: N small gp2 volumes striped
+//!   by `surge-block`'s `Stripe`, each on its own credits.
 //! - [`plan`]: every candidate replayed and priced, a recommendation, and what
 //!   is not simulated yet (listed, never guessed).
+//! - [`fleet`]: N VMs running the recorded application with their own phase
+//!   offsets on one account: each candidate's cost per VM and per run, the
+//!   volumes attached at once, and the EC2 API calls against the account's
+//!   request buckets and storage quotas (event driven).
 //! - [`plot`]: the recommended candidate's timeline as SVG.
 //!
 //! It depends on no network code and not on the `surge` binary.
 
 pub mod candidates;
 pub mod clock;
+pub mod fleet;
 pub mod modify;
 pub mod plan;
 pub mod plot;
 pub mod replay;
+pub mod stripe;
 
 pub use plan::{plan_workload, Objective, PlanOptions, WorkloadPlan};
 pub use replay::{replay, replay_observed, Observer, ReplayOptions, ReplayResult};

@@ -9,7 +9,7 @@
 //! deadline (relative: a multiple of the fastest candidate's time; or
 //! absolute).
 
-use crate::candidates::{self, Candidate, Demand, NotSimulated};
+use crate::candidates::{self, Demand, NotSimulated};
 use crate::clock::ReplayClock;
 use crate::replay::{replay, NullDev, ReplayOptions, ReplayResult};
 use serde::Serialize;
@@ -101,6 +101,13 @@ pub struct Row {
     pub peak_spec: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub modifications: Option<Vec<crate::modify::Modification>>,
+    /// The volumes it attaches (modify-volume: its base).
+    #[serde(skip)]
+    pub volumes: Vec<surge_cloud::VolumeSpec>,
+    /// Volumes with credits (gp2, st1, sc1; a stripe's emptiest member): the
+    /// balance at the run's end, in percent of a fresh volume's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credits_end_pct: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -130,17 +137,23 @@ pub struct WorkloadPlan {
 /// The modify-volume candidate's name in the table.
 pub const MODIFY: &str = "modify-volume";
 
+/// The burstable stripe candidate's name in the table.
+pub const STRIPE: &str = "burstable stripe";
+
 /// Requests in flight at most, unless the recording saw more or `--qd` says.
 pub const DEFAULT_QD: usize = 32;
 
-fn run_one(t: &Trace, c: &Candidate, link_shape: surge_block::model::Shape, qd: usize) -> Result<ReplayResult, PlanError> {
-    let err = |why: String| PlanError::Candidate { name: c.name.clone(), why };
-    let shape = c.spec.shape().map_err(|e| err(e.to_string()))?;
+/// `t` replayed on one volume `spec` behind the instance's link, and the
+/// volume's credit balance at the end (percent; volumes with credits only).
+pub(crate) fn replay_spec(t: &Trace, name: &str, spec: &surge_cloud::VolumeSpec, link_shape: surge_block::model::Shape, qd: usize) -> Result<(ReplayResult, Option<f64>), PlanError> {
+    let err = |why: String| PlanError::Candidate { name: name.to_string(), why };
+    let shape = spec.shape().map_err(|e| err(e.to_string()))?;
     let clock = Arc::new(ReplayClock::new());
     let link = Arc::new(parking_lot::Mutex::new(Scheduler::new(link_shape, Duration::ZERO)));
     // The same layer `surge serve` puts under a volume export, on replay time.
-    let dev = ModelDev::new(Arc::new(NullDev(c.spec.size)), clock.clone(), shape).with_link(Some(link));
-    replay(t, &dev, &clock, &ReplayOptions { qd }).map_err(|e| err(format!("replay: {e}")))
+    let dev = ModelDev::new(Arc::new(NullDev(spec.size)), clock.clone(), shape).with_link(Some(link));
+    let r = replay(t, &dev, &clock, &ReplayOptions { qd }).map_err(|e| err(format!("replay: {e}")))?;
+    Ok((r, dev.credits().percent()))
 }
 
 fn billed_usd(prices: &PriceTable, usd_hour: f64, ns: u64) -> f64 {
@@ -149,7 +162,7 @@ fn billed_usd(prices: &PriceTable, usd_hour: f64, ns: u64) -> f64 {
 
 /// The table row of a candidate that was replayed: its time, its dollars and
 /// the value of the time it took.
-fn simulated_row(name: String, spec: String, sized: String, replay: ReplayResult, storage: f64, compute: f64, o: &PlanOptions) -> Row {
+fn simulated_row(name: String, spec: String, sized: String, replay: ReplayResult, storage: f64, compute: f64, o: &PlanOptions, volumes: Vec<surge_cloud::VolumeSpec>) -> Row {
     let ns = replay.completion_ns.max(1);
     let value = o.value_per_hour.map(|v| v * ns as f64 / 3.6e12);
     Row {
@@ -167,6 +180,8 @@ fn simulated_row(name: String, spec: String, sized: String, replay: ReplayResult
         replay: Some(replay),
         peak_spec: None,
         modifications: None,
+        volumes,
+        credits_end_pct: None,
     }
 }
 
@@ -184,11 +199,16 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
     let cands = candidates::static_candidates(&demand);
     let mut rows = Vec::new();
     for c in &cands {
-        let r = run_one(t, c, ebs.shape(), qd)?;
+        let (r, credits) = replay_spec(t, &c.name, &c.spec, ebs.shape(), qd)?;
         let ns = r.completion_ns.max(1);
         let storage = prices.usd_month(&c.spec) * prices.billed_seconds(ns, prices.minimum_seconds) as f64 / prices.seconds_per_month as f64;
         let compute = billed_usd(prices, usd_hour, ns);
-        rows.push(simulated_row(c.name.clone(), c.spec.to_string(), c.sized.clone(), r, storage, compute, o));
+        let mut row = simulated_row(c.name.clone(), c.spec.to_string(), c.sized.clone(), r, storage, compute, o, vec![c.spec.clone()]);
+        row.credits_end_pct = credits;
+        rows.push(row);
+    }
+    if let Some(c) = crate::stripe::candidate(&demand) {
+        rows.push(stripe_row(t, &c, ebs.shape(), qd, usd_hour, prices, o)?);
     }
     match crate::modify::specs(&demand) {
         Some(ms) => {
@@ -196,7 +216,7 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
             let m = crate::modify::run(t, &ms, rules, ebs.shape(), &o.instance, prices, qd).map_err(|why| PlanError::Candidate { name: MODIFY.into(), why })?;
             let raises = m.modifications.iter().filter(|x| x.action == surge_policy::modify::ModifyAction::Raise).count();
             let sized = format!("base: the cheapest gp3 that holds it; raised to {} on a burst ({} modifications, {raises} raises, EBS's 4 per rolling 24 h, 5 min optimizing)", ms.peak, m.modifications.len());
-            let mut row = simulated_row(MODIFY.into(), ms.base.to_string(), sized, m.replay, m.cost.storage_usd, m.cost.compute_usd, o);
+            let mut row = simulated_row(MODIFY.into(), ms.base.to_string(), sized, m.replay, m.cost.storage_usd, m.cost.compute_usd, o, vec![ms.base.clone()]);
             row.peak_spec = Some(ms.peak.to_string());
             row.modifications = Some(m.modifications);
             rows.push(row);
@@ -261,6 +281,22 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
     })
 }
 
+/// The burstable stripe's row: every member billed for the run.
+fn stripe_row(t: &Trace, c: &crate::stripe::StripeCandidate, link: surge_block::model::Shape, qd: usize, usd_hour: f64, prices: &PriceTable, o: &PlanOptions) -> Result<Row, PlanError> {
+    let run = crate::stripe::run(t, c, link, qd).map_err(|why| PlanError::Candidate { name: STRIPE.into(), why })?;
+    let ns = run.replay.completion_ns.max(1);
+    let billed = prices.billed_seconds(ns, prices.minimum_seconds) as f64 / prices.seconds_per_month as f64;
+    let storage = c.members as f64 * prices.usd_month(&c.member) * billed;
+    let mut sized = c.sized();
+    if run.lowest_credits_pct < 1.0 {
+        sized.push_str("; a member ran out of credits: the time is an upper bound (the controller's swaps onto fresh members are not simulated)");
+    }
+    let volumes = vec![c.member.clone(); c.members as usize];
+    let mut row = simulated_row(STRIPE.into(), c.spec(), sized, run.replay, storage, billed_usd(prices, usd_hour, ns), o, volumes);
+    row.credits_end_pct = Some(run.lowest_credits_pct);
+    Ok(row)
+}
+
 fn explain(rows: &mut [Row], rec: Option<usize>, deadline_s: Option<f64>) {
     let best = rec.map(|i| (rows[i].name.clone(), rows[i].total_usd.unwrap_or(0.0)));
     for (i, r) in rows.iter_mut().enumerate() {
@@ -295,11 +331,13 @@ fn not_simulated(n: &NotSimulated) -> Row {
         replay: None,
         peak_spec: None,
         modifications: None,
+        volumes: Vec::new(),
+        credits_end_pct: None,
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use surge_trace::{Header, Op, Rec, Source};
 
@@ -307,7 +345,7 @@ mod tests {
         Trace::from_records(Header::new(Source::SurgeRecord, "t"), recs)
     }
 
-    fn opts() -> PlanOptions {
+    pub(crate) fn opts() -> PlanOptions {
         PlanOptions { instance: "m5.2xlarge".into(), deadline: Some(Deadline::Relative(1.05)), value_per_hour: None, qd: Some(32), capacity: 0, export: "app".into() }
     }
 
@@ -364,7 +402,7 @@ mod tests {
     }
 
     #[test]
-    fn a_short_burst_in_two_quiet_hours_is_cheapest_on_modify_volume() {
+    fn a_short_burst_in_two_quiet_hours_is_cheapest_on_modify_volume_unless_a_small_stripe_bursts_for_less() {
         // 2 minutes at 400 MiB/s, then 2 hours at 5 MiB/s.
         let t = crate::modify::tests::bursty_with(5, 120, 7_200);
         let o = PlanOptions { instance: "m5.4xlarge".into(), deadline: None, ..opts() };
@@ -373,10 +411,33 @@ mod tests {
         assert!(m.total_usd.unwrap() < peak.total_usd.unwrap(), "{m:?}\n{peak:?}");
         assert!(m.total_usd.unwrap() < base.total_usd.unwrap(), "{m:?}\n{base:?}");
         assert!(m.completion_s.unwrap() < base.completion_s.unwrap());
+        for r in p.rows.iter().filter(|r| r.simulated && r.name != MODIFY && r.name != STRIPE) {
+            assert!(m.total_usd.unwrap() < r.total_usd.unwrap(), "every single volume costs more: {m:?}\n{r:?}");
+        }
+        // At 49 GiB four 13 GiB gp2 members burst to 512 MiB/s with no
+        // 5-minute ramp: the run ends earlier, and that saves more compute
+        // than gp2's dearer GiB cost.
         let rec = &p.rows[p.recommended.unwrap()];
-        assert_eq!(rec.name, MODIFY, "{:#?}", p.rows);
-        let then = p.then.as_deref().unwrap();
-        assert!(then.contains(&format!("spec={}", m.peak_spec.as_deref().unwrap())) && p.serve_args.as_deref().unwrap().contains(m.spec.as_deref().unwrap()), "{then}");
+        assert_eq!(rec.name, STRIPE, "{:#?}", p.rows);
+        assert!(p.then.is_none());
+    }
+
+    #[test]
+    fn a_random_4k_burst_over_gp3s_ceiling_is_served_by_a_burstable_stripe_for_less_than_io2() {
+        // 20,000 random 4 KiB writes a second for 20 s over 100 GiB: past
+        // gp3's 16,000 IOPS, within seven gp2 members' bursts (21,000).
+        let recs = (0..400_000u64).map(|i| Rec { t_ns: i * 50_000, op: Op::Write, offset: (i * 2_654_435_761 % 26_214_400) * 4096, len: 4096, fua: false, dur_ns: 0 }).collect();
+        let o = PlanOptions { instance: "r5.12xlarge".into(), capacity: 100 << 30, ..opts() };
+        let p = plan_workload(&trace(recs), &o, &PriceTable::default()).unwrap();
+        let (s, gp3, io2) = (row(&p, STRIPE), row(&p, "gp3 (provisioned)"), row(&p, "io2"));
+        assert_eq!(s.spec.as_deref(), Some("burstable:persistent,size=100GiB,members=7"), "{s:?}");
+        assert!(s.simulated && !s.sized.contains("upper bound"), "twenty seconds leave credits: {s:?}");
+        assert!(s.completion_s.unwrap() < 20.5, "keeps up: {s:?}");
+        assert!(gp3.completion_s.unwrap() > 24.0, "16,000 IOPS at most: {gp3:?}");
+        assert!(s.storage_usd.unwrap() < io2.storage_usd.unwrap() / 10.0, "{s:?}\n{io2:?}");
+        assert!(s.total_usd.unwrap() < gp3.total_usd.unwrap() && s.total_usd.unwrap() < io2.total_usd.unwrap());
+        assert_eq!(p.rows[p.recommended.unwrap()].name, STRIPE, "{:#?}", p.rows);
+        assert!(p.serve_args.as_deref().unwrap().contains("--export app=burstable:persistent,size=100GiB,members=7"));
     }
 
     #[test]

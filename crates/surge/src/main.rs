@@ -49,6 +49,8 @@ enum Command {
     Experiment(cmd::experiment::Args),
     /// Plan volumes for a capacity and a performance target, or for a recorded workload, at list prices.
     Plan(cmd::plan::Args),
+    /// Simulate a fleet of VMs running a recorded workload (virtual time): cost, volumes, API calls vs account limits.
+    Sim(cmd::sim::Args),
     /// Block I/O traces: import blkparse / fio iolog / iostat output, show a summary and a plot.
     Trace(cmd::trace::Args),
     /// Kill/restart an export again and again and check that no acknowledged data is lost.
@@ -72,6 +74,7 @@ fn main() -> std::process::ExitCode {
         Command::Experiment(a) => cmd::experiment::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Trace(a) => cmd::trace::run(a),
+        Command::Sim(a) => cmd::sim::run(a),
         Command::Torture(a) => cmd::torture::run(a),
         Command::StripeBench(a) => cmd::stripe_bench::run(a),
         Command::Load(a) => cmd::load::run(a),

@@ -102,6 +102,33 @@ fn an_imported_blkparse_sample_plans_and_bad_input_is_refused() {
 }
 
 /// fio through a recorded export, then a plan on the recording.
+#[test]
+fn a_fleet_of_an_imported_trace_reports_cost_volumes_and_api_calls_and_refuses_bad_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bp");
+    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/blkparse-sample.txt");
+    run_ok(Command::new(SURGE).args(["trace", "import", "--format", "blkparse", sample, "--out"]).arg(&out));
+    let fleet = |extra: &[&str]| Command::new(SURGE).args(["sim", "fleet", "--trace"]).arg(&out).args(extra).output().unwrap();
+    let o = fleet(&["--vms", "500", "--hours", "1", "--offsets", "aligned", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let f: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(f["figures"], "simulated on virtual time");
+    let rows = f["rows"].as_array().unwrap();
+    let gp3 = rows.iter().find(|r| r["name"] == "gp3").expect("a gp3 row");
+    assert_eq!(gp3["api"]["CreateVolume"]["calls"], 500);
+    assert!(gp3["api"]["CreateVolume"]["throttled"].as_u64().unwrap() > 0, "500 at once over a bucket of 200: {gp3}");
+    assert_eq!(gp3["peak_volumes"], 500);
+    // An hour of an m5.2xlarge per VM, at least.
+    assert!(gp3["total_usd"].as_f64().unwrap() > 500.0 * 0.38, "{gp3}");
+    assert!(f["cheapest"].as_u64().is_some() && f["wall_s"].as_f64().is_some() && f["peak_rss_kib"].as_u64().is_some());
+    let table = fleet(&["--vms", "3", "--hours", "0.5"]);
+    assert!(table.status.success() && text(&table.stdout).contains("<= cheapest per run"), "{}", text(&table.stdout));
+    for (bad, why) in [(&["--offsets", "sometimes"][..], "aligned or random"), (&["--vms", "0"][..], "at least 1 VM")] {
+        let e = fleet(bad);
+        assert!(!e.status.success() && text(&e.stderr).contains(why), "{bad:?}: {}", text(&e.stderr));
+    }
+}
+
 fn record_fio(rw: &str, bs: &str, qd: &str, size: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let fio = require("fio", "fio");
     let dir = tempfile::tempdir().unwrap();

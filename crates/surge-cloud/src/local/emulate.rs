@@ -119,6 +119,26 @@ impl ModifyRules {
     pub fn memory(&self) -> usize {
         (self.per_window as usize).max(1)
     }
+
+    /// The earliest time from `now` at which [`ModifyRules::refuses`] allows
+    /// a modification after `past` (the cloud not asked whether the last one
+    /// completed): what a simulation may skip to instead of asking each tick.
+    pub fn next_allowed(&self, past: &[Duration], now: Duration) -> Duration {
+        let Some(last) = past.iter().copied().max() else { return now };
+        let mut t = now.max(last + self.cooldown);
+        if self.after_complete {
+            t = t.max(last + self.optimizing);
+        }
+        if self.per_window > 0 {
+            let mut recent: Vec<Duration> = past.iter().copied().filter(|&p| t.saturating_sub(p) < self.window).collect();
+            recent.sort();
+            // Wait until enough of them have left the window.
+            if recent.len() >= self.per_window as usize {
+                t = t.max(recent[recent.len() - self.per_window as usize] + self.window);
+            }
+        }
+        t
+    }
 }
 
 const STEPS: u32 = 20;
@@ -201,6 +221,20 @@ mod tests {
 
     fn h(x: u64) -> Duration {
         Duration::from_secs(x * 3_600)
+    }
+
+    #[test]
+    fn next_allowed_is_the_first_time_the_rule_allows() {
+        let r = ModifyRules::ebs_rolling();
+        assert_eq!(r.next_allowed(&[], h(1)), h(1));
+        // Optimizing: 5 minutes after the last.
+        assert_eq!(r.next_allowed(&[h(1)], h(1)), h(1) + Duration::from_secs(300));
+        // Four in the window: the oldest must leave it.
+        let past = [h(1), h(2), h(3), h(4)];
+        let t = r.next_allowed(&past, h(5));
+        assert_eq!(t, h(25));
+        assert!(r.refuses(&past, t).is_none() && r.refuses(&past, t - Duration::from_secs(1)).is_some());
+        assert_eq!(ModifyRules::ebs().next_allowed(&[h(1)], h(2)), h(7));
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod plan;
 pub mod qos;
 pub mod serve;
 pub mod set;
+pub mod sim;
 pub mod status;
 pub mod stripe_bench;
 pub mod top;

@@ -95,7 +95,7 @@ struct BurstableArgs {
     json: bool,
 }
 
-fn prices(file: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
+pub(crate) fn prices(file: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
     Ok(match file {
         Some(f) => PriceTable::from_toml(&std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?)?,
         None => PriceTable::default(),
@@ -250,7 +250,7 @@ fn render_workload(p: &surge_sim::WorkloadPlan) -> String {
             usd(r.compute_usd),
             usd(r.total_usd)
         );
-        if r.peak_spec.is_some() {
+        if r.peak_spec.is_some() || r.name == surge_sim::plan::STRIPE {
             let _ = writeln!(s, "{:<28}   {}", "", r.sized);
         }
         for m in r.modifications.iter().flatten() {
