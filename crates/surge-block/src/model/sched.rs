@@ -52,9 +52,13 @@ pub struct Shape {
     /// Physically sequential I/Os are merged into one operation up to the
     /// largest operation (`op_size`/`byte_unit`), as AWS documents for EBS
     /// ("when small I/O operations are physically sequential, Amazon EBS
-    /// attempts to merge them"); set for st1/sc1, where it decides whether 32
-    /// KiB pieces of a 1 MiB read cost 1 MiB or 32 MiB. Only [`Scheduler::reserve_at`]
-    /// (which knows offsets) merges.
+    /// attempts to merge them into a single I/O operation up to the maximum
+    /// I/O size": 8 contiguous 32 KiB I/Os on an SSD volume count as one
+    /// operation, 8 random ones as 8). Set for every EBS type: it decides
+    /// whether the 32 KiB pieces of a 1 MiB read cost 1 MiB or 32 MiB of st1
+    /// credits, and 4 or 32 gp2 operations. A merged piece pays no operation,
+    /// but still its bytes where bytes are charged exactly (the SSD throughput
+    /// ceiling holds). Only [`Scheduler::reserve_at`] (which knows offsets) merges.
     #[serde(default)]
     pub merge_sequential: bool,
 }
@@ -168,24 +172,34 @@ impl Scheduler {
     /// completes (including the base latency). Requests complete in the order
     /// they are reserved.
     pub fn reserve(&mut self, now: Duration, _kind: IoKind, bytes: u64) -> Duration {
-        let c = self.shape.charge(bytes);
+        self.reserve_charge(now, self.shape.charge(bytes))
+    }
+
+    /// Reserve the buckets for charge `c` (a bucket charged nothing is not
+    /// asked, so a merged piece does not queue behind its operation count).
+    fn reserve_charge(&mut self, now: Duration, c: Charge) -> Duration {
         let now_ns = ns(now);
-        if c.ops == 0 {
+        if c.ops == 0 && c.bytes == 0 {
             return now + self.shape.latency;
         }
         let mut t = now_ns;
         for (b, n) in self.buckets(c) {
-            t = t.max(b.ready(now_ns, n));
+            if n > 0 {
+                t = t.max(b.ready(now_ns, n));
+            }
         }
         for (b, n) in self.buckets_mut(c) {
-            b.take(now_ns, t, n);
+            if n > 0 {
+                b.take(now_ns, t, n);
+            }
         }
         Duration::from_nanos(t) + self.shape.latency
     }
 
     /// [`Scheduler::reserve`] for an I/O at `offset`: with `merge_sequential`,
     /// an I/O continuing a recent one at its end pays only for what the merged
-    /// operation does not already cover, and completes no earlier than it.
+    /// operation does not already cover (bytes in full where they are charged
+    /// exactly), and completes no earlier than it.
     pub fn reserve_at(&mut self, now: Duration, kind: IoKind, offset: u64, bytes: u64) -> Duration {
         if !self.shape.merge_sequential || bytes == 0 {
             return self.reserve(now, kind, bytes);
@@ -196,12 +210,19 @@ impl Scheduler {
             None => (0, None),
         };
         let extra = bytes - paid;
+        let exact_bytes = self.shape.byte_unit <= 1;
         let (done, covered) = if extra == 0 {
-            ((now + self.shape.latency).max(after.unwrap_or_default()), 0)
+            // Inside the merged operation: no operation; bytes only where
+            // they are not charged in whole units (those units are paid).
+            let c = Charge { ops: 0, bytes: if exact_bytes { bytes } else { 0 } };
+            (self.reserve_charge(now, c).max(after.unwrap_or_default()), 0)
         } else {
-            let c = self.shape.charge(extra);
+            let mut c = self.shape.charge(extra);
             let covered = c.bytes.max(c.ops * self.shape.op_size.unwrap_or(0));
-            (self.reserve(now, kind, extra).max(after.unwrap_or_default()), covered - extra)
+            if exact_bytes {
+                c.bytes = bytes;
+            }
+            (self.reserve_charge(now, c).max(after.unwrap_or_default()), covered - extra)
         };
         let left = if extra == 0 { run.map_or(0, |r| r.paid) - bytes } else { covered };
         self.runs.push_front(Run { end: offset + bytes, paid: left, done });

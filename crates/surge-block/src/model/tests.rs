@@ -140,8 +140,72 @@ fn st1_merges_physically_sequential_small_io_into_1_mib_operations() {
         done = done.max(s.reserve_at(Duration::ZERO, IoKind::Read, i * 7 * MIB, 32 * KIB));
     }
     assert_eq!(done, Duration::from_nanos(8 * 1_000_000_000 / 80), "8 x 1 MiB at 80 MiB/s");
-    // gp2 does not merge (see types.rs).
-    assert!(!VolumeModel::Gp2.shape(10 * GIB).unwrap().merge_sequential);
+}
+
+#[test]
+fn gp2_merges_physically_sequential_32kib_io_into_256kib_operations() {
+    // AWS's example: 8 contiguous 32 KiB I/Os count as 1 operation, 8 random
+    // ones as 8. A 100 GiB gp2 with spent credits: 300 operations/s.
+    let spent_shape = |shape: Shape| {
+        let mut s = Scheduler::new(shape, Duration::ZERO);
+        s.set_credits(Duration::ZERO, Some(0), None);
+        s
+    };
+    let spent = || spent_shape(VolumeModel::Gp2.shape(100 * GIB).unwrap());
+    // 64 sequential 32 KiB pieces (2 MiB): 8 operations. Op j (from 0)
+    // completes when j + 1 credits have been earned at 300/s.
+    let mut s = spent();
+    let mut done = Duration::ZERO;
+    for piece in 0..64u64 {
+        done = done.max(s.reserve_at(Duration::ZERO, IoKind::Read, piece * 32 * KIB, 32 * KIB));
+    }
+    assert_eq!(done, Duration::from_nanos((8 * S).div_ceil(300)), "8 operations at the 300 IOPS baseline");
+    assert_eq!(s.credits(done).ops, Some(0));
+    // Two interleaved streams, 1 MiB each: 4 + 4 operations (the throughput
+    // ceiling lifted, so only operations bind).
+    let mut s = spent_shape(Shape { bps: None, ..VolumeModel::Gp2.shape(100 * GIB).unwrap() });
+    let mut done = Duration::ZERO;
+    for piece in 0..32u64 {
+        for stream in [0u64, 8] {
+            done = done.max(s.reserve_at(Duration::ZERO, IoKind::Read, stream * MIB + piece * 32 * KIB, 32 * KIB));
+        }
+    }
+    assert_eq!(done, Duration::from_nanos((8 * S).div_ceil(300)), "interleaved streams: still 8 operations");
+    // Random 32 KiB pieces are one operation each.
+    let mut s = spent();
+    let mut done = Duration::ZERO;
+    for i in 0..64u64 {
+        done = done.max(s.reserve_at(Duration::ZERO, IoKind::Read, i * 7 * MIB, 32 * KIB));
+    }
+    assert_eq!(done, Duration::from_nanos((64 * S).div_ceil(300)), "64 operations");
+    // A piece continuing a run long after it still pays nothing, and a run
+    // ends at its 256 KiB operation: the 9th piece is a new operation.
+    let mut s = spent();
+    let first = s.reserve_at(Duration::ZERO, IoKind::Read, 0, 32 * KIB);
+    for piece in 1..8u64 {
+        assert_eq!(s.reserve_at(secs(100), IoKind::Read, piece * 32 * KIB, 32 * KIB), secs(100), "piece {piece} rides on the first operation");
+    }
+    let before = s.credits(secs(100)).ops.unwrap();
+    s.reserve_at(secs(100), IoKind::Read, 256 * KIB, 32 * KIB);
+    assert_eq!(s.credits(secs(100)).ops, Some(before - 1), "the 9th piece opens a new operation");
+    assert!(first <= secs(100));
+}
+
+#[test]
+fn merged_ssd_pieces_still_pay_the_throughput_ceiling() {
+    // gp3: 3,000 IOPS, 125 MiB/s. 4,000 sequential 32 KiB writes are 500
+    // merged operations (well under 3,000 IOPS) but 125 MiB: one second at
+    // the throughput ceiling (256 KiB held after idle), not 1/6 of one.
+    let mut s = Scheduler::new(VolumeModel::Gp3 { iops: None, throughput: None }.shape(100 * GIB).unwrap(), Duration::ZERO);
+    let mut done = Duration::ZERO;
+    for i in 0..4_000u64 {
+        done = done.max(s.reserve_at(Duration::ZERO, IoKind::Write, i * 32 * KIB, 32 * KIB));
+    }
+    assert_eq!(done, Duration::from_nanos(((125 * MIB - 256 * KIB) as u128 * S as u128).div_ceil(125 * MIB as u128) as u64));
+    for t in [VolumeModel::Gp2, VolumeModel::Gp3 { iops: None, throughput: None }, VolumeModel::Io1 { iops: 1_000 }, VolumeModel::Io2 { iops: 1_000 }] {
+        assert!(t.shape(100 * GIB).unwrap().merge_sequential, "{} merges", t.kind());
+    }
+    assert!(!VolumeModel::AzurePremium.shape(100 * GIB).unwrap().merge_sequential, "Azure documents no merging");
 }
 
 #[test]
@@ -235,7 +299,9 @@ fn concurrent_threads_are_paced_exactly_on_virtual_time() {
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; 4096];
                 for j in 0..500u64 {
-                    dev.read_at(&mut buf, ((i * 500 + j) * 4096) % (64 * MIB)).unwrap();
+                    // Every other 4 KiB page: no two reads are physically
+                    // sequential, so gp2 cannot merge them.
+                    dev.read_at(&mut buf, ((i * 500 + j) * 8192) % (64 * MIB)).unwrap();
                 }
             })
         })
