@@ -668,6 +668,15 @@ mod tests {
         c: Common,
     }
 
+    #[test]
+    fn a_local_cluster_takes_consecutive_ports_with_buses_10000_above_and_at_least_3_masters() {
+        assert_eq!(cluster_ports(7000, 3).unwrap(), vec![(7000, 17000), (7001, 17001), (7002, 17002)]);
+        let e = cluster_ports(7000, 2).unwrap_err().to_string();
+        assert!(e.contains("at least 3 masters"), "{e}");
+        let e = cluster_ports(55_534, 3).unwrap_err().to_string();
+        assert!(e.contains("past 65535"), "{e}");
+    }
+
     // Issue 38 item 2: the nodes a pool starts must not get the Redis URL
     // (which may hold a password) on their command line, where `ps` shows it
     // to every user: it goes in their environment.
