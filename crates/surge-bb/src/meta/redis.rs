@@ -1558,4 +1558,16 @@ mod tests {
         assert!(e.contains("not a cluster node"), "{e}");
         assert!(RedisMeta::connect_with(&c.url(), &c.auth(), "t").is_ok());
     }
+
+    /// A cluster URL's seeds each keep its login; logs show it redacted.
+    #[test]
+    fn a_cluster_url_names_its_seeds_with_the_login_and_is_redacted_for_logs() {
+        let url = "redis+cluster://bb:s3cret@10.0.0.1:7000,10.0.0.2:7001/";
+        assert_eq!(cluster_nodes(url).unwrap(), vec!["redis://bb:s3cret@10.0.0.1:7000/", "redis://bb:s3cret@10.0.0.2:7001/"]);
+        assert_eq!(redact(url), "redis+cluster://bb:***@10.0.0.1:7000,10.0.0.2:7001/");
+        assert_eq!(cluster_nodes("redis://10.0.0.1:6379/"), None);
+        assert_eq!(cluster_nodes("redis+cluster:///"), Some(vec![]));
+        let e = RedisMeta::connect("redis+cluster:///", "t").err().unwrap().to_string();
+        assert!(e.contains("no host:port"), "{e}");
+    }
 }
