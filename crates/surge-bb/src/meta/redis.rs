@@ -467,8 +467,11 @@ enum Backend {
     Cluster(::redis::cluster::ClusterClient),
 }
 
-/// A connection to either backend. Pipelines go to a cluster as one batch
-/// routed by their first key: right here, where all keys share one slot.
+/// A connection to either backend. redis-rs's cluster connection refuses
+/// `Pipeline::query` (it says it cannot pipeline); this wrapper keeps the
+/// trait's default (it can), so a pipeline goes as one batch to the master
+/// of its first command's key: right here, where every key of a file system
+/// is in one slot, and a `MOVED` sends the whole batch on.
 pub(crate) enum Conn {
     Single(Connection),
     Cluster(::redis::cluster::ClusterConnection),
@@ -707,6 +710,10 @@ impl RedisMeta {
     fn cluster_client(nodes: Vec<String>, auth: &RedisAuth, shown: &str) -> MetaResult<::redis::cluster::ClusterClient> {
         if nodes.is_empty() {
             return Err(MetaError::Unavailable(format!("bad Redis URL {shown}: no host:port in it")));
+        }
+        let db = shown.strip_prefix(CLUSTER_SCHEME).and_then(|r| r.split_once('/')).map_or("", |(_, db)| db);
+        if !db.is_empty() && db != "0" {
+            return Err(MetaError::Unavailable(format!("bad Redis URL {shown}: a Redis Cluster has database 0 only")));
         }
         if auth.tls_dir.is_some() {
             return Err(MetaError::Unavailable(format!("Redis TLS is not supported on Redis Cluster ({shown})")));
@@ -1569,5 +1576,7 @@ mod tests {
         assert_eq!(cluster_nodes("redis+cluster:///"), Some(vec![]));
         let e = RedisMeta::connect("redis+cluster:///", "t").err().unwrap().to_string();
         assert!(e.contains("no host:port"), "{e}");
+        let e = RedisMeta::connect("redis+cluster://127.0.0.1:1/2", "t").err().unwrap().to_string();
+        assert!(e.contains("database 0 only"), "{e}");
     }
 }
