@@ -57,6 +57,8 @@ pub struct LocalRedis {
     pub dir: PathBuf,
     /// With [`LocalRedis::start_secured`]: the password of user [`ACL_USER`].
     password: Option<String>,
+    /// A Redis Cluster master ([`LocalCluster`]), its cluster bus on this port.
+    cluster_bus: Option<u16>,
     child: Option<Child>,
 }
 
@@ -74,7 +76,7 @@ impl LocalRedis {
     /// the metadata (tests, and `surge bb redis --no-auth`).
     pub fn start(dir: &Path, port: u16) -> Result<LocalRedis, LocalRedisError> {
         std::fs::create_dir_all(dir).map_err(LocalRedisError::Spawn)?;
-        let mut r = LocalRedis { port, dir: dir.to_path_buf(), password: None, child: None };
+        let mut r = LocalRedis { port, dir: dir.to_path_buf(), password: None, cluster_bus: None, child: None };
         r.spawn()?;
         Ok(r)
     }
@@ -84,6 +86,13 @@ impl LocalRedis {
     /// across restarts). The ACL file holds its SHA-256, never the password,
     /// and no password is ever on redis-server's command line.
     pub fn start_secured(dir: &Path, port: u16) -> Result<LocalRedis, LocalRedisError> {
+        let mut r = Self::secured(dir, port)?;
+        r.spawn()?;
+        Ok(r)
+    }
+
+    /// A secured server set up in `dir` but not started.
+    fn secured(dir: &Path, port: u16) -> Result<LocalRedis, LocalRedisError> {
         std::fs::create_dir_all(dir).map_err(LocalRedisError::Spawn)?;
         {
             use std::os::unix::fs::PermissionsExt as _;
@@ -93,10 +102,13 @@ impl LocalRedis {
         let password = ensure_password(&password_file(dir)).map_err(LocalRedisError::Spawn)?;
         let digest = ring::digest::digest(&ring::digest::SHA256, password.as_bytes());
         let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-        write_private(&dir.join("users.acl"), format!("user default off\nuser {ACL_USER} on #{hex} ~* &* +@all\n").as_bytes()).map_err(LocalRedisError::Spawn)?;
-        let mut r = LocalRedis { port, dir: dir.to_path_buf(), password: Some(password), child: None };
-        r.spawn()?;
-        Ok(r)
+        // The default user is off (no one logs in as it) but keeps every
+        // permission: redis-server replays the append-only file as that
+        // user, and 7.0 checks its permissions at each EXEC there, so a
+        // default user without them drops every script's writes (a
+        // MULTI/EXEC in the file) at a restart.
+        write_private(&dir.join("users.acl"), format!("user default off ~* &* +@all\nuser {ACL_USER} on #{hex} ~* &* +@all\n").as_bytes()).map_err(LocalRedisError::Spawn)?;
+        Ok(LocalRedis { port, dir: dir.to_path_buf(), password: Some(password), cluster_bus: None, child: None })
     }
 
     /// How clients log in (nothing for an open server).
@@ -116,6 +128,11 @@ impl LocalRedis {
             Some(_) => cmd.args(["--save", "", "--protected-mode", "yes", "--daemonize", "no", "--aclfile"]).arg(self.dir.join("users.acl")),
             None => cmd.args(["--save", "", "--protected-mode", "no", "--daemonize", "no"]),
         };
+        if let Some(bus) = self.cluster_bus {
+            // nodes.conf in --dir: a restarted master keeps its id and slots.
+            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()]);
+            cmd.args(["--cluster-port", &bus.to_string()]);
+        }
         let child = cmd
             .arg("--dir")
             .arg(&self.dir)
@@ -185,6 +202,184 @@ impl LocalRedis {
 impl Drop for LocalRedis {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocalClusterError {
+    #[error("a Redis Cluster needs at least 3 masters (redis-cli --cluster create refuses fewer), not {0}")]
+    TooFew(usize),
+    #[error(transparent)]
+    Node(#[from] LocalRedisError),
+    #[error("redis-cli --cluster create failed ({0}); is redis-cli (redis-tools) installed?")]
+    Create(String),
+    #[error("the cluster did not reach cluster_state:ok within 20 s: {0}")]
+    NotReady(String),
+    #[error("{dir} holds a cluster made on other ports or of another size ({found}); start it as it was made")]
+    Mismatch { dir: String, found: String },
+}
+
+/// Local redis-server masters made one Redis Cluster (no replicas), each
+/// with the single server's persistence (append-only, fsync always) and,
+/// secured, the same ACL user and one password (in the cluster's
+/// [`password_file`]). Master `i` keeps its files in `DIR/node-i`.
+pub struct LocalCluster {
+    pub nodes: Vec<LocalRedis>,
+    pub dir: PathBuf,
+}
+
+/// How long a master may be silent before the others count it failed.
+/// Short, so a test sees a failed master soon; a restart (AOF reload)
+/// of a small store fits well within it.
+const NODE_TIMEOUT_MS: u32 = 3000;
+
+impl LocalCluster {
+    /// Starts one master per `(port, cluster bus port)` in `ports` and makes
+    /// them a cluster (slots spread evenly), or, when `dir` holds one made
+    /// before on the same ports, starts it again as it was.
+    pub fn start(dir: &Path, ports: &[(u16, u16)], secured: bool) -> Result<LocalCluster, LocalClusterError> {
+        if ports.len() < 3 {
+            return Err(LocalClusterError::TooFew(ports.len()));
+        }
+        std::fs::create_dir_all(dir).map_err(LocalRedisError::Spawn)?;
+        let password = if secured { Some(ensure_password(&password_file(dir)).map_err(LocalRedisError::Spawn)?) } else { None };
+        // The masters of a cluster made before in `dir` (a master alone: a
+        // start that never got as far as making the cluster).
+        let conf = std::fs::read_to_string(dir.join("node-0").join("nodes.conf")).unwrap_or_default();
+        let mut was: Vec<String> = conf
+            .lines()
+            .filter(|l| l.split_whitespace().nth(2).is_some_and(|f| f.contains("master")))
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .map(|a| a.split(',').next().unwrap_or(a).to_string())
+            .collect();
+        let made_before = was.len() > 1;
+        let mut nodes = Vec::new();
+        for (i, &(port, bus)) in ports.iter().enumerate() {
+            let ndir = dir.join(format!("node-{i}"));
+            std::fs::create_dir_all(&ndir).map_err(LocalRedisError::Spawn)?;
+            let mut r = match &password {
+                Some(p) => {
+                    write_private(&password_file(&ndir), format!("{p}\n").as_bytes()).map_err(LocalRedisError::Spawn)?;
+                    LocalRedis::secured(&ndir, port)?
+                }
+                None => LocalRedis { port, dir: ndir, password: None, cluster_bus: None, child: None },
+            };
+            r.cluster_bus = Some(bus);
+            nodes.push(r);
+        }
+        if made_before {
+            // Peers find each other at the addresses in nodes.conf: other
+            // ports would leave the cluster down for good.
+            let mut now: Vec<String> = ports.iter().map(|(p, b)| format!("127.0.0.1:{p}@{b}")).collect();
+            was.sort();
+            now.sort();
+            if was != now {
+                return Err(LocalClusterError::Mismatch { dir: dir.display().to_string(), found: was.join(" ") });
+            }
+        }
+        for r in &mut nodes {
+            r.spawn()?;
+        }
+        let c = LocalCluster { nodes, dir: dir.to_path_buf() };
+        if made_before {
+            c.wait_ok()?;
+            return Ok(c);
+        }
+        let mut cli = c.cli();
+        cli.arg("--cluster").arg("create");
+        for r in &c.nodes {
+            cli.arg(format!("127.0.0.1:{}", r.port));
+        }
+        let out = cli.arg("--cluster-yes").output().map_err(|e| LocalClusterError::Create(e.to_string()))?;
+        if !out.status.success() {
+            return Err(LocalClusterError::Create(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))));
+        }
+        c.wait_ok()?;
+        Ok(c)
+    }
+
+    /// `n` masters on ports from [`free_port`] (tests).
+    pub fn start_free(dir: &Path, n: usize, secured: bool) -> Result<LocalCluster, LocalClusterError> {
+        let ports = (0..n).map(|_| Ok((free_port()?, free_port()?))).collect::<std::io::Result<Vec<_>>>().map_err(LocalRedisError::Spawn)?;
+        Self::start(dir, &ports, secured)
+    }
+
+    /// redis-cli logged in as the cluster's user; the password goes in the
+    /// environment (REDISCLI_AUTH), never on a command line.
+    fn cli(&self) -> Command {
+        let mut cli = Command::new("redis-cli");
+        if let Some(p) = &self.nodes[0].password {
+            cli.env("REDISCLI_AUTH", p).args(["--user", ACL_USER]);
+        }
+        cli.stdin(Stdio::null());
+        cli
+    }
+
+    /// `redis-cli -p PORT-of-master-i args...`'s output.
+    fn ask(&self, i: usize, args: &[&str]) -> Option<String> {
+        let out = self.cli().args(["-p", &self.nodes[i].port.to_string()]).args(args).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).to_string())
+    }
+
+    /// Waits until every master says cluster_state:ok and knows all the others.
+    pub fn wait_ok(&self) -> Result<(), LocalClusterError> {
+        let start = Instant::now();
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
+        loop {
+            let states: Vec<String> = (0..self.nodes.len()).map(|i| self.ask(i, &["cluster", "info"]).unwrap_or_default()).collect();
+            if states.iter().all(|s| s.contains("cluster_state:ok") && s.contains(&known)) {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let first_bad = states.into_iter().find(|s| !s.contains("cluster_state:ok")).unwrap_or_default();
+                return Err(LocalClusterError::NotReady(first_bad.lines().next().unwrap_or("no answer").to_string()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,.../`
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.nodes.iter().map(|r| format!("127.0.0.1:{}", r.port)).collect();
+        format!("{}{}/", crate::meta::redis::CLUSTER_SCHEME, hosts.join(","))
+    }
+
+    pub fn auth(&self) -> crate::meta::redis::RedisAuth {
+        self.nodes[0].auth()
+    }
+
+    /// The index of the master serving `key`'s slot, as the cluster says.
+    pub fn owner_of(&self, key: &str) -> Option<usize> {
+        let slot: u32 = self.ask(0, &["cluster", "keyslot", key])?.trim().parse().ok()?;
+        (0..self.nodes.len()).find(|&i| {
+            let text = self.ask(i, &["cluster", "nodes"]).unwrap_or_default();
+            let mine = text.lines().find(|l| l.contains("myself")).unwrap_or("");
+            // Fields 9 on: the slots it serves, `a-b` or `a`.
+            mine.split_whitespace().skip(8).any(|r| {
+                let (a, b) = r.split_once('-').unwrap_or((r, r));
+                matches!((a.parse::<u32>(), b.parse::<u32>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+            })
+        })
+    }
+
+    /// Every key master `i` holds (tests).
+    pub fn keys_on(&self, i: usize) -> Vec<String> {
+        self.ask(i, &["--scan"]).unwrap_or_default().lines().map(str::to_string).collect()
+    }
+
+    /// Kills master `i` (SIGKILL), starts it again on its files and waits
+    /// for the cluster to be whole again.
+    pub fn restart(&mut self, i: usize) -> Result<(), LocalClusterError> {
+        self.nodes[i].restart()?;
+        self.wait_ok()
+    }
+
+    /// Waits for every master's process (foreground use by `surge bb redis --cluster`).
+    pub fn wait(&mut self) -> std::io::Result<()> {
+        for r in &mut self.nodes {
+            r.wait()?;
+        }
+        Ok(())
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use surge_bb::client::{Client, ClientConfig, Fh};
-use surge_bb::local::LocalRedis;
+use surge_bb::local::{LocalCluster, LocalRedis};
 use surge_bb::meta::{Kind, ROOT};
 use surge_bb::node::{self, NodeConfig};
 use surge_bb::store::StoreConfig;
@@ -12,10 +12,17 @@ use surge_bb::writeback::WritebackConfig;
 
 struct Setup {
     _dir: tempfile::TempDir,
-    _redis: LocalRedis,
+    _redis: Server,
     tier: Arc<Tier>,
     cfg: TierConfig,
     nodes: Vec<node::NodeHandle>,
+}
+
+/// The metadata's server: a single Redis, or a secured 3-master Redis Cluster.
+#[allow(dead_code)]
+enum Server {
+    Single(LocalRedis),
+    Cluster(LocalCluster),
 }
 
 /// An in-process I/O node of `capacity` bytes, without S3.
@@ -37,19 +44,50 @@ fn setup(nodes: usize) -> Setup {
 }
 
 fn setup_with_capacity(nodes: usize, capacity: u64) -> Setup {
+    setup_on(false, nodes, capacity)
+}
+
+/// Metadata on a Redis Cluster instead.
+fn setup_on_cluster(nodes: usize) -> Setup {
+    setup_on(true, nodes, 64 << 20)
+}
+
+fn setup_on(cluster: bool, nodes: usize, capacity: u64) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let port = surge_bb::local::free_port().unwrap();
-    let redis = LocalRedis::start(&dir.path().join("redis"), port).expect("redis-server (scripts/test-all.sh installs it)");
-    let cfg = TierConfig { redis: redis.url(), fs: "t".into(), membership: "redis".into(), s3: None, replicas: 2, chunk_size: 64 << 10, access: Default::default() };
+    let (redis, url, auth) = if cluster {
+        let c = LocalCluster::start_free(&dir.path().join("cluster"), 3, true).expect("redis-server and redis-cli (scripts/test-all.sh installs them)");
+        let (url, auth) = (c.url(), c.auth());
+        (Server::Cluster(c), url, auth)
+    } else {
+        let port = surge_bb::local::free_port().unwrap();
+        let r = LocalRedis::start(&dir.path().join("redis"), port).expect("redis-server (scripts/test-all.sh installs it)");
+        let (url, auth) = (r.url(), r.auth());
+        (Server::Single(r), url, auth)
+    };
+    let access = surge_bb::tier::Access { redis: auth, ..Default::default() };
+    let cfg = TierConfig { redis: url, fs: "t".into(), membership: "redis".into(), s3: None, replicas: 2, chunk_size: 64 << 10, access };
     let tier = cfg.open().unwrap();
     let nodes = (0..nodes).map(|_| start_node(&cfg, capacity)).collect();
     Setup { _dir: dir, _redis: redis, tier, cfg, nodes }
 }
 
+/// The consistency tests below run on a single Redis and on a Redis Cluster.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod single { $( #[test] fn $name() { super::$name(super::setup) } )* }
+        mod cluster { $( #[test] fn $name() { super::$name(super::setup_on_cluster) } )* }
+    };
+}
+
+on_both!(
+    concurrent_writers_of_one_chunk_lose_no_bytes,
+    flushed_writes_are_replicated_and_read_by_other_clients,
+    cached_reads_never_serve_versions_older_than_our_commits_or_the_last_open,
+);
+
 /// Two clients writing interleaved bytes of the same chunks at the same
 /// time: the compare-and-set commit makes the loser merge, so no byte is lost.
-#[test]
-fn concurrent_writers_of_one_chunk_lose_no_bytes() {
+fn concurrent_writers_of_one_chunk_lose_no_bytes(setup: fn(usize) -> Setup) {
     let s = setup(3);
     let a = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
     let b = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
@@ -143,8 +181,7 @@ fn spare_memory_never_grows_past_the_chunk_memory() {
 }
 
 /// A flushed write is on two distinct nodes and visible to another client at once.
-#[test]
-fn flushed_writes_are_replicated_and_read_by_other_clients() {
+fn flushed_writes_are_replicated_and_read_by_other_clients(setup: fn(usize) -> Setup) {
     let s = setup(3);
     let a = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
     let b = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
@@ -417,8 +454,7 @@ fn a_chunk_wanted_by_several_readers_at_once_is_fetched_once() {
 /// never with bytes older than this client's own commits or than the last
 /// open (another client's close is seen by every later open, also of a
 /// descriptor opened beside one still open).
-#[test]
-fn cached_reads_never_serve_versions_older_than_our_commits_or_the_last_open() {
+fn cached_reads_never_serve_versions_older_than_our_commits_or_the_last_open(setup: fn(usize) -> Setup) {
     let s = setup(3);
     let a = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();
     let b = Client::new(s.tier.clone(), ClientConfig::default()).unwrap();

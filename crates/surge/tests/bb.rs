@@ -179,7 +179,15 @@ fn posix_operations_match_a_local_directory() {
 /// close-to-open holds on default mounts.
 #[test]
 fn read_after_write_between_two_mounts() {
-    let bb = Bb::new("raw", "1MiB");
+    read_after_write_between_two_mounts_on(Bb::new("raw", "1MiB"));
+}
+
+#[test]
+fn read_after_write_between_two_mounts_on_a_redis_cluster() {
+    read_after_write_between_two_mounts_on(Bb::on_cluster("raw", "1MiB"));
+}
+
+fn read_after_write_between_two_mounts_on(bb: Bb) {
     let _nodes: Vec<Node> = (0..2).map(|_| bb.node(&[])).collect();
     let (a, b) = (bb.mount("a", &["--strict"]), bb.mount("b", &["--strict"]));
     let mut w = fs::File::create(a.dir.join("f")).unwrap();
@@ -297,7 +305,15 @@ fn close_to_open_holds_through_the_kernels_caches() {
 /// acknowledged byte, which then reads back from S3 and from the mount.
 #[test]
 fn sigkill_of_a_node_during_write_back_loses_nothing() {
-    let mut bb = Bb::new("kill", "256KiB");
+    sigkill_of_a_node_during_write_back_loses_nothing_on(Bb::new("kill", "256KiB"));
+}
+
+#[test]
+fn sigkill_of_a_node_during_write_back_loses_nothing_on_a_redis_cluster() {
+    sigkill_of_a_node_during_write_back_loses_nothing_on(Bb::on_cluster("kill", "256KiB"));
+}
+
+fn sigkill_of_a_node_during_write_back_loses_nothing_on(mut bb: Bb) {
     // The delay must outlast the victim's lease (3 s) and the survivors'
     // 1 s maintenance pass: a survivor that writes a chunk back first has
     // nothing left to re-replicate (the run is safe, but the path untested).
@@ -346,7 +362,15 @@ fn sigkill_of_a_node_during_write_back_loses_nothing() {
 /// there afterwards; the mount and nodes carry on without a restart.
 #[test]
 fn redis_restart_loses_no_committed_file() {
-    let mut bb = Bb::new("redis", "128KiB");
+    redis_restart_loses_no_committed_file_on(Bb::new("redis", "128KiB"));
+}
+
+#[test]
+fn redis_restart_loses_no_committed_file_on_a_redis_cluster() {
+    redis_restart_loses_no_committed_file_on(Bb::on_cluster("redis", "128KiB"));
+}
+
+fn redis_restart_loses_no_committed_file_on(mut bb: Bb) {
     let _nodes: Vec<Node> = (0..2).map(|_| bb.node(&[])).collect();
     let m = bb.mount("m", &[]);
     fs::create_dir(m.dir.join("d")).unwrap();

@@ -10,6 +10,11 @@
 //!   `xk` hash: export key -> inode; `del:{key}`: a delete in progress
 //! - `nodes` zset: node addr scored by lease expiry (ms); `nodeinfo` hash
 //!
+//! On Redis Cluster (a `redis+cluster://host:port,host:port/` URL) the
+//! prefix is a hash tag, `bb:{fs}:`, so every key of one file system is in
+//! one slot and every script stays one atomic step on one master, exactly
+//! as on a single Redis (see docs/burst-buffer.md, "Metadata on Redis Cluster").
+//!
 //! Connections are pooled; a dropped connection is retried (Redis restarting)
 //! until `retry_for` runs out, then the call fails with `Unavailable`. Scripts
 //! are idempotent under such retries: inode numbers and chunk versions are
@@ -456,12 +461,105 @@ fn tls_certificates(dir: &std::path::Path) -> std::io::Result<::redis::TlsCertif
     Ok(::redis::TlsCertificates { client_tls, root_cert: Some(read("ca-cert.pem")?) })
 }
 
+/// A single Redis, or a Redis Cluster.
+enum Backend {
+    Single(::redis::Client),
+    Cluster(::redis::cluster::ClusterClient),
+}
+
+/// A connection to either backend. redis-rs's cluster connection refuses
+/// `Pipeline::query` (it says it cannot pipeline); this wrapper keeps the
+/// trait's default (it can), so a pipeline goes as one batch to the master
+/// of its first command's key: right here, where every key of a file system
+/// is in one slot, and a `MOVED` sends the whole batch on.
+pub(crate) enum Conn {
+    Single(Connection),
+    Cluster(::redis::cluster::ClusterConnection),
+}
+
+impl ::redis::ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> ::redis::RedisResult<Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands(&mut self, cmd: &[u8], offset: usize, count: usize) -> ::redis::RedisResult<Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+    fn req_command(&mut self, cmd: &::redis::Cmd) -> ::redis::RedisResult<Value> {
+        match self {
+            Conn::Single(c) => c.req_command(cmd),
+            Conn::Cluster(c) => c.req_command(cmd),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+    fn check_connection(&mut self) -> bool {
+        match self {
+            Conn::Single(c) => c.check_connection(),
+            Conn::Cluster(c) => c.check_connection(),
+        }
+    }
+    fn is_open(&self) -> bool {
+        match self {
+            Conn::Single(c) => c.is_open(),
+            Conn::Cluster(c) => c.is_open(),
+        }
+    }
+}
+
+/// The scheme naming a Redis Cluster: `redis+cluster://[user:pass@]host:port,host:port/`.
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// The seed nodes of a cluster URL as plain `redis://` URLs (the login kept on each).
+fn cluster_nodes(url: &str) -> Option<Vec<String>> {
+    let rest = url.strip_prefix(CLUSTER_SCHEME)?;
+    let hosts = rest.split('/').next().unwrap_or("");
+    let (login, hosts) = match hosts.rfind('@') {
+        Some(at) => (&hosts[..=at], &hosts[at + 1..]),
+        None => ("", hosts),
+    };
+    Some(hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{login}{h}/")).collect())
+}
+
+/// Why the first seed of a cluster URL is of no use, as a plain connection
+/// to it tells (None: it looks fine from here).
+fn why_no_cluster(url: &str, auth: &RedisAuth) -> Option<String> {
+    let seed = cluster_nodes(url)?.into_iter().next()?;
+    let client = RedisMeta::single_client(&seed, &RedisAuth { tls_dir: None, ..auth.clone() }, &redact(&seed)).ok()?;
+    let mut c = match client.get_connection_with_timeout(Duration::from_secs(2)) {
+        Ok(c) => c,
+        Err(e) if e.kind() == ::redis::ErrorKind::AuthenticationFailed => {
+            return Some(format!("refused us: {e} (see --redis-user, --redis-password-file)"))
+        }
+        Err(e) => return Some(format!("{} unreachable: {e}", redact(&seed))),
+    };
+    match ::redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c) {
+        Err(e) if e.to_string().contains("cluster support disabled") => {
+            Some(format!("{} is not a cluster node (a single Redis takes a redis:// URL)", redact(&seed)))
+        }
+        Err(e) => Some(format!("refused us: {e} (see --redis-user, --redis-password-file)")),
+        Ok(info) if !info.contains("cluster_state:ok") => {
+            Some(format!("not ready: {}", info.lines().next().unwrap_or("").trim()))
+        }
+        Ok(_) => None,
+    }
+}
+
 pub struct RedisMeta {
-    client: ::redis::Client,
+    client: Backend,
     /// The URL as logs show it (no password).
     url: String,
     prefix: String,
-    pool: Mutex<Vec<Connection>>,
+    pool: Mutex<Vec<Conn>>,
     retry_for: Duration,
     /// Inode numbers reserved for this client and not yet used.
     inos: Mutex<std::ops::Range<u64>>,
@@ -502,7 +600,18 @@ fn map_err(e: RedisError) -> MetaError {
 
 fn is_transient(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
-        || matches!(e.kind(), ::redis::ErrorKind::BusyLoadingError | ::redis::ErrorKind::TryAgain)
+        || matches!(
+            e.kind(),
+            ::redis::ErrorKind::BusyLoadingError
+                | ::redis::ErrorKind::TryAgain
+                // A cluster whose master is restarting, or whose slots moved:
+                // the cluster client's own few retries ran out, ours go on.
+                | ::redis::ErrorKind::ClusterDown
+                | ::redis::ErrorKind::MasterDown
+                | ::redis::ErrorKind::Moved
+                | ::redis::ErrorKind::Ask
+                | ::redis::ErrorKind::ClusterConnectionNotFound
+        )
         || e.to_string().contains("LOADING")
 }
 
@@ -532,38 +641,41 @@ impl RedisMeta {
     /// [`RedisMeta::connect`], logging in as `auth` says (a user and password
     /// given there win over any in the URL).
     pub fn connect_with(url: &str, auth: &RedisAuth, fs: &str) -> MetaResult<RedisMeta> {
-        use ::redis::IntoConnectionInfo as _;
+        let given = url;
         let shown = redact(url);
-        let bad = |e: String| MetaError::Unavailable(format!("bad Redis URL {shown}: {e}"));
-        let mut info = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
-        if auth.user.is_some() {
-            info.redis.username = auth.user.clone();
-        }
-        if auth.password.is_some() {
-            info.redis.password = auth.password.clone();
-        }
-        let client = match &auth.tls_dir {
-            Some(dir) => {
-                require_tls_url(&info, &shown)?;
-                let certs = tls_certificates(dir).map_err(|e| MetaError::Unavailable(format!("Redis TLS: {e}")))?;
-                ::redis::Client::build_with_tls(info, certs)
+        let (client, prefix) = match cluster_nodes(url) {
+            Some(nodes) => {
+                // The name is the hash tag: with a brace in it (or none at
+                // all) the keys of one file system would hash apart.
+                if fs.is_empty() || fs.contains(['{', '}']) {
+                    return Err(MetaError::Unavailable(format!("file-system name {fs:?}: on Redis Cluster it must be non-empty and without braces")));
+                }
+                (Backend::Cluster(Self::cluster_client(nodes, auth, &shown)?), format!("bb:{{{fs}}}:"))
             }
-            None => ::redis::Client::open(info),
-        }
-        .map_err(|e| bad(e.to_string()))?;
+            None => (Backend::Single(Self::single_client(url, auth, &shown)?), format!("bb:{fs}:")),
+        };
         let url = shown;
         let m = RedisMeta {
             client,
             url: url.clone(),
-            prefix: format!("bb:{fs}:"),
+            prefix,
             pool: Mutex::default(),
             retry_for: Duration::from_secs(20),
             inos: Mutex::new(0..0),
         };
         // Fail fast with a clear message when Redis is not there at all.
-        let mut c = m.open_conn().map_err(|e| MetaError::Unavailable(format!("Redis at {url} unreachable: {e}")))?;
+        let mut c = m.open_conn().map_err(|e| match m.client {
+            // The cluster client only says it could not use any seed: ask
+            // the first one directly why (a login refused, no cluster there).
+            Backend::Cluster(_) => MetaError::Unavailable(format!("Redis Cluster at {url}: {}", why_no_cluster(given, auth).unwrap_or(e.to_string()))),
+            Backend::Single(_) => MetaError::Unavailable(format!("Redis at {url} unreachable: {e}")),
+        })?;
         // A server that wants a login (or another one) says so now, not at the first file.
-        ::redis::cmd("PING").query::<String>(&mut c).map_err(|e| MetaError::Unavailable(format!("Redis at {url} refused us: {e} (see --redis-user, --redis-password-file)")))?;
+        ::redis::cmd("PING").query::<String>(&mut c).map_err(|e| match (&m.client, why_no_cluster(given, auth)) {
+            // (A plain Redis behind a cluster URL gets as far as here.)
+            (Backend::Cluster(_), Some(why)) => MetaError::Unavailable(format!("Redis Cluster at {url}: {why}")),
+            _ => MetaError::Unavailable(format!("Redis at {url} refused us: {e} (see --redis-user, --redis-password-file)")),
+        })?;
         m.pool.lock().push(c);
         Ok(m)
     }
@@ -574,16 +686,75 @@ impl RedisMeta {
         self
     }
 
-    fn open_conn(&self) -> Result<Connection, RedisError> {
-        let c = self.client.get_connection_with_timeout(Duration::from_secs(2))?;
-        c.set_read_timeout(Some(Duration::from_secs(10)))?;
-        c.set_write_timeout(Some(Duration::from_secs(10)))?;
-        Ok(c)
+    fn single_client(url: &str, auth: &RedisAuth, shown: &str) -> MetaResult<::redis::Client> {
+        use ::redis::IntoConnectionInfo as _;
+        let bad = |e: String| MetaError::Unavailable(format!("bad Redis URL {shown}: {e}"));
+        let mut info = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
+        if auth.user.is_some() {
+            info.redis.username = auth.user.clone();
+        }
+        if auth.password.is_some() {
+            info.redis.password = auth.password.clone();
+        }
+        match &auth.tls_dir {
+            Some(dir) => {
+                require_tls_url(&info, shown)?;
+                let certs = tls_certificates(dir).map_err(|e| MetaError::Unavailable(format!("Redis TLS: {e}")))?;
+                ::redis::Client::build_with_tls(info, certs)
+            }
+            None => ::redis::Client::open(info),
+        }
+        .map_err(|e| bad(e.to_string()))
+    }
+
+    fn cluster_client(nodes: Vec<String>, auth: &RedisAuth, shown: &str) -> MetaResult<::redis::cluster::ClusterClient> {
+        if nodes.is_empty() {
+            return Err(MetaError::Unavailable(format!("bad Redis URL {shown}: no host:port in it")));
+        }
+        let db = shown.strip_prefix(CLUSTER_SCHEME).and_then(|r| r.split_once('/')).map_or("", |(_, db)| db);
+        if !db.is_empty() && db != "0" {
+            return Err(MetaError::Unavailable(format!("bad Redis URL {shown}: a Redis Cluster has database 0 only")));
+        }
+        if auth.tls_dir.is_some() {
+            return Err(MetaError::Unavailable(format!("Redis TLS is not supported on Redis Cluster ({shown})")));
+        }
+        // The client's own retries (redirects, CLUSTERDOWN) stay few and
+        // short: its default backoff (16 tries from 1.28 s up) could hold a
+        // call for minutes, past `retry_for`, which `with` enforces.
+        let mut b = ::redis::cluster::ClusterClientBuilder::new(nodes)
+            .connection_timeout(Duration::from_secs(2))
+            .retries(3)
+            .min_retry_wait(20)
+            .max_retry_wait(200);
+        if let Some(u) = &auth.user {
+            b = b.username(u.clone());
+        }
+        if let Some(p) = &auth.password {
+            b = b.password(p.clone());
+        }
+        b.build().map_err(|e| MetaError::Unavailable(format!("bad Redis URL {shown}: {e}")))
+    }
+
+    fn open_conn(&self) -> Result<Conn, RedisError> {
+        match &self.client {
+            Backend::Single(client) => {
+                let c = client.get_connection_with_timeout(Duration::from_secs(2))?;
+                c.set_read_timeout(Some(Duration::from_secs(10)))?;
+                c.set_write_timeout(Some(Duration::from_secs(10)))?;
+                Ok(Conn::Single(c))
+            }
+            Backend::Cluster(client) => {
+                let c = client.get_connection()?;
+                c.set_read_timeout(Some(Duration::from_secs(10)))?;
+                c.set_write_timeout(Some(Duration::from_secs(10)))?;
+                Ok(Conn::Cluster(c))
+            }
+        }
     }
 
     /// Runs `f` on a pooled connection, reconnecting and retrying while Redis is
     /// unreachable, up to `retry_for`.
-    fn with<T>(&self, mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>) -> MetaResult<T> {
+    fn with<T>(&self, mut f: impl FnMut(&mut Conn) -> Result<T, RedisError>) -> MetaResult<T> {
         let start = Instant::now();
         let mut logged = false;
         loop {
@@ -633,6 +804,9 @@ impl RedisMeta {
     fn run<T: ::redis::FromRedisValue>(&self, sc: &Script, args: &[String]) -> MetaResult<T> {
         self.with(|c| {
             let mut inv = sc.prepare_invoke();
+            // The scripts name their keys from the prefix in ARGV; this key
+            // (in the prefix's slot) routes them to the master holding it.
+            inv.key(self.k("meta"));
             inv.arg(&self.prefix);
             for a in args {
                 inv.arg(a);
@@ -1041,28 +1215,70 @@ impl RedisMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::LocalRedis;
+    use crate::local::{LocalCluster, LocalRedis};
 
-    fn redis() -> (tempfile::TempDir, LocalRedis) {
-        let dir = tempfile::tempdir().unwrap();
-        let port = crate::local::free_port().unwrap();
-        let redis = LocalRedis::start(&dir.path().join("redis"), port).expect("redis-server (scripts/test-all.sh installs it)");
-        (dir, redis)
+    /// The store's server: a single Redis, or a Redis Cluster of 3 masters,
+    /// secured as `surge bb redis` makes them (ACL user, password).
+    enum Server {
+        Single(LocalRedis),
+        Cluster(LocalCluster),
     }
 
-    fn formatted(url: &str) -> RedisMeta {
-        let m = RedisMeta::connect(url, "t").unwrap();
+    impl Server {
+        fn meta(&self, fs: &str) -> RedisMeta {
+            match self {
+                Server::Single(r) => RedisMeta::connect_with(&r.url(), &r.auth(), fs),
+                Server::Cluster(c) => RedisMeta::connect_with(&c.url(), &c.auth(), fs),
+            }
+            .unwrap()
+        }
+    }
+
+    type Start = fn() -> (tempfile::TempDir, Server);
+
+    fn single() -> (tempfile::TempDir, Server) {
+        let dir = tempfile::tempdir().unwrap();
+        let port = crate::local::free_port().unwrap();
+        let redis = LocalRedis::start_secured(&dir.path().join("redis"), port).expect("redis-server (scripts/test-all.sh installs it)");
+        (dir, Server::Single(redis))
+    }
+
+    fn cluster() -> (tempfile::TempDir, Server) {
+        let dir = tempfile::tempdir().unwrap();
+        let c = LocalCluster::start_free(&dir.path().join("cluster"), 3, true).expect("redis-server and redis-cli (scripts/test-all.sh installs them)");
+        (dir, Server::Cluster(c))
+    }
+
+    fn formatted(server: &Server) -> RedisMeta {
+        let m = server.meta("t");
         m.format(&FsParams { chunk_size: 1 << 20 }).unwrap();
         m
     }
 
+    /// Each test below runs on a single Redis and on a Redis Cluster.
+    macro_rules! on_both {
+        ($($name:ident),* $(,)?) => {
+            mod single { $( #[test] fn $name() { super::$name(super::single) } )* }
+            mod cluster { $( #[test] fn $name() { super::$name(super::cluster) } )* }
+        };
+    }
+
+    on_both!(
+        interleaved_creates_of_two_clients_get_distinct_inodes_and_fresh_attributes,
+        getattr_with_ancestors_walks_up_to_the_root_in_one_script,
+        lookup_tells_a_missing_name_from_a_parent_that_is_not_a_directory,
+        a_retried_create_succeeds_and_a_different_inode_for_the_name_is_refused,
+        setattr_returns_the_new_attributes_and_never_resurrects_an_inode,
+        every_call_of_the_store_works_end_to_end,
+        a_restarted_server_mid_workload_loses_nothing_acknowledged,
+    );
+
     /// Creates and lookups are one round trip each and inode numbers come in
     /// per-client batches: two clients creating in turn never share a number,
     /// and what create and lookup return is what a getattr reads.
-    #[test]
-    fn interleaved_creates_of_two_clients_get_distinct_inodes_and_fresh_attributes() {
-        let (_dir, redis) = redis();
-        let (a, b) = (formatted(&redis.url()), formatted(&redis.url()));
+    fn interleaved_creates_of_two_clients_get_distinct_inodes_and_fresh_attributes(start: Start) {
+        let (_dir, server) = start();
+        let (a, b) = (formatted(&server), formatted(&server));
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..(2 * INO_BATCH + 5) {
             for (who, m) in [("a", &a), ("b", &b)] {
@@ -1080,10 +1296,9 @@ mod tests {
 
     /// The one-script walk answers as the trait's walk of getattrs does,
     /// after a rename of a directory too, and a gone inode is NotFound.
-    #[test]
-    fn getattr_with_ancestors_walks_up_to_the_root_in_one_script() {
-        let (_dir, redis) = redis();
-        let m = formatted(&redis.url());
+    fn getattr_with_ancestors_walks_up_to_the_root_in_one_script(start: Start) {
+        let (_dir, server) = start();
+        let m = formatted(&server);
         let a = m.create(ROOT, "a", Kind::Dir, 0o755, 0, 0, 1).unwrap();
         let b = m.create(a.ino, "b", Kind::Dir, 0o755, 0, 0, 1).unwrap();
         let f = m.create(b.ino, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
@@ -1107,10 +1322,9 @@ mod tests {
         assert_eq!(m.getattr_with_ancestors(f.ino).unwrap_err(), MetaError::NotFound);
     }
 
-    #[test]
-    fn lookup_tells_a_missing_name_from_a_parent_that_is_not_a_directory() {
-        let (_dir, redis) = redis();
-        let m = formatted(&redis.url());
+    fn lookup_tells_a_missing_name_from_a_parent_that_is_not_a_directory(start: Start) {
+        let (_dir, server) = start();
+        let m = formatted(&server);
         let f = m.create(ROOT, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
         let d = m.create(ROOT, "d", Kind::Dir, 0o755, 0, 0, 1).unwrap();
         assert_eq!(m.lookup(ROOT, "nope").unwrap_err(), MetaError::NotFound);
@@ -1122,10 +1336,9 @@ mod tests {
 
     /// A create whose reply was lost is retried with the same inode number:
     /// the retry finds its own entry and succeeds with the same attributes.
-    #[test]
-    fn a_retried_create_succeeds_and_a_different_inode_for_the_name_is_refused() {
-        let (_dir, redis) = redis();
-        let m = formatted(&redis.url());
+    fn a_retried_create_succeeds_and_a_different_inode_for_the_name_is_refused(start: Start) {
+        let (_dir, server) = start();
+        let m = formatted(&server);
         let ino = m.alloc_ino().unwrap();
         let args = |ino: u64| -> Vec<String> {
             [ROOT.to_string(), "f".into(), ino.to_string(), "f".into(), "420".into(), "0".into(), "0".into(), "5".into(), "5".into()].to_vec()
@@ -1138,10 +1351,9 @@ mod tests {
     }
 
     /// setattr on an inode removed meanwhile is NotFound and does not bring it back.
-    #[test]
-    fn setattr_returns_the_new_attributes_and_never_resurrects_an_inode() {
-        let (_dir, redis) = redis();
-        let m = formatted(&redis.url());
+    fn setattr_returns_the_new_attributes_and_never_resurrects_an_inode(start: Start) {
+        let (_dir, server) = start();
+        let m = formatted(&server);
         let f = m.create(ROOT, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
         let set = SetAttr { mode: Some(0o600), uid: Some(3), ..Default::default() };
         let got = m.setattr(f.ino, &set, 9).unwrap();
@@ -1150,5 +1362,221 @@ mod tests {
         m.unlink(ROOT, "f", 10).unwrap();
         assert_eq!(m.setattr(f.ino, &set, 11).unwrap_err(), MetaError::NotFound);
         assert_eq!(m.getattr(f.ino).unwrap_err(), MetaError::NotFound);
+    }
+
+    fn entry(ver: u64, holders: &[&str]) -> ChunkEntry {
+        ChunkEntry { ver, len: 100, persisted: false, holders: holders.iter().map(|h| h.to_string()).collect() }
+    }
+
+    /// Every call of the trait, each kind of request behind it (scripts,
+    /// plain commands, pipelines, an empty pipeline), on one file system,
+    /// with a second file system beside it untouched.
+    fn every_call_of_the_store_works_end_to_end(start: Start) {
+        let (_dir, server) = start();
+        let m = formatted(&server);
+        assert_eq!(m.params().unwrap().chunk_size, 1 << 20);
+        let id = m.new_client_id().unwrap();
+        assert!(m.new_client_id().unwrap() > id);
+        let d = m.create(ROOT, "d", Kind::Dir, 0o755, 0, 0, 1).unwrap();
+        let f = m.create(d.ino, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
+        let e = m.create(ROOT, "e", Kind::Dir, 0o755, 0, 0, 1).unwrap();
+        let names = |ino| m.readdir(ino).unwrap().into_iter().map(|e| (e.name, e.kind)).collect::<Vec<_>>();
+        assert_eq!(names(d.ino), vec![("f".to_string(), Kind::File)]);
+        assert_eq!(names(ROOT), vec![("d".to_string(), Kind::Dir), ("e".to_string(), Kind::Dir)]);
+        assert_eq!(names(e.ino), vec![]);
+        assert_eq!(m.readdir(f.ino).unwrap_err(), MetaError::NotDir);
+
+        let ups = [ChunkUpdate { idx: 0, base: None, entry: entry(1, &["n1", "n2"]) }, ChunkUpdate { idx: 1, base: None, entry: entry(2, &["n1", "n2"]) }];
+        assert!(m.commit(f.ino, (1 << 20) + 100, &ups, 5).unwrap().is_empty());
+        let stale = ChunkUpdate { idx: 0, base: Some(7), entry: entry(3, &["n1"]) };
+        assert_eq!(m.commit(f.ino, 100, &[stale], 6).unwrap_err(), MetaError::Conflict(0));
+        let (view, got) = m.chunks(f.ino, &[0, 1, 2]).unwrap();
+        assert_eq!(view, FileView { size: (1 << 20) + 100, import: None });
+        assert_eq!(got, vec![Some(entry(1, &["n1", "n2"])), Some(entry(2, &["n1", "n2"])), None]);
+        assert_eq!(m.chunk_map(f.ino).unwrap().len(), 2);
+        assert_eq!((m.dirty_count().unwrap(), m.dirty_oldest(10).unwrap().len()), (2, 2));
+        let c0 = ChunkId { ino: f.ino, idx: 0, ver: 1 };
+        assert!(m.is_dirty(&c0).unwrap());
+        m.expedite(f.ino).unwrap();
+        assert!(m.dirty_oldest(10).unwrap().iter().all(|(_, at)| *at == 0), "expedited to the front");
+        assert!(m.set_holders(&c0, &["n1".into(), "n2".into()], &["n3".into(), "n2".into()]).unwrap());
+        assert!(!m.drop_holder(&c0, "n9").unwrap());
+        assert!(m.drop_holder(&c0, "n3").unwrap());
+        assert!(!m.drop_holder(&c0, "n2").unwrap(), "the last copy of a version not in S3 stays");
+        assert!(m.mark_persisted(&c0).unwrap());
+        assert!(!m.is_dirty(&c0).unwrap());
+        assert!(m.drop_holder(&c0, "n2").unwrap(), "in S3 now");
+        let cut = m.truncate(f.ino, 100, None, 7).unwrap();
+        assert_eq!(cut.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(m.dirty_count().unwrap(), 0);
+
+        let queued = |ino| m.publish_queue(i64::MAX, 100).unwrap().contains(&ino);
+        assert!(queued(f.ino));
+        assert!(m.mark_published(f.ino, m.getattr(f.ino).unwrap().gen, "d/f", false).unwrap());
+        assert!(!queued(f.ino));
+        m.requeue_publish(f.ino, 5).unwrap();
+        assert!(queued(f.ino));
+        m.drop_publish(f.ino).unwrap();
+        assert!(!queued(f.ino));
+        assert_eq!(m.getattr(f.ino).unwrap().xkey.as_deref(), Some("d/f"));
+        assert!(m.rename(d.ino, "f", ROOT, "g", 8).unwrap().is_none());
+        assert!(m.mark_published(f.ino, m.getattr(f.ino).unwrap().gen, "g", false).unwrap());
+        assert_eq!(m.claim_unpublish().unwrap().as_deref(), Some("d/f"), "the old name's object goes");
+        assert_eq!(m.claim_unpublish().unwrap(), None);
+        m.unpublish_done("d/f").unwrap();
+        assert_eq!(m.publish_pending().unwrap(), m.publish_queue(i64::MAX, 100).unwrap().len() as u64);
+        let gone = m.unlink(ROOT, "g", 9).unwrap();
+        assert_eq!((gone.ino, gone.chunks.len()), (f.ino, 1));
+        assert_eq!(m.claim_unpublish().unwrap().as_deref(), Some("g"));
+        m.rmdir(ROOT, "d", 10).unwrap();
+        let i = m.import_file(ROOT, "obj", "obj", 1234, 11).unwrap();
+        assert_eq!((i.size, i.import), (1234, Some(("obj".to_string(), 1234))));
+
+        let node = NodeInfo::new("127.0.0.1:7401", 1 << 30);
+        m.register_node(&node, 60_000).unwrap();
+        assert_eq!(m.live_nodes().unwrap(), vec![node.clone()]);
+        m.deregister_node(&node.addr).unwrap();
+        assert_eq!(m.live_nodes().unwrap(), vec![]);
+        m.put_pool_report("{}", 60_000).unwrap();
+        assert_eq!(m.pool_report().unwrap().as_deref(), Some("{}"));
+
+        let other = server.meta("u");
+        other.format(&FsParams { chunk_size: 4096 }).unwrap();
+        assert_eq!((other.readdir(ROOT).unwrap().len(), other.params().unwrap().chunk_size, other.live_nodes().unwrap().len()), (0, 4096, 0));
+    }
+
+    /// A client creating and committing while its server is killed (SIGKILL)
+    /// and started again: calls in flight retry until it is back, and every
+    /// create and commit acknowledged before, during or after is there
+    /// (append-only, fsync always). On a cluster, the master killed is the
+    /// one holding the file system.
+    fn a_restarted_server_mid_workload_loses_nothing_acknowledged(start: Start) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (_dir, mut server) = start();
+        let m = formatted(&server).with_retry_for(Duration::from_secs(30));
+        let acked = Mutex::new(Vec::new());
+        let done = AtomicBool::new(false);
+        let failed = Mutex::new(None::<String>);
+        let count = || acked.lock().len();
+        let wait_for = |n: usize| {
+            let t = Instant::now();
+            while count() < n && failed.lock().is_none() {
+                assert!(t.elapsed() < Duration::from_secs(30), "the writer is stuck at {} files", count());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let before = std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0u64.. {
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let f = m.create(ROOT, &format!("f{i}"), Kind::File, 0o644, 0, 0, i as i64).unwrap();
+                    let up = ChunkUpdate { idx: 0, base: None, entry: entry(i + 1, &["n1"]) };
+                    if let Err(e) = m.commit(f.ino, 100, &[up], i as i64) {
+                        *failed.lock() = Some(format!("commit of f{i} (ino {}): {e}", f.ino));
+                        break;
+                    }
+                    acked.lock().push((i, f.ino));
+                }
+            });
+            wait_for(20);
+            let before = count();
+            match &mut server {
+                Server::Single(r) => r.restart().unwrap(),
+                Server::Cluster(c) => {
+                    let owner = c.owner_of("bb:{t}:meta").unwrap();
+                    c.restart(owner).unwrap();
+                }
+            }
+            wait_for(count() + 20);
+            done.store(true, Ordering::Relaxed);
+            before
+        });
+        if let Some(e) = failed.into_inner() {
+            panic!("{e}");
+        }
+        assert!(before < acked.lock().len());
+        let fresh = server.meta("t");
+        let acked = acked.into_inner();
+        let lost: Vec<_> = acked.iter().filter(|(i, ino)| fresh.lookup(ROOT, &format!("f{i}")).map(|a| a.ino) != Ok(*ino)).collect();
+        assert!(lost.is_empty(), "acknowledged creates lost: {lost:?} of {} (the restart came after {before})", acked.len());
+        for (i, ino) in &acked {
+            assert_eq!(fresh.chunk_map(*ino).unwrap()[&0].ver, i + 1, "f{i}'s chunk");
+        }
+        assert_eq!(fresh.readdir(ROOT).unwrap().len(), acked.len(), "no file beyond the acknowledged (a replay made none twice)");
+    }
+
+    /// All keys of one file system are on the master of its hash tag's slot,
+    /// and file systems with other tags are on other masters: the cluster
+    /// spreads file systems, never one file system.
+    #[test]
+    fn each_file_system_is_whole_on_one_master_and_file_systems_spread_over_all() {
+        let (_dir, server) = cluster();
+        let Server::Cluster(c) = &server else { unreachable!() };
+        let names: Vec<String> = (0..12).map(|i| format!("fs{i}")).collect();
+        let owners: Vec<usize> = names.iter().map(|n| c.owner_of(&format!("bb:{{{n}}}:meta")).unwrap()).collect();
+        let mut used = owners.clone();
+        used.sort_unstable();
+        used.dedup();
+        assert_eq!(used, vec![0, 1, 2], "12 file systems on 3 masters: {owners:?}");
+        let mut per_master = vec![0usize; 3];
+        for n in &names {
+            let m = server.meta(n);
+            m.format(&FsParams { chunk_size: 1 << 20 }).unwrap();
+            let d = m.create(ROOT, "d", Kind::Dir, 0o755, 0, 0, 1).unwrap();
+            let f = m.create(d.ino, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
+            m.commit(f.ino, 100, &[ChunkUpdate { idx: 0, base: None, entry: entry(1, &["n1"]) }], 2).unwrap();
+            m.register_node(&NodeInfo::new("127.0.0.1:7401", 1), 60_000).unwrap();
+        }
+        for i in 0..3 {
+            let keys = c.keys_on(i);
+            for (n, &owner) in names.iter().zip(&owners) {
+                let mine = keys.iter().filter(|k| k.starts_with(&format!("bb:{{{n}}}:"))).count();
+                if owner == i {
+                    // meta, i:1, d:1, i:d, d:d, i:f, c:f, dirty, pub, nodes, nodeinfo
+                    assert_eq!(mine, 11, "{n} on master {i}: {keys:?}");
+                    per_master[i] += 1;
+                } else {
+                    assert_eq!(mine, 0, "{n} has keys on master {i}, not its owner {owner}");
+                }
+            }
+        }
+        assert!(per_master.iter().all(|&n| n > 0), "{per_master:?}");
+    }
+
+    /// A cluster URL with a wrong password, or naming a plain Redis, fails
+    /// at connect with what is wrong, not at the first file.
+    #[test]
+    fn a_cluster_url_says_why_it_cannot_be_used() {
+        let (_dir, server) = cluster();
+        let Server::Cluster(c) = &server else { unreachable!() };
+        let wrong = RedisAuth { password: Some("nope".into()), ..c.auth() };
+        let e = RedisMeta::connect_with(&c.url(), &wrong, "t").err().unwrap().to_string();
+        assert!(e.contains("refused us"), "{e}");
+        let e = RedisMeta::connect(&c.url(), "t").err().unwrap().to_string();
+        assert!(e.contains("refused us"), "no login: {e}");
+        let e = RedisMeta::connect_with(&c.url(), &c.auth(), "a{b}").err().unwrap().to_string();
+        assert!(e.contains("without braces"), "{e}");
+        let sdir = tempfile::tempdir().unwrap();
+        let r = LocalRedis::start(sdir.path(), crate::local::free_port().unwrap()).unwrap();
+        let url = format!("{CLUSTER_SCHEME}127.0.0.1:{}/", r.port);
+        let e = RedisMeta::connect(&url, "t").err().unwrap().to_string();
+        assert!(e.contains("not a cluster node"), "{e}");
+        assert!(RedisMeta::connect_with(&c.url(), &c.auth(), "t").is_ok());
+    }
+
+    /// A cluster URL's seeds each keep its login; logs show it redacted.
+    #[test]
+    fn a_cluster_url_names_its_seeds_with_the_login_and_is_redacted_for_logs() {
+        let url = "redis+cluster://bb:s3cret@10.0.0.1:7000,10.0.0.2:7001/";
+        assert_eq!(cluster_nodes(url).unwrap(), vec!["redis://bb:s3cret@10.0.0.1:7000/", "redis://bb:s3cret@10.0.0.2:7001/"]);
+        assert_eq!(redact(url), "redis+cluster://bb:***@10.0.0.1:7000,10.0.0.2:7001/");
+        assert_eq!(cluster_nodes("redis://10.0.0.1:6379/"), None);
+        assert_eq!(cluster_nodes("redis+cluster:///"), Some(vec![]));
+        let e = RedisMeta::connect("redis+cluster:///", "t").err().unwrap().to_string();
+        assert!(e.contains("no host:port"), "{e}");
+        let e = RedisMeta::connect("redis+cluster://127.0.0.1:1/2", "t").err().unwrap().to_string();
+        assert!(e.contains("database 0 only"), "{e}");
     }
 }

@@ -27,7 +27,8 @@ pub struct Args {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
-    /// Metadata store (Redis URL: redis://HOST:PORT/ or, with TLS, rediss://).
+    /// Metadata store (Redis URL: redis://HOST:PORT/ or, with TLS, rediss://;
+    /// a Redis Cluster: redis+cluster://HOST:PORT,HOST:PORT,.../).
     /// Put no password in it on the command line (every user sees it in `ps`):
     /// use --redis-password-file, or SURGE_BB_REDIS in the environment.
     #[arg(long, env = "SURGE_BB_REDIS", default_value = "redis://127.0.0.1:6379/")]
@@ -329,6 +330,11 @@ pub enum Action {
         /// metadata (owners and modes of every file included).
         #[arg(long)]
         no_auth: bool,
+        /// A Redis Cluster of N masters instead (N >= 3; no replicas), on
+        /// ports PORT..PORT+N-1, cluster bus on each port + 10000, files in
+        /// DIR/node-I. Prints the redis+cluster:// URL to give --redis.
+        #[arg(long, value_name = "N")]
+        cluster: Option<usize>,
     },
 }
 
@@ -607,14 +613,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("imported {n} objects");
             Ok(())
         }
-        Action::Redis { dir, port, no_auth } => {
+        Action::Redis { dir, port, no_auth, cluster } => {
             let stop = stop_flag()?;
-            let _r = if no_auth {
-                surge_bb::local::LocalRedis::start(&dir, port)?
-            } else {
-                surge_bb::local::LocalRedis::start_secured(&dir, port)?
-            };
-            println!("redis://127.0.0.1:{port}/");
+            // Either server stops with this process (Drop kills it).
+            let _single;
+            let _cluster;
+            match cluster {
+                Some(n) => {
+                    let ports = cluster_ports(port, n)?;
+                    let c = surge_bb::local::LocalCluster::start(&dir, &ports, !no_auth)?;
+                    println!("{}", c.url());
+                    _cluster = c;
+                }
+                None => {
+                    _single = if no_auth {
+                        surge_bb::local::LocalRedis::start(&dir, port)?
+                    } else {
+                        surge_bb::local::LocalRedis::start_secured(&dir, port)?
+                    };
+                    println!("redis://127.0.0.1:{port}/");
+                }
+            }
             if !no_auth {
                 let pw = surge_bb::local::password_file(&dir);
                 println!("export SURGE_BB_REDIS_USER={} SURGE_BB_REDIS_PASSWORD_FILE={}", surge_bb::local::ACL_USER, pw.display());
@@ -623,6 +642,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `surge bb redis --cluster N --port P`: masters on P..P+N-1, each with
+/// its cluster bus 10000 above (Redis's own convention).
+fn cluster_ports(port: u16, n: usize) -> anyhow::Result<Vec<(u16, u16)>> {
+    anyhow::ensure!(n >= 3, "--cluster {n}: a Redis Cluster needs at least 3 masters");
+    (0..n)
+        .map(|i| {
+            let p = (port as usize + i).try_into().ok().filter(|p: &u16| p.checked_add(10000).is_some());
+            let p = p.ok_or_else(|| anyhow::anyhow!("--port {port} --cluster {n}: port {} or its bus port (+10000) is past 65535", port as usize + i))?;
+            Ok((p, p + 10000))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -634,6 +666,15 @@ mod tests {
     struct T {
         #[command(flatten)]
         c: Common,
+    }
+
+    #[test]
+    fn a_local_cluster_takes_consecutive_ports_with_buses_10000_above_and_at_least_3_masters() {
+        assert_eq!(cluster_ports(7000, 3).unwrap(), vec![(7000, 17000), (7001, 17001), (7002, 17002)]);
+        let e = cluster_ports(7000, 2).unwrap_err().to_string();
+        assert!(e.contains("at least 3 masters"), "{e}");
+        let e = cluster_ports(55_534, 3).unwrap_err().to_string();
+        assert!(e.contains("past 65535"), "{e}");
     }
 
     // Issue 38 item 2: the nodes a pool starts must not get the Redis URL

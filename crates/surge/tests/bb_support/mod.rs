@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use surge_bb::local::LocalRedis;
+use surge_bb::local::{LocalCluster, LocalRedis};
 use surge_bb::s3::{S3Config, S3};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_surge");
@@ -142,11 +142,59 @@ impl Drop for Mount {
     }
 }
 
+/// The metadata's server: a single Redis (open), or a Redis Cluster of 3
+/// masters secured as `surge bb redis --cluster 3` makes it.
+pub enum Meta {
+    Single(LocalRedis),
+    Cluster(LocalCluster),
+}
+
+impl Meta {
+    pub fn url(&self) -> String {
+        match self {
+            Meta::Single(r) => r.url(),
+            Meta::Cluster(c) => c.url(),
+        }
+    }
+
+    pub fn auth(&self) -> surge_bb::meta::redis::RedisAuth {
+        match self {
+            Meta::Single(r) => r.auth(),
+            Meta::Cluster(c) => c.auth(),
+        }
+    }
+
+    /// What `surge bb` commands need to log in.
+    pub fn login_args(&self) -> Vec<String> {
+        match self {
+            Meta::Single(_) => vec![],
+            Meta::Cluster(c) => vec![
+                "--redis-user".into(),
+                surge_bb::local::ACL_USER.into(),
+                "--redis-password-file".into(),
+                surge_bb::local::password_file(&c.dir).display().to_string(),
+            ],
+        }
+    }
+
+    /// Kills (SIGKILL) and starts again the server, or on a cluster the
+    /// master holding file system `default`.
+    pub fn restart(&mut self) -> Result<(), String> {
+        match self {
+            Meta::Single(r) => r.restart().map_err(|e| e.to_string()),
+            Meta::Cluster(c) => {
+                let owner = c.owner_of("bb:{default}:meta").ok_or("no master serves file system default")?;
+                c.restart(owner).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
 /// A burst buffer on loopback: Redis, a bucket on the shared moto server,
 /// nodes and mounts.
 pub struct Bb {
     pub dir: tempfile::TempDir,
-    pub redis: LocalRedis,
+    pub redis: Meta,
     pub bucket: String,
     pub endpoint: String,
     pub chunk_size: String,
@@ -171,17 +219,32 @@ impl Bb {
             }),
             replicas: 2,
             chunk_size: 256 << 10,
-            access: Default::default(),
+            access: surge_bb::tier::Access { redis: self.redis.auth(), ..Default::default() },
         }
         .open()
         .unwrap()
     }
 
     pub fn new(name: &str, chunk_size: &str) -> Bb {
+        Self::new_on(name, chunk_size, false)
+    }
+
+    /// With the metadata on a 3-master Redis Cluster (`name` as for a
+    /// single Redis: the bucket is named after it).
+    pub fn on_cluster(name: &str, chunk_size: &str) -> Bb {
+        Self::new_on(&format!("{name}-cluster"), chunk_size, true)
+    }
+
+    fn new_on(name: &str, chunk_size: &str, cluster: bool) -> Bb {
         require("redis-server");
         require("fusermount3");
         let dir = tempfile::tempdir().unwrap();
-        let redis = LocalRedis::start(&dir.path().join("redis"), free_port()).unwrap();
+        let redis = if cluster {
+            require("redis-cli");
+            Meta::Cluster(LocalCluster::start_free(&dir.path().join("cluster"), 3, true).unwrap())
+        } else {
+            Meta::Single(LocalRedis::start(&dir.path().join("redis"), free_port()).unwrap())
+        };
         let endpoint = s3_endpoint().to_string();
         let bucket = format!("bb-{name}-{}", std::process::id());
         create_bucket(&endpoint, &bucket);
@@ -189,7 +252,7 @@ impl Bb {
     }
 
     pub fn common(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             "--redis".into(),
             self.redis.url(),
             "--bucket".into(),
@@ -202,7 +265,9 @@ impl Bb {
             self.replicas.to_string(),
             "--membership".into(),
             self.membership.clone(),
-        ]
+        ];
+        args.extend(self.redis.login_args());
+        args
     }
 
     pub fn cmd(&self) -> Command {
