@@ -62,7 +62,9 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let quiet = matches!(cli.command, Command::Experiment(_) | Command::Top(_));
+    // Simulations run the policies on virtual time: their decisions are in
+    // the printed table, not in log lines stamped with wall-clock time.
+    let quiet = matches!(cli.command, Command::Experiment(_) | Command::Top(_) | Command::Plan(_) | Command::Sim(_));
     logging::init(cli.log.as_deref(), cli.log_format, quiet);
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),

@@ -124,18 +124,63 @@ impl Shape {
 /// An open sequential run: the next I/O starting at `end` continues it, and
 /// `paid` bytes after `end` are already charged (the rest of the merged op).
 #[derive(Debug, Clone, Copy)]
-struct Run {
+struct Run<T> {
     end: u64,
     paid: u64,
-    done: Duration,
+    tag: T,
 }
 
 /// Sequential runs remembered per device (several streams interleave).
 const RUNS: usize = 64;
 
+/// EBS's merging of physically sequential I/O ([`Shape::merge_sequential`]):
+/// the runs recently issued to one volume, each with what its merged
+/// operation already paid past its end. The scheduler tags a run with its
+/// completion (an I/O continuing it completes no earlier); a meter that only
+/// counts operations tags it with nothing.
+#[derive(Debug, Clone)]
+pub struct SeqMerge<T = ()> {
+    runs: std::collections::VecDeque<Run<T>>,
+}
+
+impl<T> Default for SeqMerge<T> {
+    fn default() -> Self {
+        SeqMerge { runs: std::collections::VecDeque::new() }
+    }
+}
+
+impl<T: Copy> SeqMerge<T> {
+    /// Charges an I/O of `bytes` at `offset` on `shape`: only what the merged
+    /// operation it continues does not already cover (bytes in full where
+    /// they are charged exactly). `tag_of` gets the charge and the continued
+    /// run's tag and returns this I/O's, which is remembered and returned.
+    pub fn charge_with(&mut self, shape: &Shape, offset: u64, bytes: u64, tag_of: impl FnOnce(Charge, Option<T>) -> T) -> T {
+        let run = self.runs.iter().position(|r| r.end == offset).and_then(|i| self.runs.remove(i));
+        let paid = run.map_or(0, |r| r.paid.min(bytes));
+        let extra = bytes - paid;
+        let exact_bytes = shape.byte_unit <= 1;
+        let (c, left) = if extra == 0 {
+            // Inside the merged operation: no operation; bytes only where
+            // they are not charged in whole units (those units are paid).
+            (Charge { ops: 0, bytes: if exact_bytes { bytes } else { 0 } }, run.map_or(0, |r| r.paid) - bytes)
+        } else {
+            let mut c = shape.charge(extra);
+            let covered = c.bytes.max(c.ops * shape.op_size.unwrap_or(0));
+            if exact_bytes {
+                c.bytes = bytes;
+            }
+            (c, covered - extra)
+        };
+        let tag = tag_of(c, run.map(|r| r.tag));
+        self.runs.push_front(Run { end: offset + bytes, paid: left, tag });
+        self.runs.truncate(RUNS);
+        tag
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Scheduler {
-    runs: std::collections::VecDeque<Run>,
+    merge: SeqMerge<Duration>,
     shape: Shape,
     iops: Option<Bucket>,
     bps: Option<Bucket>,
@@ -155,7 +200,7 @@ impl Scheduler {
     pub fn new(shape: Shape, now: Duration) -> Self {
         let now = ns(now);
         Scheduler {
-            runs: std::collections::VecDeque::new(),
+            merge: SeqMerge::default(),
             iops: shape.iops.map(|r| Bucket::new(r, RATE_CAP, RATE_CAP, now)),
             bps: shape.bps.map(|r| Bucket::new(r, shape.byte_cap(), shape.byte_cap(), now)),
             op_credits: credit_bucket(&shape.op_credits, now),
@@ -204,29 +249,10 @@ impl Scheduler {
         if !self.shape.merge_sequential || bytes == 0 {
             return self.reserve(now, kind, bytes);
         }
-        let run = self.runs.iter().position(|r| r.end == offset).and_then(|i| self.runs.remove(i));
-        let (paid, after) = match run {
-            Some(r) => (r.paid.min(bytes), Some(r.done)),
-            None => (0, None),
-        };
-        let extra = bytes - paid;
-        let exact_bytes = self.shape.byte_unit <= 1;
-        let (done, covered) = if extra == 0 {
-            // Inside the merged operation: no operation; bytes only where
-            // they are not charged in whole units (those units are paid).
-            let c = Charge { ops: 0, bytes: if exact_bytes { bytes } else { 0 } };
-            (self.reserve_charge(now, c).max(after.unwrap_or_default()), 0)
-        } else {
-            let mut c = self.shape.charge(extra);
-            let covered = c.bytes.max(c.ops * self.shape.op_size.unwrap_or(0));
-            if exact_bytes {
-                c.bytes = bytes;
-            }
-            (self.reserve_charge(now, c).max(after.unwrap_or_default()), covered - extra)
-        };
-        let left = if extra == 0 { run.map_or(0, |r| r.paid) - bytes } else { covered };
-        self.runs.push_front(Run { end: offset + bytes, paid: left, done });
-        self.runs.truncate(RUNS);
+        let mut merge = std::mem::take(&mut self.merge);
+        let shape = self.shape.clone();
+        let done = merge.charge_with(&shape, offset, bytes, |c, after| self.reserve_charge(now, c).max(after.unwrap_or_default()));
+        self.merge = merge;
         done
     }
 

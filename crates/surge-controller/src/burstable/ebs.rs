@@ -1,7 +1,8 @@
 //! What a burstable stripe needs on a real cloud (EBS) beyond the local one:
 //!
 //! - [`Metered`]: every member's device counts the operations surge issues
-//!   to it (EBS's way: one per 256 KiB or part), for the credit model;
+//!   to it (EBS's way: one per 256 KiB or part, physically sequential I/O
+//!   merged as the volume model merges it), for the credit model;
 //! - [`SampledCredits`]: per member, `surge_policy::credits::CreditEstimator`
 //!   fed with those counts and CloudWatch's lagging points; what the policy
 //!   sees, and which source it trusted, for `surge status`;
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use surge_block::model::{CreditBalance, Shape};
+use surge_block::model::{CreditBalance, SeqMerge, Shape};
 use surge_block::{BlockDev, Caps, Extent, ZeroMode};
 use surge_cloud::{CloudError, CreateRequest, CostReport, Provider, VolumeInfo, VolumeSpec};
 use surge_policy::credits::{Bucket, CreditEstimator, Estimate};
@@ -21,12 +22,26 @@ use surge_policy::credits::{Bucket, CreditEstimator, Estimate};
 pub struct Metered {
     inner: Arc<dyn BlockDev>,
     shape: Shape,
+    merge: Mutex<SeqMerge>,
     ops: Arc<AtomicU64>,
 }
 
 impl Metered {
-    fn count(&self, len: u64) {
-        self.ops.fetch_add(self.shape.charge(len).ops, Relaxed);
+    fn new(inner: Arc<dyn BlockDev>, shape: Shape, ops: Arc<AtomicU64>) -> Self {
+        Metered { inner, shape, merge: Mutex::default(), ops }
+    }
+
+    /// EBS's count: sequential pieces of one merged operation are one, so
+    /// the estimate spends credits as the volume does.
+    fn count(&self, offset: u64, len: u64) {
+        let ops = if self.shape.merge_sequential && len > 0 {
+            let mut ops = 0;
+            self.merge.lock().charge_with(&self.shape, offset, len, |c, _| ops = c.ops);
+            ops
+        } else {
+            self.shape.charge(len).ops
+        };
+        self.ops.fetch_add(ops, Relaxed);
     }
 }
 
@@ -38,11 +53,11 @@ impl BlockDev for Metered {
         self.inner.caps()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> surge_block::Result<()> {
-        self.count(buf.len() as u64);
+        self.count(offset, buf.len() as u64);
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> surge_block::Result<()> {
-        self.count(buf.len() as u64);
+        self.count(offset, buf.len() as u64);
         self.inner.write_at(buf, offset, fua)
     }
     fn flush(&self) -> surge_block::Result<()> {
@@ -52,7 +67,7 @@ impl BlockDev for Metered {
         self.inner.discard(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> surge_block::Result<()> {
-        self.count(len);
+        self.count(offset, len);
         self.inner.write_zeroes(offset, len, mode)
     }
     fn block_status(&self, offset: u64, len: u64) -> surge_block::Result<Vec<Extent>> {
@@ -102,7 +117,7 @@ impl Provider for MeteredProvider {
         let dev = self.inner.attach(id)?;
         let shape = self.inner.describe(id).ok().and_then(|v| v.spec.parse::<VolumeSpec>().ok()).and_then(|s| s.shape().ok()).unwrap_or_default();
         let ops = self.meters.lock().ops.entry(id.to_string()).or_default().clone();
-        Ok(Arc::new(Metered { inner: dev, shape, ops }))
+        Ok(Arc::new(Metered::new(dev, shape, ops)))
     }
     fn detach(&self, id: &str) -> Result<(), CloudError> {
         self.inner.detach(id)
@@ -261,21 +276,26 @@ mod tests {
         let dev = mp.attach(&v.id).unwrap();
         let sc = SampledCredits::new(mp.clone(), &spec, Duration::ZERO, Duration::from_secs(60));
         assert_eq!(sc.observe(&v.id, Duration::ZERO).ops, Some(5_400_000), "created here: full");
-        // 1,000 writes of 4 KiB and one of 1 MiB (4 operations of 256 KiB).
+        // 1,000 writes of 4 KiB a page apart (1,000 operations), 64 of 4 KiB
+        // back to back (merged: one of 256 KiB, as EBS counts them) and one
+        // of 1 MiB (4 of 256 KiB).
         for i in 0..1000 {
-            dev.write_at(&[1u8; 4096], i * 4096, false).unwrap();
+            dev.write_at(&[1u8; 4096], i * 8192, false).unwrap();
+        }
+        for j in 0..64 {
+            dev.write_at(&[3u8; 4096], (32 << 20) + j * 4096, false).unwrap();
         }
         dev.write_at(&vec![2u8; 1 << 20], 64 << 20, false).unwrap();
-        assert_eq!(mp.issued(&v.id), 1004);
+        assert_eq!(mp.issued(&v.id), 1005);
         let c = sc.observe(&v.id, Duration::from_secs(1));
-        assert_eq!(c.ops, Some(5_400_000 - 1004 + 100), "one second of a 10 GiB gp2's baseline refill (100/s; the bucket was full at 0)");
+        assert_eq!(c.ops, Some(5_400_000 - 1005 + 100), "one second of a 10 GiB gp2's baseline refill (100/s; the bucket was full at 0)");
         assert_eq!(sc.estimate(&v.id).unwrap().source, surge_policy::credits::Source::Model);
         // CloudWatch: 50 % at t = 0, seen at t = 300 s.
         let epoch = sc.epoch_unix_ms;
         inner.points.lock().insert(v.id.clone(), surge_cloud::CreditSample { at_unix_ms: epoch, percent: 50.0 });
         let c = sc.observe(&v.id, Duration::from_secs(300));
         assert_eq!(sc.estimate(&v.id).unwrap().source, surge_policy::credits::Source::Cloudwatch);
-        assert_eq!(c.ops, Some(2_700_000 - 1004 + 300 * 100));
+        assert_eq!(c.ops, Some(2_700_000 - 1005 + 300 * 100));
     }
 
     #[test]
