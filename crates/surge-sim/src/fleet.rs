@@ -277,9 +277,9 @@ enum Ev {
 struct Vm {
     start_s: f64,
     end_s: f64,
-    /// Calls left of the provisioning (or teardown) sequence, and when the first was tried.
+    /// Calls left of the provisioning (or teardown) sequence, and when the
+    /// current one was first tried.
     setup: Vec<Api>,
-    setup_first_s: f64,
     call_first_s: f64,
     iter_start_s: f64,
     /// This iteration runs on the base spec (its raise was not made).
@@ -367,7 +367,7 @@ impl<'a> Sim<'a> {
                     self.at(now, Ev::Setup { vm, attempt: 1 });
                 } else if !v.stopping {
                     v.attached = true;
-                    self.max_start_delay_s = self.max_start_delay_s.max(now - v.setup_first_s);
+                    self.max_start_delay_s = self.max_start_delay_s.max(now - v.start_s);
                     self.at(now, Ev::IterationStart { vm });
                 }
             }
@@ -559,7 +559,7 @@ fn run_candidate(r: &Row, tp: &Template, offsets: &[f64], o: &FleetOptions, usd_
         lowers_not_made: 0,
     };
     for (i, &off) in offsets.iter().enumerate() {
-        let vm = Vm { start_s: off, end_s: off + span, setup: setup.clone(), setup_first_s: off, call_first_s: off, iter_start_s: off, on_base: false, modified: Vec::new(), iterations: 0.0, storage_usd: 0.0, attached: false, stopping: false };
+        let vm = Vm { start_s: off, end_s: off + span, setup: setup.clone(), call_first_s: off, iter_start_s: off, on_base: false, modified: Vec::new(), iterations: 0.0, storage_usd: 0.0, attached: false, stopping: false };
         sim.vms.push(vm);
         sim.at(off, Ev::Setup { vm: i as u32, attempt: 1 });
         sim.at(off + span, Ev::Stop { vm: i as u32 });

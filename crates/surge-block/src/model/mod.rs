@@ -24,7 +24,7 @@ mod types;
 
 pub use bucket::Bucket;
 pub use scale::Scale;
-pub use sched::{Charge, CreditBalance, Credits, IoKind, Scheduler, SeqMerge, Shape};
+pub use sched::{Charge, CreditBalance, Credits, IoKind, Merged, Scheduler, SeqMerge, Shape};
 pub use types::{azure_tier, with_latency, ModelError, VolumeModel, GIB, GP2_BURST_IOPS, GP2_CREDITS, KIB, MB, MIB, SSD_OP, TIB};
 
 use crate::clock::Clock;

@@ -149,17 +149,26 @@ impl<T> Default for SeqMerge<T> {
     }
 }
 
+/// One I/O's charge under [`SeqMerge`], to be remembered once its tag is known.
+#[derive(Debug, Clone, Copy)]
+pub struct Merged<T> {
+    pub charge: Charge,
+    /// The tag of the run it continues, if it continues one.
+    pub after: Option<T>,
+    end: u64,
+    paid: u64,
+}
+
 impl<T: Copy> SeqMerge<T> {
     /// Charges an I/O of `bytes` at `offset` on `shape`: only what the merged
     /// operation it continues does not already cover (bytes in full where
-    /// they are charged exactly). `tag_of` gets the charge and the continued
-    /// run's tag and returns this I/O's, which is remembered and returned.
-    pub fn charge_with(&mut self, shape: &Shape, offset: u64, bytes: u64, tag_of: impl FnOnce(Charge, Option<T>) -> T) -> T {
+    /// they are charged exactly). [`SeqMerge::remember`] then keeps it as a run.
+    pub fn charge(&mut self, shape: &Shape, offset: u64, bytes: u64) -> Merged<T> {
         let run = self.runs.iter().position(|r| r.end == offset).and_then(|i| self.runs.remove(i));
         let paid = run.map_or(0, |r| r.paid.min(bytes));
         let extra = bytes - paid;
         let exact_bytes = shape.byte_unit <= 1;
-        let (c, left) = if extra == 0 {
+        let (charge, left) = if extra == 0 {
             // Inside the merged operation: no operation; bytes only where
             // they are not charged in whole units (those units are paid).
             (Charge { ops: 0, bytes: if exact_bytes { bytes } else { 0 } }, run.map_or(0, |r| r.paid) - bytes)
@@ -171,10 +180,13 @@ impl<T: Copy> SeqMerge<T> {
             }
             (c, covered - extra)
         };
-        let tag = tag_of(c, run.map(|r| r.tag));
-        self.runs.push_front(Run { end: offset + bytes, paid: left, tag });
+        Merged { charge, after: run.map(|r| r.tag), end: offset + bytes, paid: left }
+    }
+
+    /// Keeps `m` as an open run tagged `tag`.
+    pub fn remember(&mut self, m: Merged<T>, tag: T) {
+        self.runs.push_front(Run { end: m.end, paid: m.paid, tag });
         self.runs.truncate(RUNS);
-        tag
     }
 }
 
@@ -249,10 +261,9 @@ impl Scheduler {
         if !self.shape.merge_sequential || bytes == 0 {
             return self.reserve(now, kind, bytes);
         }
-        let mut merge = std::mem::take(&mut self.merge);
-        let shape = self.shape.clone();
-        let done = merge.charge_with(&shape, offset, bytes, |c, after| self.reserve_charge(now, c).max(after.unwrap_or_default()));
-        self.merge = merge;
+        let m = self.merge.charge(&self.shape, offset, bytes);
+        let done = self.reserve_charge(now, m.charge).max(m.after.unwrap_or_default());
+        self.merge.remember(m, done);
         done
     }
 

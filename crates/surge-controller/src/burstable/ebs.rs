@@ -35,9 +35,10 @@ impl Metered {
     /// the estimate spends credits as the volume does.
     fn count(&self, offset: u64, len: u64) {
         let ops = if self.shape.merge_sequential && len > 0 {
-            let mut ops = 0;
-            self.merge.lock().charge_with(&self.shape, offset, len, |c, _| ops = c.ops);
-            ops
+            let mut merge = self.merge.lock();
+            let m = merge.charge(&self.shape, offset, len);
+            merge.remember(m, ());
+            m.charge.ops
         } else {
             self.shape.charge(len).ops
         };
