@@ -8,4 +8,5 @@ pub mod elastic;
 pub mod progress;
 pub mod stat;
 pub mod streaming;
+pub mod topology;
 pub mod elastic_priced;
