@@ -54,6 +54,8 @@ pub enum LocalRedisError {
 
 pub struct LocalRedis {
     pub port: u16,
+    /// The address it listens on (127.0.0.1 unless [`LocalRedis::start_secured_on`]).
+    pub bind: std::net::IpAddr,
     pub dir: PathBuf,
     /// With [`LocalRedis::start_secured`]: the password of user [`ACL_USER`].
     password: Option<String>,
@@ -64,6 +66,8 @@ pub struct LocalRedis {
 
 /// The ACL user [`LocalRedis::start_secured`] makes (the default user is off).
 pub const ACL_USER: &str = "surge";
+
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 /// Where [`LocalRedis::start_secured`] keeps the password (mode 0600).
 pub fn password_file(dir: &Path) -> PathBuf {
@@ -76,7 +80,7 @@ impl LocalRedis {
     /// the metadata (tests, and `surge bb redis --no-auth`).
     pub fn start(dir: &Path, port: u16) -> Result<LocalRedis, LocalRedisError> {
         std::fs::create_dir_all(dir).map_err(LocalRedisError::Spawn)?;
-        let mut r = LocalRedis { port, dir: dir.to_path_buf(), password: None, cluster_bus: None, child: None };
+        let mut r = LocalRedis { port, bind: LOOPBACK, dir: dir.to_path_buf(), password: None, cluster_bus: None, child: None };
         r.spawn()?;
         Ok(r)
     }
@@ -86,7 +90,14 @@ impl LocalRedis {
     /// across restarts). The ACL file holds its SHA-256, never the password,
     /// and no password is ever on redis-server's command line.
     pub fn start_secured(dir: &Path, port: u16) -> Result<LocalRedis, LocalRedisError> {
+        Self::start_secured_on(dir, LOOPBACK, port)
+    }
+
+    /// [`LocalRedis::start_secured`] listening on `bind` (another machine's
+    /// clients reach it there; only the ACL user with its password gets in).
+    pub fn start_secured_on(dir: &Path, bind: std::net::IpAddr, port: u16) -> Result<LocalRedis, LocalRedisError> {
         let mut r = Self::secured(dir, port)?;
+        r.bind = bind;
         r.spawn()?;
         Ok(r)
     }
@@ -108,7 +119,7 @@ impl LocalRedis {
         // default user without them drops every script's writes (a
         // MULTI/EXEC in the file) at a restart.
         write_private(&dir.join("users.acl"), format!("user default off ~* &* +@all\nuser {ACL_USER} on #{hex} ~* &* +@all\n").as_bytes()).map_err(LocalRedisError::Spawn)?;
-        Ok(LocalRedis { port, dir: dir.to_path_buf(), password: Some(password), cluster_bus: None, child: None })
+        Ok(LocalRedis { port, bind: LOOPBACK, dir: dir.to_path_buf(), password: Some(password), cluster_bus: None, child: None })
     }
 
     /// How clients log in (nothing for an open server).
@@ -117,13 +128,13 @@ impl LocalRedis {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        format!("redis://{}:{}/", self.bind, self.port)
     }
 
     fn spawn(&mut self) -> Result<(), LocalRedisError> {
         let log = self.dir.join("redis.log");
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--appendonly", "yes", "--appendfsync", "always"]);
+        cmd.args(["--bind", &self.bind.to_string(), "--port", &self.port.to_string(), "--appendonly", "yes", "--appendfsync", "always"]);
         match self.password {
             Some(_) => cmd.args(["--save", "", "--protected-mode", "yes", "--daemonize", "no", "--aclfile"]).arg(self.dir.join("users.acl")),
             None => cmd.args(["--save", "", "--protected-mode", "no", "--daemonize", "no"]),
@@ -146,7 +157,7 @@ impl LocalRedis {
         self.child = Some(child);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+            if let Ok(mut s) = std::net::TcpStream::connect((self.bind, self.port)) {
                 use std::io::{Read, Write};
                 let mut hello = Vec::new();
                 if let Some(p) = &self.password {
@@ -262,7 +273,7 @@ impl LocalCluster {
                     write_private(&password_file(&ndir), format!("{p}\n").as_bytes()).map_err(LocalRedisError::Spawn)?;
                     LocalRedis::secured(&ndir, port)?
                 }
-                None => LocalRedis { port, dir: ndir, password: None, cluster_bus: None, child: None },
+                None => LocalRedis { port, bind: LOOPBACK, dir: ndir, password: None, cluster_bus: None, child: None },
             };
             r.cluster_bus = Some(bus);
             nodes.push(r);

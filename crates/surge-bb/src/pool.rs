@@ -63,10 +63,12 @@ pub trait NodeProvider: Send {
     fn running(&mut self, addr: &str) -> bool;
 }
 
-/// `surge bb node` processes on this machine, listening on 127.0.0.1:0.
+/// `surge bb node` processes on this machine, listening on a port of their
+/// own at `listen_ip` (127.0.0.1 unless [`LocalNodes::listening_on`]).
 pub struct LocalNodes {
     pub program: PathBuf,
-    /// Arguments after `bb node --listen 127.0.0.1:0` (memory, bucket...):
+    pub listen_ip: std::net::IpAddr,
+    /// Arguments after `bb node --listen IP:0` (memory, bucket...):
     /// every user of the machine can read them (`ps`), so no secret goes here.
     pub args: Vec<String>,
     /// Environment of the nodes (what must not be in `args`: the Redis URL,
@@ -77,7 +79,14 @@ pub struct LocalNodes {
 
 impl LocalNodes {
     pub fn new(program: PathBuf, args: Vec<String>) -> LocalNodes {
-        LocalNodes { program, args, env: Vec::new(), children: BTreeMap::new() }
+        LocalNodes { program, listen_ip: std::net::Ipv4Addr::LOCALHOST.into(), args, env: Vec::new(), children: BTreeMap::new() }
+    }
+
+    /// Nodes listen on `ip` (an address of this machine other clients reach;
+    /// off loopback a node needs TLS or `--insecure` among `args`).
+    pub fn listening_on(mut self, ip: std::net::IpAddr) -> LocalNodes {
+        self.listen_ip = ip;
+        self
     }
 
     /// Sets variables in the nodes' environment.
@@ -90,7 +99,7 @@ impl LocalNodes {
 impl NodeProvider for LocalNodes {
     fn start(&mut self) -> Result<String, PoolError> {
         let mut child = Command::new(&self.program)
-            .args(["bb", "node", "--listen", "127.0.0.1:0"])
+            .args(["bb", "node", "--listen", &std::net::SocketAddr::new(self.listen_ip, 0).to_string()])
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())

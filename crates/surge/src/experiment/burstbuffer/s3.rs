@@ -2,26 +2,15 @@
 //! CI uses), and the S3 requests each file system made, counted from its
 //! request log (one line per request, each file system has its own bucket).
 
-use crate::experiment::streaming::link::Link;
+use super::machines::{self, Machines};
 use crate::experiment::streaming::proc::{self, Proc};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 pub struct S3Server {
     pub endpoint: String,
     log: PathBuf,
     _proc: Proc,
-    /// Declared last: the namespace goes after the server in it.
-    _link: Option<Link>,
-}
-
-/// The emulated network path to S3: a rate (tc tbf on a veth pair into the
-/// S3 server's own network namespace) and a one-way delay each way.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct LinkSpec {
-    pub rate_mbit: u64,
-    pub delay_ms: u64,
 }
 
 /// Requests to one bucket, by S3's price classes.
@@ -37,29 +26,17 @@ impl S3Server {
     pub const KEY: &'static str = "test";
     pub const SECRET: &'static str = "test";
 
-    /// moto on loopback, or (with `link`) in a network namespace of its own
-    /// behind an emulated link, reached through the link's delay line.
-    pub fn start(dir: &Path, link: Option<LinkSpec>) -> anyhow::Result<S3Server> {
+    /// moto on the S3 machine (its address, port 5000), or on loopback.
+    pub fn start(dir: &Path, machines: &Machines) -> anyhow::Result<S3Server> {
         let log = dir.join("moto.log");
-        let Some(spec) = link else {
-            let port = surge_bb::local::free_port()?;
-            let mut cmd = Command::new("moto_server");
-            cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
-            let mut p = Proc::spawn("moto_server", &mut cmd, &log)?;
-            proc::wait_until("moto_server", Duration::from_secs(30), || p.check_alive().is_ok() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())?;
-            p.check_alive()?;
-            return Ok(S3Server { endpoint: format!("http://127.0.0.1:{port}"), log, _proc: p, _link: None });
-        };
-        let mut link = Link::up(std::process::id(), spec.rate_mbit, Duration::from_millis(spec.delay_ms))?;
-        let port = 5000;
-        let mut cmd = link.in_storage("moto_server");
-        cmd.args(["-H", &link.storage_ip, "-p", &port.to_string()]);
+        let ip = machines.ip(machines::S3);
+        let port = if machines.topology().is_some() { 5000 } else { surge_bb::local::free_port()? };
+        let mut cmd = machines.command(machines::S3, "moto_server");
+        cmd.args(["-H", &ip, "-p", &port.to_string()]);
         let mut p = Proc::spawn("moto_server", &mut cmd, &log)?;
-        let ip = link.storage_ip.clone();
         proc::wait_until("moto_server", Duration::from_secs(30), || p.check_alive().is_ok() && std::net::TcpStream::connect((ip.as_str(), port)).is_ok())?;
         p.check_alive()?;
-        let addr = link.relay_to(port)?;
-        Ok(S3Server { endpoint: format!("http://{addr}"), log, _proc: p, _link: Some(link) })
+        Ok(S3Server { endpoint: format!("http://{ip}:{port}"), log, _proc: p })
     }
 
     /// Environment for surge and boto3 clients.

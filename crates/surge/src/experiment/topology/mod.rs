@@ -30,7 +30,6 @@ pub struct Topology {
     switch: Option<Switch>,
     roles: Vec<Role>,
     host_if: String,
-    host_ip: Ipv4Addr,
 }
 
 /// The host's end never limits: it carries control traffic only.
@@ -49,10 +48,11 @@ impl Topology {
         let id = id % 10_000;
         let subnet = format!("10.219.{}", id % 250);
         let host_if = format!("sb{id}h");
-        let mut t = Topology { switch: None, roles: Vec::new(), host_if: host_if.clone(), host_ip: format!("{subnet}.1").parse()? };
+        let host_ip: Ipv4Addr = format!("{subnet}.1").parse()?;
+        let mut t = Topology { switch: None, roles: Vec::new(), host_if: host_if.clone() };
         // Left over by a run of the same id that was killed.
         let _ = Command::new("ip").args(["link", "del", &host_if]).stderr(std::process::Stdio::null()).status();
-        run(&format!("ip link add {host_if} type veth peer name {host_if}p && ip addr add {}/24 dev {host_if} && ip link set {host_if} up && ip link set {host_if}p up", t.host_ip))?;
+        run(&format!("ip link add {host_if} type veth peer name {host_if}p && ip addr add {host_ip}/24 dev {host_if} && ip link set {host_if} up && ip link set {host_if}p up"))?;
         let mut ports = vec![(format!("{host_if}p"), HOST)];
         for (i, (name, link)) in roles.iter().enumerate() {
             let ns = format!("surge-bb{id}-{name}");
@@ -83,11 +83,6 @@ impl Topology {
 
     pub fn ip(&self, name: &str) -> Ipv4Addr {
         self.role(name).ip
-    }
-
-    /// The experiment process's own address (the unshaped control port).
-    pub fn host_ip(&self) -> Ipv4Addr {
-        self.host_ip
     }
 
     /// `program` run on machine `name`: in its network namespace only, so

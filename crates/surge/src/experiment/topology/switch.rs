@@ -36,7 +36,8 @@ pub struct PortSpec {
     pub rate_mbit: u64,
     /// One-way delay of this link; a frame pays its source's and its destination's.
     pub delay_us: u64,
-    /// Each peer's traffic with this port, each way, at most this (0: not limited).
+    /// Each connection with this port, each way, at most this (0: not
+    /// limited): S3 serves every connection at its own rate.
     pub per_peer_mbit: u64,
 }
 
@@ -65,8 +66,8 @@ struct Links {
     mac: HashMap<[u8; 6], usize>,
     up_free: Vec<Instant>,
     down_free: Vec<Instant>,
-    /// (from, to) pairs limited by a per-peer rate.
-    path_free: HashMap<(usize, usize), Instant>,
+    /// Connections (from, to, flow) limited by a per-connection rate.
+    path_free: HashMap<(usize, usize, u32), Instant>,
 }
 
 struct Shared {
@@ -77,6 +78,7 @@ struct Shared {
     seq: AtomicU64,
     forwarded: AtomicU64,
     dropped: AtomicU64,
+    send_errors: AtomicU64,
 }
 
 pub struct Switch {
@@ -84,11 +86,26 @@ pub struct Switch {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-/// Frames forwarded and dropped (queue full) so far.
+/// Frames forwarded, dropped (a queue full) and refused by the kernel so far.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Counters {
     pub forwarded: u64,
     pub dropped: u64,
+    pub send_errors: u64,
+}
+
+/// A TCP or UDP frame's connection (its two ports; 0 for anything else),
+/// from the Ethernet frame `eth`.
+fn flow(eth: &[u8]) -> u32 {
+    if eth.len() < 14 + 20 || eth[12..14] != [0x08, 0x00] {
+        return 0;
+    }
+    let ip = &eth[14..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if !matches!(ip[9], 6 | 17) || ip.len() < ihl + 4 {
+        return 0;
+    }
+    u32::from_be_bytes(ip[ihl..ihl + 4].try_into().expect("4"))
 }
 
 fn packet_socket(ifname: &str) -> anyhow::Result<OwnedFd> {
@@ -134,7 +151,16 @@ impl Switch {
         let n = ps.len();
         let links = Links { mac: HashMap::new(), up_free: vec![now; n], down_free: vec![now; n], path_free: HashMap::new() };
         let specs = ps.iter().map(|p| p.spec).collect();
-        let shared = Arc::new(Shared { ports: ps, specs, links: Mutex::new(links), stop: AtomicBool::new(false), seq: AtomicU64::new(0), forwarded: AtomicU64::new(0), dropped: AtomicU64::new(0) });
+        let shared = Arc::new(Shared {
+            ports: ps,
+            specs,
+            links: Mutex::new(links),
+            stop: AtomicBool::new(false),
+            seq: AtomicU64::new(0),
+            forwarded: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            send_errors: AtomicU64::new(0),
+        });
         let mut threads = Vec::new();
         for i in 0..n {
             let s = shared.clone();
@@ -146,7 +172,8 @@ impl Switch {
     }
 
     pub fn counters(&self) -> Counters {
-        Counters { forwarded: self.shared.forwarded.load(Ordering::Relaxed), dropped: self.shared.dropped.load(Ordering::Relaxed) }
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Counters { forwarded: c(&self.shared.forwarded), dropped: c(&self.shared.dropped), send_errors: c(&self.shared.send_errors) }
     }
 }
 
@@ -162,10 +189,11 @@ impl Drop for Switch {
     }
 }
 
-/// When a frame of `len` bytes from `from`, read at `now`, is due at each of
-/// `to` (None: dropped, its links' queues are full). Serves the source's
-/// uplink once, then each path and destination downlink.
-fn schedule(specs: &[PortSpec], links: &mut Links, from: usize, to: &[usize], len: usize, now: Instant) -> Vec<(usize, Instant)> {
+/// When a frame of `len` bytes of connection `flow` from `from`, read at
+/// `now`, is due at each of `to` (left out: dropped, its queue is full).
+/// Serves the source's uplink once, then each connection and destination
+/// downlink.
+fn schedule(specs: &[PortSpec], links: &mut Links, from: usize, to: &[usize], flow: u32, len: usize, now: Instant) -> Vec<(usize, Instant)> {
     let src = specs[from];
     let mut up = links.up_free[from];
     let t1 = serve(&mut up, now, len, bytes_per_s(src.rate_mbit));
@@ -177,7 +205,7 @@ fn schedule(specs: &[PortSpec], links: &mut Links, from: usize, to: &[usize], le
     for &dst in to {
         let d = specs[dst];
         let per_peer = [src.per_peer_mbit, d.per_peer_mbit].into_iter().filter(|&r| r > 0).min().unwrap_or(0);
-        let mut path = *links.path_free.get(&(from, dst)).unwrap_or(&now);
+        let mut path = *links.path_free.get(&(from, dst, flow)).unwrap_or(&now);
         let t2 = serve(&mut path, t1, len, bytes_per_s(per_peer));
         let mut down = links.down_free[dst];
         let t3 = serve(&mut down, t2, len, bytes_per_s(d.rate_mbit));
@@ -185,7 +213,11 @@ fn schedule(specs: &[PortSpec], links: &mut Links, from: usize, to: &[usize], le
             continue;
         }
         if per_peer > 0 {
-            links.path_free.insert((from, dst), path);
+            if links.path_free.len() > 4096 {
+                // Connections long idle hold no backlog: forget them.
+                links.path_free.retain(|_, free| *free > now);
+            }
+            links.path_free.insert((from, dst, flow), path);
         }
         links.down_free[dst] = down;
         due.push((dst, t3 + Duration::from_micros(src.delay_us + d.delay_us)));
@@ -214,7 +246,7 @@ fn receive(shared: &Shared, from: usize) {
                 _ => (0..shared.ports.len()).collect(),
             };
             let to: Vec<usize> = to.into_iter().filter(|&p| p != from).collect();
-            schedule(&shared.specs, &mut links, from, &to, eth.len(), now)
+            schedule(&shared.specs, &mut links, from, &to, flow(eth), eth.len(), now)
         };
         if due.is_empty() {
             shared.dropped.fetch_add(1, Ordering::Relaxed);
@@ -250,7 +282,7 @@ fn transmit(shared: &Shared, to: usize) {
                 // SAFETY: send from a buffer of the length given.
                 let r = unsafe { libc::send(port.fd.as_raw_fd(), frame.as_ptr() as *const libc::c_void, frame.len(), 0) };
                 if r < 0 {
-                    shared.dropped.fetch_add(1, Ordering::Relaxed);
+                    shared.send_errors.fetch_add(1, Ordering::Relaxed);
                 } else {
                     shared.forwarded.fetch_add(1, Ordering::Relaxed);
                 }
@@ -291,29 +323,30 @@ mod tests {
         // 80 Mbit/s = 10 MB/s: 10,000 bytes take 1 ms on each link.
         let specs = [spec(80, 100, 0), spec(80, 2000, 0)];
         let mut l = links(2, t0);
-        let due = schedule(&specs, &mut l, 0, &[1], 10_000, t0);
+        let due = schedule(&specs, &mut l, 0, &[1], 0, 10_000, t0);
         assert_eq!(due, vec![(1, t0 + Duration::from_micros(1000 + 1000 + 2100))]);
     }
 
     #[test]
-    fn a_per_peer_rate_holds_each_peer_alone_and_full_queues_drop() {
+    fn a_per_connection_rate_holds_each_connection_alone_and_full_queues_drop() {
         let t0 = Instant::now();
         // Port 2 (S3) serves each peer at 8 Mbit/s (1 MB/s) on an unlimited line.
         let specs = [spec(0, 0, 0), spec(0, 0, 0), spec(0, 0, 8)];
         let mut l = links(3, t0);
-        let a = schedule(&specs, &mut l, 0, &[2], 1000, t0);
-        let b = schedule(&specs, &mut l, 1, &[2], 1000, t0);
-        // Two peers at once: each at its own 1 ms, neither behind the other.
-        assert_eq!((a[0].1 - t0, b[0].1 - t0), (Duration::from_millis(1), Duration::from_millis(1)));
-        // The same peer again queues behind its first frame...
-        let c = schedule(&specs, &mut l, 0, &[2], 1000, t0);
+        let a = schedule(&specs, &mut l, 0, &[2], 7, 1000, t0);
+        let b = schedule(&specs, &mut l, 1, &[2], 7, 1000, t0);
+        let a2 = schedule(&specs, &mut l, 0, &[2], 8, 1000, t0);
+        // Two peers, and a second connection of the first: each at its own 1 ms.
+        assert_eq!([a[0].1 - t0, b[0].1 - t0, a2[0].1 - t0], [Duration::from_millis(1); 3]);
+        // The same connection again queues behind its first frame...
+        let c = schedule(&specs, &mut l, 0, &[2], 7, 1000, t0);
         assert_eq!(c[0].1 - t0, Duration::from_millis(2));
         // ...until the queue would hold a frame longer than QUEUE_LIMIT: dropped.
         let mut dropped = 0;
         for _ in 0..40 {
-            dropped += usize::from(schedule(&specs, &mut l, 0, &[2], 1000, t0).is_empty());
+            dropped += usize::from(schedule(&specs, &mut l, 0, &[2], 7, 1000, t0).is_empty());
         }
         assert!(dropped > 0 && dropped < 40, "{dropped}");
-        assert!(l.path_free[&(0, 2)] <= t0 + QUEUE_LIMIT);
+        assert!(l.path_free[&(0, 2, 7)] <= t0 + QUEUE_LIMIT);
     }
 }
