@@ -78,6 +78,17 @@ if "pool" in r:
     check("pool grew during Montage (Montage peak > start)", p.get("grew"), rounds, target=True)
 else:
     print("  pool grew and shrank: NOT MEASURED (the elastic pool is not in this build)")
+sc = r.get("scaling", {})
+if "points" in sc:
+    pts = sc["points"]
+    desc = "; ".join(f"{p['nodes']}n x {p['clients']}c: write {p['write_mbps']['median']:.1f}, read {p['read_mbps']['median']:.1f} MB/s, CPU {p['cpu_pct']['median']:.0f} %" for p in pts)
+    check("scaling: every point measured", len(pts) >= 2 and all(p["write_mbps"]["median"] > 0 and p["read_mbps"]["median"] > 0 for p in pts), desc)
+    lin = sc.get("linearity")
+    if lin:
+        check(f"scaling: {lin['pairs']} pairs at least 0.8x linear", min(lin["write"], lin["read"]) >= 0.8, f"write {lin['write']:.2f}, read {lin['read']:.2f} of linear", target=True)
+    check("scaling: the CPU is not what limits (busy < 90 %)", all(p["cpu_pct"]["median"] < 90 for p in pts), desc, target=True)
+else:
+    print(f"  scaling: NOT MEASURED ({sc.get('not_measured', 'no scaling key')})")
 check("quick run under 4 minutes", took < 240, f"{took} s", gate=False)
 for f in ("report.md", "throughput-read.svg", "throughput-write.svg"):
     p = os.path.join(out, f)

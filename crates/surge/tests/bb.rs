@@ -613,6 +613,14 @@ fn nodes_and_mounts_with_a_tls_dir_serve_and_others_are_refused() {
     // Off loopback without TLS: refused before anything starts.
     let (ok, _, err) = bb.run(&["node", "--listen", "0.0.0.0:0"]);
     assert!(!ok && err.contains("--tls-dir") && err.contains("--insecure"), "{err}");
+    // So are a pool's local nodes, and a Redis off loopback without its ACL user.
+    let (ok, _, err) = bb.run(&["pool", "--node-listen", "0.0.0.0"]);
+    assert!(!ok && err.contains("--tls-dir") && err.contains("--insecure"), "{err}");
+    let rdir = tempfile::tempdir().unwrap();
+    let out = bb.cmd().args(["bb", "redis", "--dir", rdir.path().to_str().unwrap(), "--bind", "0.0.0.0", "--no-auth"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--bind 0.0.0.0") && err.contains("ACL user"), "{err}");
+    assert!(fs::read_dir(rdir.path()).unwrap().next().is_none(), "a refused Redis left files behind");
 }
 
 /// Issue 38 item 7, through the mount with coreutils: `/.surge` is the

@@ -24,6 +24,7 @@ mod machines;
 mod pool;
 mod report;
 mod s3;
+mod scaling;
 mod work;
 
 use fs::{Kind, Mounted};
@@ -63,6 +64,8 @@ pub struct Plan {
     /// Every role a machine of its own behind its link (`machines.rs`), or
     /// everything on loopback (`SURGE_BB_TOPOLOGY=off`, or not root).
     pub topology: bool,
+    /// The paper's Figs. 8-9 (across machines only).
+    pub scaling: scaling::ScalePlan,
 }
 
 /// The paper's topology unless switched off; it needs root (namespaces).
@@ -103,6 +106,7 @@ impl Plan {
             loss_files: 4,
             loss_file_mib: if quick { 16 } else { 64 },
             topology: topology()?,
+            scaling: scaling::ScalePlan::new(quick),
         })
     }
 }
@@ -350,13 +354,21 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         fs::Nodes::Pool { .. } => 0,
     };
     let machines = if plan.topology { machines::Machines::up(&work, fixed.max(plan.check_nodes))? } else { machines::Machines::loopback() };
+    if std::env::var("SURGE_BB_SCALING_ONLY").is_ok_and(|v| v == "1") {
+        anyhow::ensure!(plan.topology, "SURGE_BB_SCALING_ONLY=1 needs the topology (root, SURGE_BB_TOPOLOGY on)");
+        let points = scaling::run(&surge, &work, &plan.scaling)?;
+        println!("{}", serde_json::to_string_pretty(&scaling::summary(&points))?);
+        eprintln!("SURGE_BB_SCALING_ONLY=1: a diagnostic run of the scaling part alone, no report");
+        return Ok(());
+    }
     let s3 = s3::S3Server::start(&work, &machines)?;
     let tool = work::Tool::install(&work, s3.client_env())?;
     let mut deviations = Vec::new();
     if !work::drop_caches() {
         deviations.push("the page cache could not be dropped between write and read (not root): reads may be served from memory".to_string());
     }
-    progress::set_steps((plan.reps * Kind::ALL.len() + 2) as u64);
+    let scaling_steps = if plan.topology { plan.scaling.reps * plan.scaling.points.len() } else { 0 };
+    progress::set_steps((plan.reps * Kind::ALL.len() + 2 + scaling_steps) as u64);
     progress::step("generating the Montage images", false);
     let fits = work.join("fits");
     let (images, fits_bytes) = work::fits(&tool, &fits, &plan)?;
@@ -394,8 +406,9 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let mut checks = Checks::default();
     rig.consistency(&mut checks)?;
     rig.node_loss(&mut checks)?;
+    let scaling = if plan.topology { Some(scaling::run(&rig.surge, &work, &plan.scaling)?) } else { None };
     let topology = machines.topology().map(|t| report::TopologyReport { roles: t.roles().to_vec(), switch: t.counters() });
-    let setup = report::Setup { images, fits_bytes: rig.fits_bytes, total_s: started.elapsed().as_secs_f64(), deviations, topology };
+    let setup = report::Setup { images, fits_bytes: rig.fits_bytes, total_s: started.elapsed().as_secs_f64(), deviations, topology, scaling };
     let by: BTreeMap<&str, Vec<Sample>> = Kind::ALL.iter().map(|k| (k.name(), samples.iter().filter(|s| s.approach == k.name()).cloned().collect())).collect();
     report::write(out, &plan, &rig.prices, &by, &checks, &setup)?;
     drop(rig);

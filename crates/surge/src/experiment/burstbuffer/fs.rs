@@ -196,12 +196,18 @@ pub struct Surge {
 impl Surge {
     /// The servers (redis, `nodes` I/O nodes) without a mount.
     pub fn start(machines: &Machines, surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, nodes: Nodes) -> anyhow::Result<Surge> {
+        Self::start_with(machines, surge, s3, bucket, dir, nodes, &[])
+    }
+
+    /// [`Surge::start`] with `extra` in every surge process's environment.
+    pub fn start_with(machines: &Machines, surge: &Path, s3: &S3Server, bucket: &str, dir: &Path, nodes: Nodes, extra: &[(&str, &str)]) -> anyhow::Result<Surge> {
         s3.create_bucket(bucket)?;
         let (redis, url) = start_redis(machines, machines::META, surge, &dir.join("redis"))?;
         let mut env = s3.client_env();
         env.push(("SURGE_BB_REDIS".into(), url));
         env.push(("SURGE_BB_BUCKET".into(), bucket.to_string()));
         env.extend(machines.tls_env());
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let mut s = Surge { surge: surge.to_path_buf(), machines: machines.clone(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new(), mounts_started: 0, pool: None };
         match nodes {
             Nodes::Fixed(n) => s.start_nodes(n)?,
@@ -272,10 +278,23 @@ impl Surge {
         self.node_seconds_done += t.elapsed().as_secs_f64();
     }
 
-    /// Mount the file system at `dir` (a second call: a second client).
+    /// Mount the file system at `dir` (a second call: on the second client).
     pub fn mount(&mut self, dir: &Path) -> anyhow::Result<()> {
+        self.mount_on(mount_role(self.mounts_started), dir)
+    }
+
+    /// Unmount every mount (their processes end).
+    pub fn unmount_all(&mut self) -> anyhow::Result<()> {
+        for (dir, p) in self.mounts.drain(..) {
+            unmount(&dir, p)?;
+        }
+        Ok(())
+    }
+
+    /// Mount the file system at `dir` on machine `role`.
+    pub fn mount_on(&mut self, role: &str, dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
-        let mut c = self.cmd_on(Some(mount_role(self.mounts_started)));
+        let mut c = self.cmd_on(Some(role));
         c.args(["bb", "mount"]).arg(dir);
         let mut p = Proc::spawn("surge bb mount", &mut c, &self.dir.join(format!("mount{}.log", self.mounts_started)))?;
         self.mounts_started += 1;

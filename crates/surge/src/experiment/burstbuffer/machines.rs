@@ -53,9 +53,14 @@ impl Machines {
         let mut roles: Vec<(String, PortSpec)> = [CLIENT, READER, META, JFS_META, POOL].iter().map(|r| (r.to_string(), CLUSTER_LINK)).collect();
         roles.extend((0..nodes).map(|i| (node(i), CLUSTER_LINK)));
         roles.push((S3.to_string(), S3_LINK));
+        Self::with_roles(work, std::process::id(), &roles)
+    }
+
+    /// A machine per (name, link); `id` keeps two topologies of one run apart.
+    pub fn with_roles(work: &Path, id: u32, roles: &[(String, PortSpec)]) -> anyhow::Result<Machines> {
         let named: Vec<(&str, PortSpec)> = roles.iter().map(|(n, l)| (n.as_str(), *l)).collect();
-        let topo = Topology::up(std::process::id(), &named)?;
-        let tls = work.join("tls");
+        let topo = Topology::up(id, &named)?;
+        let tls = work.join(format!("tls-{id}"));
         make_certs(&tls)?;
         Ok(Machines { topo: Some(Arc::new(topo)), tls: Some(tls) })
     }

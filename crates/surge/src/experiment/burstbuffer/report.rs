@@ -14,6 +14,8 @@ pub struct Setup {
     pub deviations: Vec<String>,
     /// The machines and their links (None: everything on loopback).
     pub topology: Option<TopologyReport>,
+    /// The scaling points (None: not measured, on loopback).
+    pub scaling: Option<Vec<super::scaling::Point>>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -120,6 +122,13 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
     root.insert("montage_input".into(), json!({"images": setup.images, "bytes": setup.fits_bytes, "side": plan.fits_side}));
     root.insert("deviations".into(), json!(setup.deviations));
     root.insert("topology".into(), json!({"machines": setup.topology, "network": network(setup.topology.as_ref())}));
+    root.insert(
+        "scaling".into(),
+        match &setup.scaling {
+            Some(p) => super::scaling::summary(p),
+            None => json!({"not_measured": "everything on loopback (SURGE_BB_TOPOLOGY=off): no links to scale across"}),
+        },
+    );
     let mut daemon = vec![json!({"setting": "none but the pool's (below); mount, nodes and writeback with their defaults", "reason": "-"})];
     if let super::fs::Nodes::Pool { min, max, node_memory_mib } = plan.nodes {
         daemon = vec![
@@ -161,6 +170,9 @@ pub fn write(out: &Path, plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<S
     let results = results_json(by, checks, plan, prices, setup);
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     plots(out, by)?;
+    if let Some(p) = &setup.scaling {
+        scaling_plot(out, p)?;
+    }
     let md = markdown(plan, prices, by, checks, setup);
     std::fs::write(out.join("report.md"), &md)?;
     println!("{md}");
@@ -227,6 +239,23 @@ fn plots(out: &Path, by: &BTreeMap<&str, Vec<Sample>>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Aggregate throughput against I/O-node/client pairs, beside linear growth
+/// from one pair (the paper's Fig. 8 grows to 2,500 MB/s at 8 pairs).
+fn scaling_plot(out: &Path, points: &[super::scaling::Point]) -> anyhow::Result<()> {
+    let balanced: Vec<&super::scaling::Point> = points.iter().filter(|p| p.nodes == p.clients).collect();
+    let mut pairs: Vec<usize> = balanced.iter().map(|p| p.nodes).collect();
+    pairs.sort();
+    pairs.dedup();
+    let med = |n: usize, f: fn(&super::scaling::Point) -> f64| stats(balanced.iter().filter(|p| p.nodes == n).map(|p| f(p))).0;
+    let mut series = Vec::new();
+    for (name, f) in [("write", (|p: &super::scaling::Point| p.write_mbps) as fn(&super::scaling::Point) -> f64), ("read", |p: &super::scaling::Point| p.read_mbps)] {
+        let one = med(1, f);
+        series.push(Series { name: format!("surge {name} (median)"), points: pairs.iter().map(|&n| (n as f64, med(n, f))).collect(), reference: false });
+        series.push(Series { name: format!("{name}: linear from 1 pair"), points: pairs.iter().map(|&n| (n as f64, one * n as f64)).collect(), reference: true });
+    }
+    line_chart(&out.join("scaling.svg"), &Chart { title: "Aggregate sequential throughput vs I/O-node/client pairs", x_label: "pairs", y_label: "MB/s", log_x: false }, &series)
+}
+
 fn fmt(x: f64) -> String {
     if !x.is_finite() {
         "n/a".into()
@@ -288,6 +317,32 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
             fmt(link),
             200.0 * w / link
         );
+    }
+    if let Some(points) = &setup.scaling {
+        let v = super::scaling::summary(points);
+        let _ = writeln!(
+            s,
+            "\n## Scaling (the paper's Figs. 8-9)\n\nOne burst buffer per point (fresh Redis, nodes, bucket), every node and client a machine of its own on a {} Mbit/s link ({} µs each end): each client writes {} MiB in {} KiB writes, all at once, then reads it back through a fresh mount (its bytes come from the nodes), then {} random 4 KiB reads. Aggregate MB/s from the first start to the last end; CPU: this host's busy share during the write and the read (the larger). Median (min-max) of {} round(s), points interleaved.\n\n| nodes | clients | write MB/s | read MB/s | random reads/s | CPU % |\n|---|---|---|---|---|---|",
+            super::scaling::LINK.rate_mbit,
+            super::scaling::LINK.delay_us,
+            plan.scaling.mib_per_client,
+            plan.scaling.bs_kib,
+            plan.scaling.rand_ops,
+            plan.scaling.reps
+        );
+        let cell = |x: &serde_json::Value| format!("{} ({}-{})", fmt(x["median"].as_f64().unwrap_or(f64::NAN)), fmt(x["min"].as_f64().unwrap_or(f64::NAN)), fmt(x["max"].as_f64().unwrap_or(f64::NAN)));
+        for r in v["points"].as_array().into_iter().flatten() {
+            let _ = writeln!(s, "| {} | {} | {} | {} | {} | {} |", r["nodes"], r["clients"], cell(&r["write_mbps"]), cell(&r["read_mbps"]), cell(&r["rand_read_ops"]), cell(&r["cpu_pct"]));
+        }
+        match v["linearity"].as_object() {
+            Some(l) => {
+                let _ = writeln!(s, "\nAt {} pairs against {} x one pair: write {:.2}, read {:.2} of linear (target: at least 0.8). Plot: `scaling.svg`.", l["pairs"], l["pairs"], l["write"].as_f64().unwrap_or(f64::NAN), l["read"].as_f64().unwrap_or(f64::NAN));
+            }
+            None => {
+                let _ = writeln!(s, "\nNo balanced point above one pair: linearity not measured.");
+            }
+        }
+        let _ = writeln!(s, "\nCreates against metadata shards (Fig. 10): {}.", v["creates_by_shards"].as_str().unwrap_or(""));
     }
     let _ = writeln!(s, "\n## surge only\n");
     let _ = writeln!(
