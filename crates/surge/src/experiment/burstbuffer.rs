@@ -349,6 +349,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         eprintln!("work directory kept: {}", work_dir.path().display());
     }
     let work = work_dir.path().to_path_buf();
+    crate::experiment::topology::unmount_on_signal(&work);
     let fixed = match plan.nodes {
         fs::Nodes::Fixed(n) => n,
         fs::Nodes::Pool { .. } => 0,

@@ -35,6 +35,64 @@ pub struct Topology {
 /// The host's end never limits: it carries control traffic only.
 const HOST: PortSpec = PortSpec { rate_mbit: 0, delay_us: 0, per_peer_mbit: 0 };
 
+/// What a signal must take down: the namespaces (with what runs in them)
+/// and host interfaces of every live topology, and the FUSE mounts under the
+/// directories named by [`unmount_on_signal`]. A killed experiment otherwise
+/// leaves them all behind (Drop does not run on SIGINT or SIGTERM).
+#[derive(Default)]
+struct Leftovers {
+    namespaces: Vec<String>,
+    host_ifs: Vec<String>,
+    mount_roots: Vec<std::path::PathBuf>,
+}
+
+static LEFTOVERS: parking_lot::Mutex<Leftovers> = parking_lot::Mutex::new(Leftovers { namespaces: Vec::new(), host_ifs: Vec::new(), mount_roots: Vec::new() });
+
+/// Kill what runs in namespace `ns`, then delete it.
+fn remove_namespace(ns: &str) {
+    if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            // SAFETY: kill(2) on a process of a namespace this topology made.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    let _ = Command::new("ip").args(["netns", "del", ns]).status();
+}
+
+/// On SIGINT or SIGTERM: take everything down, then exit (once per process).
+fn teardown_on_signal() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]) else { return };
+        std::thread::spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let l = std::mem::take(&mut *LEFTOVERS.lock());
+                eprintln!("signal {sig}: removing the experiment's machines and mounts");
+                for ns in &l.namespaces {
+                    remove_namespace(ns);
+                }
+                for i in &l.host_ifs {
+                    let _ = Command::new("ip").args(["link", "del", i]).status();
+                }
+                let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+                for m in mounts.lines().filter_map(|line| {
+                    let mut f = line.split(' ');
+                    let (_, dir, kind) = (f.next()?, f.next()?, f.next()?);
+                    (kind.starts_with("fuse") && l.mount_roots.iter().any(|r| std::path::Path::new(dir).starts_with(r))).then_some(dir)
+                }) {
+                    let _ = Command::new("fusermount3").args(["-u", "-z", m]).status();
+                }
+                std::process::exit(128 + sig);
+            }
+        });
+    });
+}
+
+/// FUSE mounts below `dir` are unmounted (lazily) if a signal ends the run.
+pub fn unmount_on_signal(dir: &std::path::Path) {
+    LEFTOVERS.lock().mount_roots.push(dir.to_path_buf());
+}
+
 fn run(script: &str) -> anyhow::Result<()> {
     sh(Command::new("sh").arg("-c").arg(script)).with_context(|| format!("setting up the emulated network: {script} (needs root and iproute2)"))?;
     Ok(())
@@ -46,10 +104,12 @@ impl Topology {
     pub fn up(id: u32, roles: &[(&str, PortSpec)]) -> anyhow::Result<Topology> {
         anyhow::ensure!(roles.len() < 200, "at most 199 roles");
         let id = id % 10_000;
+        teardown_on_signal();
         let subnet = format!("10.219.{}", id % 250);
         let host_if = format!("sb{id}h");
         let host_ip: Ipv4Addr = format!("{subnet}.1").parse()?;
         let mut t = Topology { switch: None, roles: Vec::new(), host_if: host_if.clone() };
+        LEFTOVERS.lock().host_ifs.push(host_if.clone());
         // Left over by a run of the same id that was killed.
         let _ = Command::new("ip").args(["link", "del", &host_if]).stderr(std::process::Stdio::null()).status();
         run(&format!("ip link add {host_if} type veth peer name {host_if}p && ip addr add {host_ip}/24 dev {host_if} && ip link set {host_if} up && ip link set {host_if}p up"))?;
@@ -60,6 +120,7 @@ impl Topology {
             let ip: Ipv4Addr = format!("{subnet}.{}", i + 10).parse()?;
             let _ = Command::new("ip").args(["netns", "del", &ns]).stderr(std::process::Stdio::null()).status();
             run(&format!("ip netns add {ns}"))?;
+            LEFTOVERS.lock().namespaces.push(ns.clone());
             t.roles.push(Role { name: name.to_string(), ns: ns.clone(), ip, link: *link });
             run(&format!(
                 "ip link add {port} type veth peer name eth0 netns {ns} && ip link set {port} up && \
@@ -101,17 +162,14 @@ impl Topology {
 impl Drop for Topology {
     fn drop(&mut self) {
         self.switch.take();
+        let mut l = LEFTOVERS.lock();
         for r in &self.roles {
             // Whatever still runs on a machine goes with it.
-            if let Ok(out) = Command::new("ip").args(["netns", "pids", &r.ns]).output() {
-                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-                    // SAFETY: kill(2) on a process of a namespace this topology made.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
-            let _ = Command::new("ip").args(["netns", "del", &r.ns]).status();
+            remove_namespace(&r.ns);
+            l.namespaces.retain(|n| n != &r.ns);
         }
         let _ = Command::new("ip").args(["link", "del", &self.host_if]).stderr(std::process::Stdio::null()).status();
+        l.host_ifs.retain(|i| i != &self.host_if);
     }
 }
 
