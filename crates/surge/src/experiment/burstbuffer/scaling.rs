@@ -58,7 +58,8 @@ pub struct Point {
     pub round: usize,
     /// All clients' bytes over the time from the first start to the last end.
     pub write_mbps: f64,
-    /// The same files read back through fresh mounts: the bytes come from the I/O nodes.
+    /// The same files read back through fresh mounts once they are in S3
+    /// (no write-back shares the links): the bytes come from the I/O nodes.
     pub read_mbps: f64,
     pub rand_read_ops: f64,
     /// This host's CPU busy share (all cores) during the write and the read.
@@ -138,6 +139,9 @@ fn point(m: &Machines, surge: &Path, s3: &S3Server, tool: &Tool, plan: &ScalePla
     let bytes = (plan.mib_per_client << 20) as f64;
     let (mib, bs) = (plan.mib_per_client.to_string(), plan.bs_kib.to_string());
     let (write_mbps, cpu_w) = all_at_once(clients, bytes, |k| tool.run(&["seq-write", file(k).to_str().context("path")?, &mib, &bs]).map(drop))?;
+    // The reads from a quiet start, as in the main rounds: a node's write-back
+    // to S3 would share its link with them.
+    bb.settle()?;
     // Fresh mounts: the clients' chunk caches are empty, the bytes come from the nodes.
     bb.unmount_all()?;
     for k in 0..clients {
