@@ -78,7 +78,7 @@ for f in ("report.md", "timeline.svg", "depth.svg", "ratios.svg"):
 # Issue 17: the same shares across several servers, each behind its own proxy.
 g = r["global"]
 n = g["plan"]["servers"]["count"]
-print(f"  across {n} servers, 1 MiB striped as 4 x 256 KiB, 1 outstanding per client:")
+print(f'  across {n} servers, {g["plan"]["clients"]} client processes per application (paper: 32), 1 MiB striped as 4 x 256 KiB, 1 outstanding per client:')
 def by_target(mode, size):
     return {x["target"]: x for x in g[mode]["ratios"] if x["request_bytes"] == size}
 local, coop = by_target("local_only", 1 << 20), by_target("cooperative", 1 << 20)

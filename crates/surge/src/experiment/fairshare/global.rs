@@ -17,7 +17,8 @@ use std::time::Duration;
 pub struct GlobalPlan {
     pub servers: ServerSpec,
     pub backend: Backend,
-    /// Clients (processes) per application.
+    /// Clients (processes) per application: the paper's 32 (issue 40, item 12;
+    /// 4 until then).
     pub clients: usize,
     pub chunk: u64,
     pub request: u64,
@@ -42,9 +43,11 @@ pub struct GlobalPlan {
 impl GlobalPlan {
     pub fn new(quick: bool, servers: usize) -> Self {
         GlobalPlan {
-            servers: ServerSpec { count: servers, bw: 16_000_000, latency_us: 1000, size: 64 * MIB },
+            // 128 MiB per server: 64 clients' regions of at least 4 requests each,
+            // an application on half of 8 servers included.
+            servers: ServerSpec { count: servers, bw: 16_000_000, latency_us: 1000, size: 128 * MIB },
             backend: Backend::available(),
-            clients: 4,
+            clients: Self::PAPER_CLIENTS,
             chunk: 256 * KIB,
             request: MIB,
             small_request: 64 * KIB,
@@ -75,6 +78,9 @@ impl GlobalPlan {
     }
 
     const FULL_LENGTH_UP_TO: u32 = 8;
+
+    /// IOR clients per application in the paper.
+    pub const PAPER_CLIENTS: usize = 32;
 
     fn window(run_s: f64, warmup_s: f64, cooldown_s: f64) -> (Duration, Duration) {
         (Duration::from_secs_f64(warmup_s), Duration::from_secs_f64(run_s - cooldown_s))
@@ -169,7 +175,7 @@ pub struct GlobalResults {
     pub elapsed_s: f64,
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(super) fn median(v: &[f64]) -> f64 {
     let mut s: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
     if s.is_empty() {
         return f64::NAN;
@@ -183,7 +189,7 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-fn spread(v: &[f64]) -> (f64, f64) {
+pub(super) fn spread(v: &[f64]) -> (f64, f64) {
     (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
 }
 
@@ -524,7 +530,7 @@ pub fn report(g: &GlobalResults) -> String {
     s
 }
 
-fn fmt_runs(v: &[f64]) -> String {
+pub(super) fn fmt_runs(v: &[f64]) -> String {
     v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ")
 }
 
