@@ -86,13 +86,15 @@ impl Plan {
         Plan {
             warmup_s: 0.5,
             ratio_s: 5.0,
-            depth_s: 4.0,
+            // Not gated; shorter than until issue 40 to pay for starting a
+            // server and 64 client processes per run within the CI step's time.
+            depth_s: 3.0,
             overhead_s: 5.0,
             // One round, but the gated overhead alternates two runs of each setup.
             reps: 1,
             overhead_reps: 2,
             asymmetric_s: 5.0,
-            timeline_s: 15.0,
+            timeline_s: 10.0,
             overhead_streams: vec![32],
             asymmetric: vec![[48, 3]],
             // Not gated: the end of the range, where the paper fell short.
