@@ -48,18 +48,19 @@ pub struct GlobalPlan {
 }
 
 impl GlobalPlan {
-    pub fn new(quick: bool, servers: usize) -> Self {
+    pub fn new(quick: bool, servers: usize, clients: usize) -> Self {
         GlobalPlan {
-            // 128 MiB per server: 64 clients' regions of at least 4 requests each,
-            // an application on half of 8 servers included.
-            servers: ServerSpec { count: servers, bw: 16_000_000, latency_us: 1000, size: 128 * MIB },
+            // 4 MiB per client and server (128 MiB for 32): every client's
+            // region holds at least 4 requests, an application on half of 8
+            // servers included.
+            servers: ServerSpec { count: servers, bw: 16_000_000, latency_us: 1000, size: (clients as u64 * 4 * MIB).max(64 * MIB) },
             backend: Backend::available(),
-            clients: Self::PAPER_CLIENTS,
+            clients,
             chunk: 256 * KIB,
             request: MIB,
             small_request: 64 * KIB,
             backlog: 4,
-            backlog_clients: Self::PAPER_CLIENTS / 4,
+            backlog_clients: clients.div_ceil(4),
             targets: vec![2, 4, 8, 16],
             // Quick: the end of the range where the paper fell short at 64 KiB.
             small_targets: if quick { vec![16] } else { vec![2, 4, 8, 16] },
