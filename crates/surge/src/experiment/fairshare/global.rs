@@ -17,8 +17,8 @@ use std::time::Duration;
 pub struct GlobalPlan {
     pub servers: ServerSpec,
     pub backend: Backend,
-    /// Clients (processes) per application: the paper's 32 (issue 40, item 12;
-    /// 4 until then).
+    /// Clients (processes) per application: `--clients`, by default
+    /// `fairshare::DEFAULT_CLIENTS` (4 until issue 40; the paper had 32).
     pub clients: usize,
     pub chunk: u64,
     pub request: u64,
@@ -60,7 +60,7 @@ impl GlobalPlan {
             request: MIB,
             small_request: 64 * KIB,
             backlog: 4,
-            backlog_clients: clients.div_ceil(4),
+            backlog_clients: (Self::PAPER_CLIENTS / 4).min(clients),
             targets: vec![2, 4, 8, 16],
             // Quick: the end of the range where the paper fell short at 64 KiB.
             small_targets: if quick { vec![16] } else { vec![2, 4, 8, 16] },
@@ -338,7 +338,8 @@ impl Runner<'_> {
     /// Equal weights: clients straight to the servers vs through cooperating proxies, interleaved.
     fn overhead(&self) -> anyhow::Result<Overhead> {
         let p = self.plan;
-        let reps = p.reps.max(2);
+        // At least 3: the median of 3 passes over one run slowed by the machine.
+        let reps = p.reps.max(3);
         let (mut direct, mut proxied) = (Vec::new(), Vec::new());
         for rep in 0..reps {
             for via in [false, true] {
@@ -477,8 +478,13 @@ pub fn report(g: &GlobalResults) -> String {
     };
     s.push_str(&format!("| proxy in front of a server | user-level proxy forwarding to the PVFS2 server | {interposed} |\n"));
     s.push_str(&format!(
-        "| clients | IOR over MPI-IO, 32 per application, 1 MiB requests striped as 4 x 256 KiB (Fig. 5: 64 KiB requests), 1 outstanding | {} `surge stripe-bench` processes per application (own NBD connections to every server it uses, bound to its application's address), {} KiB requests striped as {} x {} KiB chunks round robin over the servers, sent together, and {} KiB requests (Fig. 5; one server each); 1 outstanding per client; backlogged variant: {} clients per application with {} outstanding each |\n",
+        "| clients | IOR over MPI-IO, 32 per application, 1 MiB requests striped as 4 x 256 KiB (Fig. 5: 64 KiB requests), 1 outstanding | {} `surge stripe-bench` processes per application ({}; `--clients N` sets it) (own NBD connections to every server it uses, bound to its application's address), {} KiB requests striped as {} x {} KiB chunks round robin over the servers, sent together, and {} KiB requests (Fig. 5; one server each); 1 outstanding per client; backlogged variant: {} clients per application with {} outstanding each |\n",
         p.clients,
+        if p.clients == GlobalPlan::PAPER_CLIENTS {
+            "the paper's count".to_string()
+        } else {
+            format!("paper: {}; with 16 and 32 some cooperative runs of a quick run lost most of their throughput on this shared 2-core machine, see docs/results/fairshare.md", GlobalPlan::PAPER_CLIENTS)
+        },
         p.request / KIB,
         p.request / p.chunk,
         p.chunk / KIB,
@@ -518,7 +524,7 @@ pub fn report(g: &GlobalResults) -> String {
     }
     s.push_str("### Backlogged variant\n\n");
     ratio_rows(&mut s, g, true, p.request);
-    s.push_str(&format!("\n{} clients per application with {} requests in flight each: as many in flight as the IOR cases, held by fewer clients (32 clients with 4 each would be 2,048 connections and leave the lighter tenant's streams about one completion per 17 s at 16:1, more than this 2-core machine holds). Cooperation must hold the weights and not overshoot.\n\n", p.backlog_clients, p.backlog));
+    s.push_str(&format!("\n{} clients per application with {} requests in flight each: {} in flight per application, as many as the paper's 32 clients with one each (32 clients with 4 each would be 2,048 connections and leave the lighter tenant's streams about one completion per 17 s at 16:1). With more in flight, each proxy sees both tenants queued more often and local SFQ(D) comes closer to the target; cooperation must hold the weights and not overshoot.\n\n", p.backlog_clients, p.backlog, p.backlog_clients * p.backlog));
     let a = &g.asymmetric;
     s.push_str(&format!(
         "### Asymmetric server use: a over all {n} servers, b over {} of them, weights {}:{}\n\n",
