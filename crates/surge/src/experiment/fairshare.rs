@@ -534,12 +534,8 @@ fn sections(p: &Plan, c: &Cases, o: &[Vec<RunOutcome>]) -> Sections {
 }
 
 /// Client processes per application across servers unless `--clients` says
-/// otherwise: 8, not the paper's 32. On this shared 2-core machine the quick
-/// run with 32 and with 16 lost most of the throughput in some cooperative
-/// runs (the first proxied overhead run: 19.7 and 28.4 MB/s of 128 at 32,
-/// 45.8 at 16, with 61-124 holds expired); with 8 every run held
-/// (docs/results/fairshare.md, issue 40).
-pub const DEFAULT_CLIENTS: usize = 8;
+/// otherwise: the paper's 32.
+pub const DEFAULT_CLIENTS: usize = global::GlobalPlan::PAPER_CLIENTS;
 
 pub fn run(out: &Path, quick: bool, servers: usize, clients: usize) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
