@@ -533,11 +533,9 @@ fn sections(p: &Plan, c: &Cases, o: &[Vec<RunOutcome>]) -> Sections {
     Sections { ratios, depth, overhead, asymmetric, timeline }
 }
 
-/// Client processes per application across servers unless `--clients` says
-/// otherwise: the paper's 32.
-pub const DEFAULT_CLIENTS: usize = global::GlobalPlan::PAPER_CLIENTS;
-
-pub fn run(out: &Path, quick: bool, servers: usize, clients: usize) -> anyhow::Result<()> {
+/// `clients`: client processes per application across servers (`--clients`;
+/// None: the paper's 32, with `quick` 8, see `global::GlobalPlan::QUICK_CLIENTS`).
+pub fn run(out: &Path, quick: bool, servers: usize, clients: Option<usize>) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let load0 = load_avg();
     let plan = Plan::new(quick);
