@@ -2,8 +2,8 @@
 # Issues 5 and 17 (fair sharing, on one volume and across servers): run the quick
 # fairshare experiment through NBD and check the paper-beating thresholds from
 # results.json; fail loudly otherwise. Every part is its own process (issue 40):
-# a surge serve per single-server run, one surge stripe-bench per client, 32
-# clients per application across servers.
+# a surge serve per single-server run, one surge stripe-bench per client; across
+# servers 8 clients per application here (the full run: the paper's 32).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${FAIRSHARE_OUT:-$(mktemp -d /tmp/surge-fairshare.XXXXXX)}"
