@@ -36,6 +36,11 @@ use surge_cloud::PriceTable;
 /// The instance every candidate is planned and run on (`surge plan`'s default).
 const INSTANCE: &str = "m5.2xlarge";
 
+/// The control run's name: the same replay on an unthrottled file export
+/// (what the recording ran on), so the machine's own share of a run's time
+/// is measured beside every rep.
+const CONTROL: &str = "control (unthrottled file)";
+
 /// The export as the reports show it (each run has its own socket).
 const URI: &str = "nbd+unix:///app?socket=DIR/nbd.sock";
 
@@ -167,12 +172,16 @@ fn storage_usd(d: &Daemon) -> anyhow::Result<f64> {
 /// Step 3: one candidate, once.
 fn measure(trace: &Path, qd: usize, c: &Cand, rep: usize, dir: &Path, prices: &PriceTable, usd_hour: f64) -> anyhow::Result<Measured> {
     let _ = std::fs::remove_dir_all(dir);
-    let mut spec = DaemonSpec::new(vec![format!("app={}", c.spec)], Scale::default());
-    spec.extra = vec!["--local-instance".into(), INSTANCE.into()];
+    let control = c.name == CONTROL;
+    let export = if control { format!("app=file:{},create={}", dir.join("app.img").display(), c.spec) } else { format!("app={}", c.spec) };
+    let mut spec = DaemonSpec::new(vec![export], Scale::default());
+    if !control {
+        spec.extra = vec!["--local-instance".into(), INSTANCE.into()];
+    }
     let before = crate::experiment::fairshare::client::monotonic_ns();
     let d = Daemon::start(dir, &spec)?;
     let out = run_surge(&["trace".into(), "replay".into(), "--trace".into(), trace.display().to_string(), d.uri("app"), "--qd".into(), qd.to_string(), "--json".into()]);
-    let storage = storage_usd(&d);
+    let storage = if control { Ok(0.0) } else { storage_usd(&d) };
     d.stop().with_context(|| format!("{}: stopping the daemon", c.name))?;
     let _ = std::fs::remove_dir_all(dir);
     let r: Value = serde_json::from_str(&out?).context("surge trace replay's JSON")?;
@@ -210,7 +219,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
     let reps = env("SURGE_PLAN_REPS").unwrap_or(if quick { 1 } else { 3 });
     // The recommended and the next `extra` cheapest runnable candidates.
-    let extra = env("SURGE_PLAN_EXTRA").unwrap_or(if quick { 2 } else { 3 });
+    let extra = env("SURGE_PLAN_EXTRA").unwrap_or(2);
     // The models' timed sleeps should not wait on neighbours' CPU (as elastic does).
     // SAFETY: setpriority on this process.
     let niced = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -10) } == 0;
@@ -268,7 +277,14 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         }
         ensure!(cands.first().is_some_and(|c| c.name == rec_name), "{}: the recommended candidate {rec_name:?} is not one this experiment can run", app.key);
         let mut runs: Vec<Vec<Measured>> = vec![Vec::new(); cands.len()];
+        let control = Cand { name: CONTROL.into(), spec: plan["demand"]["capacity"].as_u64().context("plan capacity")?.to_string(), predicted: Value::Null };
+        let mut control_runs = Vec::new();
+        let span = plan["trace_duration_s"].as_f64().context("trace_duration_s")?;
         for rep in 0..reps {
+            crate::experiment::progress::step(format!("plan: {} on the control (rep {})", app.key, rep + 1), false);
+            let m = measure(&trace, qd, &control, rep, &work.join(format!("{}-control", app.key)), &prices, usd_hour).with_context(|| format!("{}: control run, rep {rep}", app.key))?;
+            eprintln!("plan {} control: {:.2} s (the trace spans {span:.2} s)", app.key, m.completion_s);
+            control_runs.push(m);
             for j in 0..cands.len() {
                 let k = (j + rep) % cands.len();
                 let c = &cands[k];
@@ -287,6 +303,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         let _ = writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
         let mut app_met = true;
         let mut errs = Vec::new();
+        let mut misses: Vec<String> = Vec::new();
         for (c, ms) in cands.iter().zip(&runs) {
             let cs = Stat::of(ms.iter().map(|m| m.completion_s).collect());
             let ts = Stat::of(ms.iter().map(|m| m.total_usd).collect());
@@ -297,6 +314,12 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             let (ec, et) = (pct(pc, cs.median), pct(pt, ts.median));
             let met = ec.abs() <= ERROR_TARGET_PCT && et.abs() <= ERROR_TARGET_PCT;
             app_met &= met;
+            if !met {
+                misses.push(format!(
+                    "- {}: NOT MET: measured {:.2} s and ${:.6} against predicted {pc:.2} s and ${pt:.6} ({ec:+.1} %, {et:+.1} %); the replayer sent requests up to {late:.1} ms behind its pacing, final lag {:.2} s",
+                    c.name, cs.median, ts.median, ms.iter().map(|m| m.final_lag_s).fold(0.0, f64::max)
+                ));
+            }
             errs.push((c.name.clone(), ec, et));
             if best.as_ref().is_none_or(|b| ts.median < b.1) {
                 best = Some((c.name.clone(), ts.median));
@@ -327,6 +350,14 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             cj.insert(c.name.clone(), entry);
         }
         let (best_name, best_usd) = best.context("no candidate ran")?;
+        let ctl = Stat::of(control_runs.iter().map(|m| m.completion_s).collect());
+        let machine_pct = pct(ctl.median, span);
+        let ctl_late = control_runs.iter().map(|m| m.max_send_late_ms).fold(0.0, f64::max);
+        let _ = writeln!(
+            table,
+            "| {CONTROL} | `file:`, no model | {span:.2} (the trace's span) | {:.2} ({:.2}-{:.2}) | machine {machine_pct:+.1} % | - | - | - | {ctl_late:.1} ms |",
+            ctl.median, ctl.min, ctl.max
+        );
         let rec_usd = cj[&rec_name]["measured"]["total_usd"].as_f64().unwrap_or(f64::NAN);
         let over = pct(rec_usd, best_usd);
         let rec_ok = over <= CHEAPEST_WITHIN_PCT;
@@ -346,6 +377,13 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             "\nRecommended: **{rec_name}**; measured cheapest: **{best_name}**{}.\n",
             if rec_name == best_name { String::new() } else { format!(" (the recommendation costs {over:+.2} % more, measured; target within {CHEAPEST_WITHIN_PCT} %: {})", if rec_ok { "met" } else { "NOT MET" }) }
         );
+        if !misses.is_empty() {
+            let _ = writeln!(md, "Missed the {ERROR_TARGET_PCT} % target (the control, the same replay with no volume model, took {:.2} s for the trace's {span:.2} s: this machine's own share, {machine_pct:+.1} %):\n", ctl.median);
+            for m in &misses {
+                let _ = writeln!(md, "{m}");
+            }
+            md.push('\n');
+        }
         for e in &not_run {
             let _ = writeln!(md, "- not run: {} (`{}`, predicted ${:.6}): {}", e["candidate"].as_str().unwrap_or(""), e["spec"].as_str().unwrap_or(""), e["predicted_total_usd"].as_f64().unwrap_or(0.0), e["why"].as_str().unwrap_or(""));
         }
@@ -369,6 +407,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
                 "errors_within_10pct": app_met,
                 "candidates": cj,
                 "not_run": not_run,
+                "control": {"what": "the same replay on an unthrottled file export, each rep: the machine's own share of a run's time", "trace_span_s": span, "completion_s": ctl.median, "completion_s_range": [ctl.min, ctl.max], "over_span_pct": machine_pct, "runs": control_runs},
             }),
         );
     }
