@@ -257,4 +257,28 @@ mod tests {
         let r = replay(&t, &dev, &clock, &ReplayOptions { qd: 1 }).unwrap();
         assert!((r.completion_ns as f64 / 1e6 - 100.0).abs() < 1.0, "{r:?}");
     }
+
+    #[test]
+    fn a_full_queue_waits_for_the_first_completion_and_a_flush_for_all_and_holds_nothing_up() {
+        // Every request takes 10 ms; QD 2. Three reads at 0: the third waits for
+        // the first (10 ms). A flush at 0 (now 10 ms late) waits for the third
+        // (done at 20 ms); the read after it goes at 20 ms, not after the flush.
+        let mut recs: Vec<Rec> = (0..3).map(|i| Rec { t_ns: 0, op: Op::Read, offset: i * 4096, len: 4096, fua: false, dur_ns: 0 }).collect();
+        recs.push(Rec { t_ns: 0, op: Op::Flush, offset: 0, len: 0, fua: false, dur_ns: 0 });
+        recs.push(Rec { t_ns: 0, op: Op::Read, offset: 0, len: 4096, fua: false, dur_ns: 0 });
+        let t = Trace::from_records(Header::new(Source::SurgeRecord, "t"), recs);
+        struct Issues(Vec<u64>);
+        impl Observer for Issues {
+            fn completed(&mut self, _r: &Rec, issue_ns: u64, _done_ns: u64) {
+                self.0.push(issue_ns / 1_000_000);
+            }
+        }
+        let clock = Arc::new(ReplayClock::new());
+        let shape = surge_block::model::with_latency(VolumeModel::Io2 { iops: 64_000 }.shape(10 * GIB).unwrap(), std::time::Duration::from_millis(10));
+        let dev = ModelDev::new(Arc::new(NullDev(10 * GIB)), clock.clone(), shape);
+        let mut seen = Issues(Vec::new());
+        let r = replay_observed(&t, &dev, &clock, &ReplayOptions { qd: 2 }, &mut seen).unwrap();
+        assert_eq!(seen.0, vec![0, 0, 10, 20, 20], "{r:?}");
+        assert_eq!(r.final_lag_ns, 20_000_000);
+    }
 }
