@@ -230,6 +230,14 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         None => out.join("work"),
     };
     std::fs::create_dir_all(&work)?;
+    // Removed however the run ends (volume files on tmpfs hold memory).
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Remove(work.clone());
     let traces = out.join("traces");
     std::fs::create_dir_all(&traces)?;
     let prices = PriceTable::default();
@@ -411,7 +419,6 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             }),
         );
     }
-    let _ = std::fs::remove_dir_all(&work);
     let wall = t0.elapsed().as_secs_f64();
     let deviations = vec![
         json!({"setting": "recording on an unthrottled file export", "reason": "the trace should hold what the application asks for, not what a slow volume let it do; the replay then asks it of each candidate"}),
