@@ -143,6 +143,13 @@ pub const STRIPE: &str = "burstable stripe";
 /// Requests in flight at most, unless the recording saw more or `--qd` says.
 pub const DEFAULT_QD: usize = 32;
 
+/// The queue depth a replay of `t` uses unless told: what the recording saw
+/// in flight is a lower bound (a fast device finishes a request before the
+/// next arrives), so at least [`DEFAULT_QD`]. `surge trace replay` uses it too.
+pub fn default_qd(t: &Trace) -> usize {
+    (surge_trace::summary::summarize(t).max_in_flight as usize).max(DEFAULT_QD)
+}
+
 /// `t` replayed on one volume `spec` behind the instance's link, and the
 /// volume's credit balance at the end (percent; volumes with credits only).
 pub(crate) fn replay_spec(t: &Trace, name: &str, spec: &surge_cloud::VolumeSpec, link_shape: surge_block::model::Shape, qd: usize) -> Result<(ReplayResult, Option<f64>), PlanError> {
@@ -191,10 +198,7 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
     }
     let ebs = prices.instance_ebs(&o.instance)?;
     let usd_hour = prices.instance_usd_hour(&o.instance, 1)?;
-    let summary = surge_trace::summary::summarize(t);
-    // What the recording saw in flight is a lower bound (a fast device finishes
-    // a request before the next arrives), so the default is at least 32.
-    let qd = o.qd.unwrap_or((summary.max_in_flight as usize).max(DEFAULT_QD)).max(1);
+    let qd = o.qd.unwrap_or_else(|| default_qd(t)).max(1);
     let demand = candidates::demand(t, o.capacity);
     let cands = candidates::static_candidates(&demand);
     let mut rows = Vec::new();

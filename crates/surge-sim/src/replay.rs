@@ -66,78 +66,145 @@ pub trait Observer {
 struct Nobody;
 impl Observer for Nobody {}
 
+/// Where a replay's requests run, as the pacing ([`drive`]) sees it: on
+/// virtual time ([`replay`]: a layer's booked completion is known when the
+/// request is submitted) or in real time (`surge trace replay` over NBD,
+/// where completions arrive as the server sends them). Times are ns since
+/// the replay's start. The pacing is in one place so that a real replay
+/// issues exactly what the simulated one assumes.
+pub trait Executor {
+    type Error;
+    /// Retire every request that completed by `t_ns` (in real time: wait
+    /// until then, taking completions as they come) and say how many data
+    /// requests (not flushes) are still in flight.
+    fn retire_until(&mut self, t_ns: u64) -> Result<usize, Self::Error>;
+    /// Wait for the earliest data request in flight to complete: when it did.
+    fn retire_first(&mut self) -> Result<u64, Self::Error>;
+    /// Wait for every request in flight: the latest completion so far (0 if none).
+    fn retire_all(&mut self) -> Result<u64, Self::Error>;
+    /// Submit `r` at `issue_ns` (in real time: now, which is at or after it).
+    fn submit(&mut self, r: &Rec, issue_ns: u64) -> Result<(), Self::Error>;
+}
+
+/// What [`drive`] did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Driven {
+    /// Requests submitted (dropped markers are not requests).
+    pub requests: u64,
+    /// How late the last request was submitted against the trace.
+    pub final_lag_ns: u64,
+}
+
+/// The application model (module docs): each request at its trace time plus
+/// the lag so far; with `qd` data requests in flight the next waits for the
+/// first to complete; a flush first waits for everything in flight (it is
+/// then not counted against `qd` and holds up nothing after it).
+pub fn drive<E: Executor>(trace: &Trace, qd: usize, ex: &mut E) -> Result<Driven, E::Error> {
+    let qd = qd.max(1);
+    let t0 = trace.records.first().map_or(0, |r| r.t_ns);
+    let (mut lag, mut n) = (0u64, 0u64);
+    for r in &trace.records {
+        let want = r.t_ns - t0 + lag;
+        let mut issue = want;
+        if ex.retire_until(want)? >= qd {
+            issue = issue.max(ex.retire_first()?);
+        }
+        if r.op == Op::Flush {
+            issue = issue.max(ex.retire_all()?);
+        }
+        lag = issue - (r.t_ns - t0);
+        if r.op == Op::Dropped {
+            continue;
+        }
+        ex.submit(r, issue)?;
+        n += 1;
+    }
+    Ok(Driven { requests: n, final_lag_ns: lag })
+}
+
 /// Replay `trace` on `dev`, whose layers run on `clock`.
 pub fn replay(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &ReplayOptions) -> Result<ReplayResult, BlockError> {
     replay_observed(trace, dev, clock, o, &mut Nobody)
 }
 
-/// [`replay`], with `obs` told of every submission and completion.
-pub fn replay_observed(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &ReplayOptions, obs: &mut dyn Observer) -> Result<ReplayResult, BlockError> {
-    let qd = o.qd.max(1);
-    let mut inflight: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
-    let mut latest = 0u64; // latest completion so far
-    let t0 = trace.records.first().map_or(0, |r| r.t_ns);
-    let (mut lag, mut lat_sum, mut n) = (0u64, 0u128, 0u64);
-    let mut buf: Vec<u8> = Vec::new();
-    let mut per_s: Vec<u64> = Vec::new();
-    for r in &trace.records {
-        let want = r.t_ns - t0 + lag;
-        while inflight.peek().is_some_and(|Reverse(d)| *d <= want) {
-            inflight.pop();
+/// [`drive`] on virtual time: each request is run on the layers when it is
+/// submitted, and its completion is the deadline the layers booked.
+struct Virtual<'a> {
+    dev: &'a dyn BlockDev,
+    clock: &'a ReplayClock,
+    obs: &'a mut dyn Observer,
+    inflight: BinaryHeap<Reverse<u64>>,
+    latest: u64,
+    lat_sum: u128,
+    buf: Vec<u8>,
+    per_s: Vec<u64>,
+}
+
+impl Executor for Virtual<'_> {
+    type Error = BlockError;
+    fn retire_until(&mut self, t_ns: u64) -> Result<usize, BlockError> {
+        while self.inflight.peek().is_some_and(|Reverse(d)| *d <= t_ns) {
+            self.inflight.pop();
         }
-        let mut issue = want;
-        if inflight.len() >= qd {
-            let Reverse(first) = inflight.pop().expect("full");
-            issue = issue.max(first);
-        }
-        if r.op == Op::Flush {
-            issue = issue.max(latest);
-            inflight.clear();
-        }
-        lag = issue - (r.t_ns - t0);
-        if r.op != Op::Dropped {
-            obs.before(issue);
-        }
-        clock.submit_at(issue);
+        Ok(self.inflight.len())
+    }
+    fn retire_first(&mut self) -> Result<u64, BlockError> {
+        Ok(self.inflight.pop().map_or(0, |Reverse(d)| d))
+    }
+    fn retire_all(&mut self) -> Result<u64, BlockError> {
+        self.inflight.clear();
+        Ok(self.latest)
+    }
+    fn submit(&mut self, r: &Rec, issue: u64) -> Result<(), BlockError> {
+        let dev = self.dev;
+        self.obs.before(issue);
+        self.clock.submit_at(issue);
         match r.op {
             Op::Read | Op::Write => {
                 let len = usize::try_from(r.len).map_err(|_| BlockError::OutOfRange { offset: r.offset, len: r.len, size: dev.size() })?;
-                if buf.len() < len {
-                    buf.resize(len, 0);
+                if self.buf.len() < len {
+                    self.buf.resize(len, 0);
                 }
                 if r.op == Op::Read {
-                    dev.read_at(&mut buf[..len], r.offset)?
+                    dev.read_at(&mut self.buf[..len], r.offset)?
                 } else {
-                    dev.write_at(&buf[..len], r.offset, r.fua)?
+                    dev.write_at(&self.buf[..len], r.offset, r.fua)?
                 }
             }
             Op::Zero => dev.write_zeroes(r.offset, r.len, ZeroMode::default())?,
             Op::Trim => dev.discard(r.offset, r.len)?,
             Op::Flush => dev.flush()?,
-            Op::Dropped => continue,
+            Op::Dropped => return Ok(()),
         }
-        let done = clock.completion_ns();
-        obs.completed(r, issue, done);
-        latest = latest.max(done);
+        let done = self.clock.completion_ns();
+        self.obs.completed(r, issue, done);
+        self.latest = self.latest.max(done);
         if r.op != Op::Flush {
-            inflight.push(Reverse(done));
+            self.inflight.push(Reverse(done));
         }
-        lat_sum += (done - issue) as u128;
-        n += 1;
+        self.lat_sum += (done - issue) as u128;
         if r.op.moves_data() {
             let s = (done / 1_000_000_000) as usize;
-            if per_s.len() <= s {
-                per_s.resize(s + 1, 0);
+            if self.per_s.len() <= s {
+                self.per_s.resize(s + 1, 0);
             }
-            per_s[s] += r.len;
+            self.per_s[s] += r.len;
         }
+        Ok(())
     }
+}
+
+/// [`replay`], with `obs` told of every submission and completion.
+pub fn replay_observed(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &ReplayOptions, obs: &mut dyn Observer) -> Result<ReplayResult, BlockError> {
+    let mut v = Virtual { dev, clock, obs, inflight: BinaryHeap::new(), latest: 0, lat_sum: 0, buf: Vec::new(), per_s: Vec::new() };
+    let d = drive(trace, o.qd, &mut v)?;
+    let n = d.requests;
     Ok(ReplayResult {
-        completion_ns: latest,
+        completion_ns: v.latest,
         requests: n,
-        mean_latency_us: if n == 0 { 0.0 } else { lat_sum as f64 / n as f64 / 1e3 },
-        final_lag_ns: lag,
-        bytes_per_second: per_s,
+        mean_latency_us: if n == 0 { 0.0 } else { v.lat_sum as f64 / n as f64 / 1e3 },
+        final_lag_ns: d.final_lag_ns,
+        bytes_per_second: v.per_s,
     })
 }
 
@@ -189,5 +256,29 @@ mod tests {
         let dev = ModelDev::new(Arc::new(NullDev(10 * GIB)), clock.clone(), shape);
         let r = replay(&t, &dev, &clock, &ReplayOptions { qd: 1 }).unwrap();
         assert!((r.completion_ns as f64 / 1e6 - 100.0).abs() < 1.0, "{r:?}");
+    }
+
+    #[test]
+    fn a_full_queue_waits_for_the_first_completion_and_a_flush_for_all_and_holds_nothing_up() {
+        // Every request takes 10 ms; QD 2. Three reads at 0: the third waits for
+        // the first (10 ms). A flush at 0 (now 10 ms late) waits for the third
+        // (done at 20 ms); the read after it goes at 20 ms, not after the flush.
+        let mut recs: Vec<Rec> = (0..3).map(|i| Rec { t_ns: 0, op: Op::Read, offset: i * 4096, len: 4096, fua: false, dur_ns: 0 }).collect();
+        recs.push(Rec { t_ns: 0, op: Op::Flush, offset: 0, len: 0, fua: false, dur_ns: 0 });
+        recs.push(Rec { t_ns: 0, op: Op::Read, offset: 0, len: 4096, fua: false, dur_ns: 0 });
+        let t = Trace::from_records(Header::new(Source::SurgeRecord, "t"), recs);
+        struct Issues(Vec<u64>);
+        impl Observer for Issues {
+            fn completed(&mut self, _r: &Rec, issue_ns: u64, _done_ns: u64) {
+                self.0.push(issue_ns / 1_000_000);
+            }
+        }
+        let clock = Arc::new(ReplayClock::new());
+        let shape = surge_block::model::with_latency(VolumeModel::Io2 { iops: 64_000 }.shape(10 * GIB).unwrap(), std::time::Duration::from_millis(10));
+        let dev = ModelDev::new(Arc::new(NullDev(10 * GIB)), clock.clone(), shape);
+        let mut seen = Issues(Vec::new());
+        let r = replay_observed(&t, &dev, &clock, &ReplayOptions { qd: 2 }, &mut seen).unwrap();
+        assert_eq!(seen.0, vec![0, 0, 10, 20, 20], "{r:?}");
+        assert_eq!(r.final_lag_ns, 20_000_000);
     }
 }

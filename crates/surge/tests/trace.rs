@@ -227,3 +227,57 @@ fn recording_is_switched_on_and_off_on_a_running_daemon() {
     assert_eq!(shapes(&t2), vec![(Op::Read, 16 << 20, 65536, false)]);
     assert!(!t1.truncated && !t2.truncated);
 }
+
+/// A trace of `n` random 4 KiB reads submitted over the first `over_ms`,
+/// with a flush halfway, written as a trace directory.
+fn synthetic_reads(dir: &std::path::Path, n: u64, over_ms: u64) -> std::path::PathBuf {
+    use surge_trace::{Header, Limits, Rec, SegmentWriter, Source};
+    let path = dir.join("reads.trace");
+    let mut h = Header::new(Source::SurgeRecord, "reads");
+    h.device_size = 1 << 30;
+    let mut w = SegmentWriter::create(&path, h, Limits { segment_bytes: 64 << 20, max_bytes: u64::MAX }).unwrap();
+    for i in 0..n {
+        let t_ns = i * over_ms * 1_000_000 / n;
+        w.push(&Rec { t_ns, op: Op::Read, offset: (i * 7919 % 250_000) * 4096, len: 4096, fua: false, dur_ns: 0 }).unwrap();
+        if i == n / 2 {
+            w.push(&Rec { t_ns, op: Op::Flush, offset: 0, len: 0, fua: false, dur_ns: 0 }).unwrap();
+        }
+    }
+    w.finish().unwrap();
+    path
+}
+
+#[test]
+fn a_real_replay_on_gp3_takes_the_time_the_plan_predicts_for_it() {
+    // 6,000 random 4 KiB reads asked for in 0.5 s: gp3's 3,000 IOPS make it about 2 s,
+    // in the plan (virtual time) and in the daemon (real time), through the same pacing.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = synthetic_reads(dir.path(), 6_000, 500);
+    let p = plan_json(&trace, &[]);
+    let row = p["rows"].as_array().unwrap().iter().find(|r| r["name"] == "gp3").expect("a gp3 row").clone();
+    let predicted = row["completion_s"].as_f64().unwrap();
+    assert!((1.8..2.3).contains(&predicted), "6,000 reads at 3,000 IOPS: {predicted} s");
+    let spec = format!("app={}", row["spec"].as_str().unwrap());
+    let mut s = Surge::start(&["--export", &spec, "--local-instance", "m5.2xlarge"]);
+    let out = run_ok(Command::new(SURGE).args(["trace", "replay", "--trace"]).arg(&trace).arg(s.uri("app")).args(["--json", "--qd"]).arg(p["qd"].to_string()));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("replay JSON");
+    assert_eq!(r["requests"], 6_001, "every read and the flush: {r}");
+    let measured = r["completion_s"].as_f64().unwrap();
+    assert!((measured - predicted).abs() / predicted < 0.10, "measured {measured} s against predicted {predicted} s: {r}");
+    assert!(r["final_lag_s"].as_f64().unwrap() > 1.0, "the volume held the reads back: {r}");
+    s.signal(libc::SIGTERM);
+    assert!(s.wait(Duration::from_secs(30)).success(), "{}", s.logs());
+}
+
+#[test]
+fn a_replay_refuses_an_export_smaller_than_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = synthetic_reads(dir.path(), 100, 10);
+    let mut s = Surge::start(&["--export", "small=memory:64MiB"]);
+    let out = Command::new(SURGE).args(["trace", "replay", "--trace"]).arg(&trace).arg(s.uri("small")).output().unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("the trace reaches byte") && err.contains("at least as large"), "{err}");
+    s.signal(libc::SIGTERM);
+    assert!(s.wait(Duration::from_secs(30)).success(), "{}", s.logs());
+}

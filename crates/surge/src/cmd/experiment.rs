@@ -40,7 +40,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "streaming" => crate::experiment::streaming::run(&args.out, args.quick),
         "burstable" => crate::experiment::burstable::run(&args.out, args.quick),
         "burstbuffer" => crate::experiment::burstbuffer::run(&args.out, args.quick),
-        other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare, streaming, burstable, burstbuffer")),
+        "plan" => crate::experiment::plan::run(&args.out, args.quick),
+        other => Err(anyhow::anyhow!("unknown experiment {other:?}; known: elastic, fairshare, streaming, burstable, burstbuffer, plan")),
     };
     crate::experiment::progress::finish();
     r

@@ -20,6 +20,25 @@ enum What {
     Import(ImportArgs),
     /// Print a trace's summary (ops, bytes, mix, sizes, sequentiality, idle gaps, bursts) and write an SVG plot.
     Show(ShowArgs),
+    /// Issue a trace's requests to an NBD export in real time, paced as `surge plan workload`'s
+    /// replay assumes (the trace's order and gaps, at most QD in flight, flushes after what is in flight).
+    #[command(after_long_help = "Example:\n  surge trace replay --trace app.trace 'nbd+unix:///app?socket=/run/surge/nbd.sock' --json")]
+    Replay(ReplayArgs),
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// The trace (a directory from `surge serve --record` or `surge trace import`).
+    #[arg(long)]
+    trace: PathBuf,
+    /// The export: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH.
+    uri: String,
+    /// Requests in flight at most [default: as `surge plan workload`: the most the recording saw in flight, at least 32].
+    #[arg(long)]
+    qd: Option<usize>,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -65,7 +84,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.what {
         What::Import(a) => import(a),
         What::Show(a) => show(a),
+        What::Replay(a) => replay(a),
     }
+}
+
+fn replay(a: ReplayArgs) -> anyhow::Result<()> {
+    let t = Trace::open(&a.trace)?;
+    anyhow::ensure!(!t.records.is_empty(), "{}: the trace has no requests", a.trace.display());
+    anyhow::ensure!(t.header.timed, "{}: the trace is untimed (no gaps to keep); a real-time replay needs times", a.trace.display());
+    let qd = a.qd.unwrap_or_else(|| surge_sim::plan::default_qd(&t));
+    let o = crate::load::replay::replay(&t, &a.uri, qd)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&o)?);
+    } else {
+        println!(
+            "{} requests at QD {} in {:.3} s (lag at the end {:.3} s, mean latency {:.0} us; sent at most {:.2} ms late)",
+            o.requests, o.qd, o.completion_s, o.final_lag_s, o.mean_latency_us, o.max_send_late_ms
+        );
+    }
+    Ok(())
 }
 
 fn import(a: ImportArgs) -> anyhow::Result<()> {

@@ -4,6 +4,7 @@ pub mod burstable;
 pub mod burstbuffer;
 pub mod daemon;
 pub mod fairshare;
+pub mod plan;
 pub mod elastic;
 pub mod progress;
 pub mod stat;

@@ -16,6 +16,7 @@
 //! volume afterwards from the configuration alone (`--verify` does it too).
 
 pub mod pattern;
+pub mod replay;
 pub mod report;
 mod run;
 
