@@ -26,8 +26,20 @@ const VNET_HDR: usize = 10;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 /// A frame that would wait longer than this for its links is dropped, as a
-/// switch's buffer overflows (TCP backs off instead of queueing without end).
+/// switch's buffer overflows (TCP backs off instead of queueing without end)...
 const QUEUE_LIMIT: Duration = Duration::from_millis(20);
+/// ...but a queue holds at least this many bytes: on a slow link 20 ms is
+/// less than one 64 KiB offloaded frame, and every loss would take 44
+/// segments at once.
+const QUEUE_MIN_BYTES: f64 = 512.0 * 1024.0;
+
+/// How long a queue at `rate` bytes/s may hold a frame.
+fn queue_limit(rate: Option<f64>) -> Duration {
+    match rate {
+        Some(r) => QUEUE_LIMIT.max(Duration::from_secs_f64(QUEUE_MIN_BYTES / r)),
+        None => QUEUE_LIMIT,
+    }
+}
 
 /// One machine's link to the switch.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -197,7 +209,7 @@ fn schedule(specs: &[PortSpec], links: &mut Links, from: usize, to: &[usize], fl
     let src = specs[from];
     let mut up = links.up_free[from];
     let t1 = serve(&mut up, now, len, bytes_per_s(src.rate_mbit));
-    if t1 > now + QUEUE_LIMIT {
+    if t1 > now + queue_limit(bytes_per_s(src.rate_mbit)) {
         return Vec::new();
     }
     links.up_free[from] = up;
@@ -209,7 +221,8 @@ fn schedule(specs: &[PortSpec], links: &mut Links, from: usize, to: &[usize], fl
         let t2 = serve(&mut path, t1, len, bytes_per_s(per_peer));
         let mut down = links.down_free[dst];
         let t3 = serve(&mut down, t2, len, bytes_per_s(d.rate_mbit));
-        if t3 > now + QUEUE_LIMIT {
+        let slowest = [per_peer, d.rate_mbit].into_iter().filter(|&r| r > 0).min().unwrap_or(0);
+        if t3 > t1 + queue_limit(bytes_per_s(slowest)) {
             continue;
         }
         if per_peer > 0 {
@@ -318,6 +331,14 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_queue_holds_half_a_mebibyte_and_a_fast_one_20_ms() {
+        // 8 Mbit/s: 512 KiB take 524 ms; 2,500 Mbit/s: 20 ms hold 6.25 MB.
+        assert_eq!(queue_limit(bytes_per_s(8)), Duration::from_secs_f64(512.0 * 1024.0 / 1e6));
+        assert_eq!(queue_limit(bytes_per_s(2500)), QUEUE_LIMIT);
+        assert_eq!(queue_limit(None), QUEUE_LIMIT);
+    }
+
+    #[test]
     fn a_frame_pays_both_links_and_both_delays() {
         let t0 = Instant::now();
         // 80 Mbit/s = 10 MB/s: 10,000 bytes take 1 ms on each link.
@@ -341,12 +362,13 @@ mod tests {
         // The same connection again queues behind its first frame...
         let c = schedule(&specs, &mut l, 0, &[2], 7, 1000, t0);
         assert_eq!(c[0].1 - t0, Duration::from_millis(2));
-        // ...until the queue would hold a frame longer than QUEUE_LIMIT: dropped.
+        // ...until the queue would hold a frame longer than its limit
+        // (512 KiB at 1 MB/s: 524 ms): dropped.
         let mut dropped = 0;
-        for _ in 0..40 {
+        for _ in 0..600 {
             dropped += usize::from(schedule(&specs, &mut l, 0, &[2], 7, 1000, t0).is_empty());
         }
-        assert!(dropped > 0 && dropped < 40, "{dropped}");
-        assert!(l.path_free[&(0, 2, 7)] <= t0 + QUEUE_LIMIT);
+        assert!(dropped > 0 && dropped < 600, "{dropped}");
+        assert!(l.path_free[&(0, 2, 7)] <= t0 + queue_limit(bytes_per_s(8)));
     }
 }
