@@ -27,6 +27,7 @@ mod guest;
 mod image;
 pub(crate) mod link;
 pub(crate) mod proc;
+mod readahead;
 mod report;
 mod work;
 
@@ -65,6 +66,9 @@ pub struct Plan {
     pub pg_secs: u64,
     pub sort_bytes: u64,
     pub sort_buffer: String,
+    /// Bytes each of the read-ahead check's other workloads reads (0: no check).
+    #[serde(default)]
+    pub readahead_check_bytes: u64,
 }
 
 impl Plan {
@@ -87,6 +91,7 @@ impl Plan {
                 pg_secs: 4,
                 sort_bytes: 96 * MIB,
                 sort_buffer: "8M".into(),
+                readahead_check_bytes: 64 * MIB,
             }
         } else {
             Plan {
@@ -106,6 +111,7 @@ impl Plan {
                 pg_secs: 60,
                 sort_bytes: 2 * GIB,
                 sort_buffer: "128M".into(),
+                readahead_check_bytes: 256 * MIB,
             }
         }
     }
@@ -248,6 +254,20 @@ struct Volume {
     copy_s: f64,
 }
 
+/// A surge-cow volume over the base, `opts` added to its spec, served on
+/// `dir/vm.sock` (not yet answering: see [`ready`]); and its URI.
+fn serve_cow(rig: &Rig, dir: &Path, opts: &str) -> anyhow::Result<(Proc, String)> {
+    let sock = dir.join("vm.sock");
+    let spec = format!("vm=cow:base={},overlay={}{opts}", rig.base_uri("base"), dir.join("vm.ovl").display());
+    Ok((surge_serve(rig, dir, &spec)?, format!("nbd+unix:///vm?socket={}", sock.display())))
+}
+
+/// Wait until the server of a volume answers on `sock`.
+fn ready(server: &mut Proc, sock: &Path) -> anyhow::Result<()> {
+    server.wait_for_path(sock, Duration::from_secs(60))?;
+    work::wait_socket(sock)
+}
+
 fn surge_serve(rig: &Rig, dir: &Path, export: &str) -> anyhow::Result<Proc> {
     let mut cmd = Command::new(&rig.surge);
     cmd.args(["--log", "warn", "serve", "--data-dir"])
@@ -278,8 +298,8 @@ fn provision(rig: &mut Rig, cfg: Config, dir: &Path) -> anyhow::Result<Volume> {
                 extra.push(',');
                 extra.push_str(&more);
             }
-            let spec = format!("vm=cow:base={},overlay={}{extra}", rig.base_uri("base"), dir.join("vm.ovl").display());
-            (surge_serve(rig, dir, &spec)?, unix("vm"), 0.0)
+            let (server, uri) = serve_cow(rig, dir, &extra)?;
+            (server, uri, 0.0)
         }
         Config::SurgePersistent => {
             // The paper's persistent volume: the image is first duplicated on
@@ -305,8 +325,7 @@ fn provision(rig: &mut Rig, cfg: Config, dir: &Path) -> anyhow::Result<Volume> {
         }
     };
     let mut server = server;
-    server.wait_for_path(&sock, Duration::from_secs(60))?;
-    work::wait_socket(&sock)?;
+    ready(&mut server, &sock)?;
     Ok(Volume { servers: vec![server], uri, copy_s })
 }
 
@@ -392,8 +411,8 @@ fn measure_rtt(rig: &Rig) -> anyhow::Result<f64> {
 /// Write report.md and the plots again from the results.json in `out` (a
 /// report change applied to a recorded run; nothing is measured).
 pub fn rewrite_report(out: &Path) -> anyhow::Result<()> {
-    let (plan, setup, samples) = report::read(out)?;
-    report::write(out, &plan, &setup, &samples)
+    let (plan, setup, samples, readahead) = report::read(out)?;
+    report::write(out, &plan, &setup, &samples, &readahead)
 }
 
 pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
@@ -410,7 +429,13 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let started = Instant::now();
     let work = tempfile::Builder::new().prefix("surge-streaming").tempdir_in("/var/tmp").context("making a work dir in /var/tmp")?;
     std::fs::create_dir_all(work.path().join("storage"))?;
-    let bar = report::progress_bar((plan.reps * Config::ALL.len()) as u64);
+    // The read-ahead check runs on surge-cow: left out when a subset without it is asked for.
+    let configs_asked = std::env::var("SURGE_STREAMING_CONFIGS").ok();
+    if configs_asked.as_deref().is_some_and(|only| !only.split(',').any(|c| c == "surge-cow")) {
+        plan.readahead_check_bytes = 0;
+    }
+    let check_runs = if plan.readahead_check_bytes > 0 { readahead::runs(plan.reps) } else { 0 };
+    let bar = report::progress_bar((plan.reps * Config::ALL.len()) as u64 + check_runs);
     bar.set_message("building the base image (mkfs.ext4 -d)");
     let t = Instant::now();
     let img = image::build(&work.path().join("storage"), plan.image_bytes, plan.file_bytes, plan.boot_bytes)?;
@@ -434,7 +459,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         // Interleave: each round starts with a different configuration.
         let mut order = Config::ALL.to_vec();
         // For debugging one configuration: SURGE_STREAMING_CONFIGS=surge-cow,local-raw
-        if let Ok(only) = std::env::var("SURGE_STREAMING_CONFIGS") {
+        if let Some(only) = &configs_asked {
             order.retain(|c| only.split(',').any(|o| o == c.name()));
         }
         let n = order.len().max(1);
@@ -458,6 +483,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             bar.inc(1);
         }
     }
+    let readahead = if plan.readahead_check_bytes > 0 { readahead::run(&mut rig, &bar)? } else { Vec::new() };
     bar.finish_and_clear();
     let setup = report::Setup {
         rtt_us,
@@ -469,5 +495,5 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         total_s: started.elapsed().as_secs_f64(),
     };
     drop(rig);
-    report::write(out, &plan, &setup, &samples)
+    report::write(out, &plan, &setup, &samples, &readahead)
 }

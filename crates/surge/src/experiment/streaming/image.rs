@@ -15,6 +15,8 @@ pub struct BaseImage {
     /// Paths relative to the file system root, and their sizes.
     pub boot: Vec<(PathBuf, u64)>,
     pub boot_bytes: u64,
+    /// Every file in the image, in path order, with its size.
+    pub chosen: Vec<(PathBuf, u64)>,
     /// Where the files came from (to verify what a volume returns).
     pub staged: PathBuf,
 }
@@ -90,13 +92,18 @@ pub fn build(dir: &Path, size: u64, file_bytes: u64, boot_bytes: u64) -> anyhow:
     let _ = std::fs::remove_file(&path);
     std::fs::File::create(&path)?.set_len(size)?;
     sh(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", "-L", "base", "-d"]).arg(&staged).arg(&path))?;
-    Ok(BaseImage { path, size, files: chosen.len() as u64, file_bytes: total, boot, boot_bytes: boot_total, staged })
+    Ok(BaseImage { path, size, files: chosen.len() as u64, file_bytes: total, boot, boot_bytes: boot_total, chosen, staged })
 }
 
 /// Write the boot set as NUL-separated relative paths (for `xargs -0`).
 pub fn write_boot_list(img: &BaseImage, path: &Path) -> anyhow::Result<()> {
+    write_list(&img.boot, path)
+}
+
+/// Write `files` as NUL-separated relative paths (for `xargs -0`).
+pub fn write_list(files: &[(PathBuf, u64)], path: &Path) -> anyhow::Result<()> {
     let mut b = Vec::new();
-    for (p, _) in &img.boot {
+    for (p, _) in files {
         b.extend_from_slice(p.as_os_str().as_encoded_bytes());
         b.push(0);
     }
@@ -106,8 +113,13 @@ pub fn write_boot_list(img: &BaseImage, path: &Path) -> anyhow::Result<()> {
 
 /// Every boot file on the mounted volume equals its source.
 pub fn verify_boot_set(img: &BaseImage, mnt: &Path) -> anyhow::Result<u64> {
+    verify_files(img, mnt, &img.boot)
+}
+
+/// Every one of `files` on the mounted volume equals its source.
+pub fn verify_files(img: &BaseImage, mnt: &Path, files: &[(PathBuf, u64)]) -> anyhow::Result<u64> {
     let mut n = 0;
-    for (rel, _) in &img.boot {
+    for (rel, _) in files {
         let got = std::fs::read(mnt.join(rel))?;
         let want = std::fs::read(img.staged.join(rel))?;
         anyhow::ensure!(got == want, "{} differs on the volume from its source", rel.display());

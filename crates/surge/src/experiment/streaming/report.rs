@@ -1,6 +1,7 @@
 //! results.json, report.md and the plots of the streaming experiment.
 
 use super::cost::{self, Cost, Pricing};
+use super::readahead::{self, RaSample};
 use super::{Config, Plan, Sample, METRICS};
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -27,8 +28,8 @@ fn link_rate(samples: &BTreeMap<Config, Vec<Sample>>) -> Option<f64> {
     (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
 }
 
-/// The plan, setup and samples of the results.json in `out`.
-pub fn read(out: &Path) -> anyhow::Result<(Plan, Setup, BTreeMap<Config, Vec<Sample>>)> {
+/// The plan, setup, samples and read-ahead check of the results.json in `out`.
+pub fn read(out: &Path) -> anyhow::Result<(Plan, Setup, BTreeMap<Config, Vec<Sample>>, Vec<RaSample>)> {
     let path = out.join("results.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
@@ -40,7 +41,11 @@ pub fn read(out: &Path) -> anyhow::Result<(Plan, Setup, BTreeMap<Config, Vec<Sam
         let cfg = Config::named(name).with_context(|| format!("results.json: unknown configuration {name:?}"))?;
         samples.insert(cfg, Vec::<Sample>::deserialize(&c["samples"]).with_context(|| format!("results.json: samples of {name}"))?);
     }
-    Ok((plan, setup, samples))
+    let ra = match v.get("readahead_check") {
+        Some(r) => Vec::<RaSample>::deserialize(&r["samples"]).context("results.json: readahead_check.samples")?,
+        None => Vec::new(),
+    };
+    Ok((plan, setup, samples, ra))
 }
 
 pub fn median(v: &mut [f64]) -> f64 {
@@ -131,7 +136,7 @@ fn checks(med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> Vec<Check> {
     out
 }
 
-pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>) -> anyhow::Result<()> {
+pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, ra: &[RaSample]) -> anyhow::Result<()> {
     let pricing = Pricing::list();
     let costs: BTreeMap<Config, Vec<Cost>> = samples.iter().map(|(c, v)| (*c, v.iter().map(|x| cost::of(&pricing, x)).collect())).collect();
     let mut configs = serde_json::Map::new();
@@ -170,7 +175,7 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
         deviations.push(json!({"setting": format!("cow options {more} (SURGE_STREAMING_COW_OPTS)"), "reason": "set by whoever ran this experiment"}));
     }
     setup_json["deviations"] = json!(deviations);
-    let results = json!({
+    let mut results = json!({
         "experiment": "streaming",
         "plan": plan,
         "setup": setup_json,
@@ -178,10 +183,13 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
         "configs": configs,
         "checks": checks.iter().map(|c| json!({ "what": c.what, "value": c.value, "target": c.target, "ok": c.ok })).collect::<Vec<_>>(),
     });
+    if !ra.is_empty() {
+        results["readahead_check"] = readahead::to_json(ra);
+    }
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     plot_provision(&out.join("provision.svg"), &med)?;
     plot_runtime(&out.join("runtime.svg"), &med)?;
-    let text = report(plan, setup, samples, &costs, &checks, &pricing);
+    let text = report(plan, setup, samples, &costs, &checks, &pricing, ra);
     std::fs::write(out.join("report.md"), &text)?;
     println!("{text}");
     println!("results: {}; plots: provision.svg, runtime.svg", out.join("results.json").display());
@@ -209,7 +217,7 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, costs: &BTreeMap<Config, Vec<Cost>>, checks: &[Check], pricing: &Pricing) -> String {
+fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, costs: &BTreeMap<Config, Vec<Cost>>, checks: &[Check], pricing: &Pricing, ra: &[RaSample]) -> String {
     let mut s = String::new();
     let runs = if plan.reps == 1 {
         format!("{}: one run per configuration", if plan.quick { "--quick" } else { "full scale" })
@@ -256,6 +264,7 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
         let _ = writeln!(s, "| {} | {} | {} | {} |", c.what, c.value, c.target, if c.ok { "met" } else { "**NOT MET**" });
     }
     cost_section(&mut s, costs, pricing);
+    readahead::section(&mut s, ra);
     let _ = writeln!(s, "\n## Setup and scale\n");
     let _ = writeln!(s, "- Storage node: `surge serve` (default settings) in its own network namespace, base image exported read-only over TCP.");
     let delay = if plan.delay_us > 0 {
@@ -450,17 +459,20 @@ mod tests {
         let mut samples = BTreeMap::new();
         samples.insert(Config::LocalRaw, vec![Sample { copy_s: 19.0, link_bytes: 6 << 30, ..sample(20.0, 1000.0, 10.0) }, sample(22.0, 900.0, 11.0)]);
         samples.insert(Config::SurgeCow, vec![sample(1.5, 950.0, 10.9)]);
-        write(dir.path(), &plan, &setup, &samples).unwrap();
+        let ra = vec![RaSample { workload: readahead::Workload::Scan, setting: "default".into(), round: 0, bytes: 64 << 20, seconds: 1.25, link_bytes: 70_000_000 }];
+        write(dir.path(), &plan, &setup, &samples, &ra).unwrap();
         let first = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(first.contains("## Cost") && first.contains("m5.large"), "{first}");
         assert!(first.contains("not run (a subset, `SURGE_STREAMING_CONFIGS`): surge-cow-cor, surge-persistent, qemu-qcow2, nbdkit-cow."), "{first}");
-        let (plan2, setup2, samples2) = read(dir.path()).unwrap();
+        assert!(first.contains("| scan | 64 | ") && first.contains("1.25 s [1.25, 1.25], 70 MB"), "{first}");
+        let (plan2, setup2, samples2, ra2) = read(dir.path()).unwrap();
+        assert_eq!(ra2.len(), 1);
         assert_eq!(plan2.image_bytes, plan.image_bytes);
         assert_eq!(setup2.image_s, 20.0);
         assert_eq!(samples2[&Config::LocalRaw].len(), 2);
         assert_eq!(samples2[&Config::LocalRaw][0].link_bytes, 6 << 30);
         std::fs::remove_file(dir.path().join("report.md")).unwrap();
-        write(dir.path(), &plan2, &setup2, &samples2).unwrap();
+        write(dir.path(), &plan2, &setup2, &samples2, &ra2).unwrap();
         assert_eq!(std::fs::read_to_string(dir.path().join("report.md")).unwrap(), first);
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("results.json")).unwrap()).unwrap();
         let job = |c: &str| v["configs"][c]["cost"]["job_usd"].as_f64().unwrap();

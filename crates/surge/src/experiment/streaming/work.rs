@@ -17,7 +17,13 @@ pub const BOOT_READERS: u32 = 8;
 
 /// Read every boot file, `BOOT_READERS` `cat`s in parallel.
 pub fn boot(mnt: &Path, list: &Path) -> anyhow::Result<()> {
-    sh(Command::new("sh").arg("-c").arg(format!("xargs -0 -P {BOOT_READERS} -n 32 cat < '{}' > /dev/null", list.display())).current_dir(mnt))?;
+    read_files(mnt, list, BOOT_READERS)
+}
+
+/// Read the files of `list` whole with `cat`, `readers` at once, in the
+/// list's order.
+pub fn read_files(mnt: &Path, list: &Path, readers: u32) -> anyhow::Result<()> {
+    sh(Command::new("sh").arg("-c").arg(format!("xargs -0 -P {readers} -n 32 cat < '{}' > /dev/null", list.display())).current_dir(mnt))?;
     Ok(())
 }
 
