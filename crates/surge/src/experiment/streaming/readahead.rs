@@ -208,6 +208,16 @@ pub fn default_behind_best(samples: &[RaSample], w: Workload) -> Option<(f64, &'
     Some((d / best - 1.0, name))
 }
 
+/// The default's median link bytes on `w` against read-ahead off's, as a
+/// fraction more (what reading ahead costs on the link).
+pub fn default_link_over_off(samples: &[RaSample], w: Workload) -> Option<f64> {
+    let link = |set: &str| {
+        let runs: Vec<f64> = samples.iter().filter(|x| x.workload == w && x.setting == set).map(|x| x.link_bytes as f64).collect();
+        (!runs.is_empty()).then(|| median(runs.into_iter()).0)
+    };
+    Some(link("default")? / link("off")? - 1.0)
+}
+
 /// results.json's `readahead_check`.
 pub fn to_json(samples: &[RaSample]) -> serde_json::Value {
     let mut workloads = serde_json::Map::new();
@@ -225,6 +235,9 @@ pub fn to_json(samples: &[RaSample]) -> serde_json::Value {
         if let Some((behind, best)) = default_behind_best(samples, w) {
             o.insert("default_behind_best".into(), serde_json::json!(behind));
             o.insert("best".into(), serde_json::json!(best));
+        }
+        if let Some(more) = default_link_over_off(samples, w) {
+            o.insert("default_link_over_off".into(), serde_json::json!(more));
         }
         workloads.insert(w.name().into(), serde_json::Value::Object(o));
     }
@@ -249,11 +262,14 @@ pub fn section(s: &mut String, samples: &[RaSample]) {
             let (link, _, _) = median(runs(set).map(|x| x.link_bytes as f64));
             let _ = write!(s, " {sec:.2} s [{lo:.2}, {hi:.2}], {:.0} MB |", link / 1e6);
         }
-        let verdict = match default_behind_best(samples, w) {
+        let mut verdict = match default_behind_best(samples, w) {
             Some((_, "default")) => "the fastest".to_string(),
             Some((behind, best)) => format!("{:.1} % slower than {best}", behind * 100.0),
             None => "-".into(),
         };
+        if let Some(more) = default_link_over_off(samples, w) {
+            let _ = write!(verdict, "; {:+.1} % link bytes against off", more * 100.0);
+        }
         let _ = writeln!(s, " {verdict} |");
     }
     let _ = writeln!(s);
@@ -267,7 +283,7 @@ mod tests {
     use super::*;
 
     fn sample(w: Workload, setting: &str, seconds: f64) -> RaSample {
-        RaSample { workload: w, setting: setting.into(), round: 0, bytes: 1 << 20, seconds, link_bytes: 0 }
+        RaSample { workload: w, setting: setting.into(), round: 0, bytes: 1 << 20, seconds, link_bytes: (seconds * 1e6) as u64 }
     }
 
     #[test]
@@ -288,7 +304,8 @@ mod tests {
         let mut s = String::new();
         section(&mut s, &v);
         assert!(s.contains("| large | 1 |") && s.contains("50.0 % slower than 4MiB"), "{s}");
-        assert!(s.contains("the fastest"), "{s}");
+        assert!(s.contains("the fastest; -50.0 % link bytes against off"), "{s}");
+        assert!((default_link_over_off(&v, Workload::Large).unwrap() + 0.25).abs() < 1e-9);
         let j = to_json(&v);
         assert_eq!(j["workloads"]["large"]["best"], "4MiB");
     }
