@@ -20,6 +20,10 @@
 //!   volumes attached at once, and the EC2 API calls against the account's
 //!   request buckets and storage quotas (event driven).
 //! - [`plot`]: the recommended candidate's timeline as SVG.
+//! - [`threaded`]: the other engine, for layers with threads of their own
+//!   (mirror rebuilds, cache writeback, controllers): every thread on one
+//!   `SimClock`, closed-loop workers, a sampler, the scaled local cloud; the
+//!   burstable experiment's virtual-time figures run on it.
 //!
 //! It depends on no network code and not on the `surge` binary.
 
@@ -31,6 +35,7 @@ pub mod plan;
 pub mod plot;
 pub mod replay;
 pub mod stripe;
+pub mod threaded;
 
 pub use plan::{plan_workload, Objective, PlanOptions, WorkloadPlan};
 pub use replay::{replay, replay_observed, Observer, ReplayOptions, ReplayResult};

@@ -9,7 +9,7 @@
 //! Simulated on virtual time like Figures 3 and 5: the stage workers run
 //! inside the experiment and call the real layers on a discrete-event clock.
 
-use super::sim::{self, stamp};
+use surge_sim::threaded::{self as sim, stamp};
 use super::{fresh_dir, open_under_test, Setting, UnderTest, TAG};
 use crate::stack::burstable::SwapRecord;
 use serde::Serialize;

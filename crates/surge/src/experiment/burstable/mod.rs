@@ -24,7 +24,7 @@ mod ephemeral;
 mod live;
 mod plot;
 mod report;
-pub mod sim;
+use surge_sim::threaded as sim;
 
 use crate::stack::burstable::{BurstableParams, BurstableVolume, LoggedDecision, SwapRecord};
 use anyhow::Context;

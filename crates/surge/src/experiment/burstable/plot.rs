@@ -2,7 +2,7 @@
 //! (Figures 3 and 5), and IOPS / cost bars (Figure 1).
 
 use super::report::{workloads, Results};
-use super::sim::{rates, Sample};
+use surge_sim::threaded::{rates, Sample};
 use super::{Run, Setting};
 use plotters::prelude::*;
 use std::path::Path;

@@ -341,8 +341,8 @@ pub fn markdown(s: &Setting, runs: &[Run], r: &Results, quick: bool, work: &Path
             c.errors
         );
     }
-    let zipf = super::sim::Zipf::new(s.b(s.cache_file) / s.cache_request, s.zipf_theta, 1);
-    let full = super::sim::Zipf::new(s.cache_file / s.cache_request, s.zipf_theta, 1);
+    let zipf = surge_sim::threaded::Zipf::new(s.b(s.cache_file) / s.cache_request, s.zipf_theta, 1);
+    let full = surge_sim::threaded::Zipf::new(s.cache_file / s.cache_request, s.zipf_theta, 1);
     let _ = writeln!(
         m,
         "\nPaper (Fig. 5): no cache 79 MiB/s; one gp2 cache 56 MiB/s (at its baseline: 300 IOPS, worse than st1); 10 gp2 1,047 MiB/s read-only (18.6x; 13.3x no cache) and 784 MiB/s at 90 % reads (13.9x; 9.9x no cache), limited by st1's 79 MiB/s of writes; +5.2 % cost. The single volume here starts with a full bucket (AWS gives every new volume one): the whole window includes its burst, the second half is the paper's steady state at the baseline. gp2 merges physically sequential I/O into 256 KiB operations (AWS's accounting, as st1 into 1 MiB): at 300 IOPS that is at most 75 MiB/s of cache I/O with adjacent cache blocks, 9.4 MiB/s with none adjacent (docs/burstable.md). Zipf tail: at this scale the file has {} items of 1 MiB and {:.1} % of requests fall beyond the half that fits the cache; at full scale ({} items) {:.1} %: this run's cache misses more than the paper's.\n",

@@ -1,9 +1,16 @@
-//! The harness for virtual-time runs: a scaled local cloud, fio-like closed-loop
-//! workers and a sampler, all threads on one [`SimClock`], so the real layers
-//! (stripe, mirror, cache, device models, provider, controller) run with real
-//! I/O on tmpfs files while the model clock advances.
+//! The threaded harness: virtual-time runs of layers that have threads of
+//! their own (a stripe's mirror rebuilds, the cache's writeback, a swap
+//! controller, the provider's attach delays). Every thread (closed-loop
+//! fio-like workers, a sampler, the layers' own) registers on one
+//! [`SimClock`], which advances to the next deadline once all of them sleep,
+//! so the real layers run with real I/O on tmpfs files while the model clock
+//! moves. [`crate::replay`] is the other engine: one thread, many requests in
+//! flight, for layers that book their service at submission (the volume
+//! models); what has threads runs here.
+//!
+//! The burstable experiment's Figures 1, 3 and 5 and its ephemeral stages run
+//! on this harness.
 
-use anyhow::Context;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -11,11 +18,29 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use surge_block::{BlockDev, Clock, ClockThread, Hold, SimClock};
-use surge_cloud::{CostReport, Delays, LocalConfig, LocalProvider, PriceTable, Provider};
+use surge_block::{BlockDev, BlockError, Clock, ClockThread, Hold, SimClock};
+use surge_cloud::{CloudError, CostReport, Delays, LocalConfig, LocalProvider, PriceTable, Provider};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("{what}: {source}")]
+    Io { what: String, source: BlockError },
+    #[error("the local cloud: {0}")]
+    Cloud(#[from] CloudError),
+    #[error("the run's directory: {0}")]
+    Dir(#[from] std::io::Error),
+    #[error("no volume named {0}")]
+    NoVolume(String),
+}
+
+pub type Result<T, E = HarnessError> = std::result::Result<T, E>;
+
+fn io(what: String) -> impl FnOnce(BlockError) -> HarnessError {
+    move |source| HarnessError::Io { what, source }
+}
 
 /// The local cloud of one run: volumes on tmpfs files, scaled by `f`.
-pub fn provider(dir: &Path, clock: Arc<dyn Clock>, f: f64, attach_delay: Duration) -> anyhow::Result<Arc<LocalProvider>> {
+pub fn provider(dir: &Path, clock: Arc<dyn Clock>, f: f64, attach_delay: Duration) -> Result<Arc<LocalProvider>> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
     let cfg = LocalConfig {
@@ -122,13 +147,13 @@ pub fn stamp(buf: &mut [u8], offset: u64, tag: u64) {
 }
 
 /// Pages of `[0, len)` whose stamp is missing or wrong (all must be stamped).
-pub fn bad_pages(dev: &dyn BlockDev, len: u64, tag: u64) -> anyhow::Result<u64> {
+pub fn bad_pages(dev: &dyn BlockDev, len: u64, tag: u64) -> Result<u64> {
     let mut bad = 0;
     let mut buf = vec![0u8; 1 << 20];
     let mut off = 0;
     while off < len {
         let n = (len - off).min(buf.len() as u64) as usize;
-        dev.read_at(&mut buf[..n], off).with_context(|| format!("reading back at {off}"))?;
+        dev.read_at(&mut buf[..n], off).map_err(io(format!("reading back at {off}")))?;
         for (i, page) in buf[..n].chunks(4096).enumerate() {
             let at = off + i as u64 * 4096;
             if page.len() < 16 || page[..8] != at.to_le_bytes() || page[8..16] != tag.to_le_bytes() {
@@ -141,16 +166,16 @@ pub fn bad_pages(dev: &dyn BlockDev, len: u64, tag: u64) -> anyhow::Result<u64> 
 }
 
 /// Write `[0, len)` once, stamped, in 1 MiB requests (fio laying out its file).
-pub fn lay_out(dev: &dyn BlockDev, len: u64, tag: u64) -> anyhow::Result<()> {
+pub fn lay_out(dev: &dyn BlockDev, len: u64, tag: u64) -> Result<()> {
     let mut buf = vec![0u8; 1 << 20];
     let mut off = 0;
     while off < len {
         let n = (len - off).min(buf.len() as u64) as usize;
         stamp(&mut buf[..n], off, tag);
-        dev.write_at(&buf[..n], off, false).with_context(|| format!("laying out at {off}"))?;
+        dev.write_at(&buf[..n], off, false).map_err(io(format!("laying out at {off}")))?;
         off += n as u64;
     }
-    dev.flush()?;
+    dev.flush().map_err(io("flushing the laid-out file".into()))?;
     Ok(())
 }
 
@@ -194,7 +219,7 @@ pub fn run_workers(dev: &Arc<dyn BlockDev>, clock: &Arc<SimClock>, w: &Workload,
                         }
                         Err(e) => {
                             if tally.errors.fetch_add(1, Relaxed) == 0 {
-                                eprintln!("burstable experiment: I/O error: {e}");
+                                eprintln!("virtual-time run: I/O error: {e}");
                             }
                         }
                     }
@@ -282,8 +307,8 @@ pub fn set_byte_credits(provider: &LocalProvider, id: &str, frac: f64) {
 }
 
 /// The id of the volume named `name`.
-pub fn id_of(provider: &dyn Provider, name: &str) -> anyhow::Result<String> {
-    provider.list()?.into_iter().find(|v| v.name.as_deref() == Some(name)).map(|v| v.id).with_context(|| format!("no volume named {name}"))
+pub fn id_of(provider: &dyn Provider, name: &str) -> Result<String> {
+    provider.list()?.into_iter().find(|v| v.name.as_deref() == Some(name)).map(|v| v.id).ok_or_else(|| HarnessError::NoVolume(name.into()))
 }
 
 #[cfg(test)]
