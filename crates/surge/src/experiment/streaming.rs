@@ -161,6 +161,9 @@ pub struct Sample {
     pub sort_s: f64,
     /// Bytes the storage node sent over the link during the run.
     pub link_bytes: u64,
+    /// CPU µs of the volume's serving process per fio I/O: randread,
+    /// randwrite, seqread, seqwrite (0 where not measured).
+    pub server_cpu_us: [f64; 4],
 }
 
 /// The metrics of results.json, with whether higher is better.
@@ -363,7 +366,7 @@ fn run_one(rig: &mut Rig, cfg: Config, rep: usize, bar: &indicatif::ProgressBar)
     let t = Instant::now();
     settle()?;
     phase("fio");
-    let f = work::fio(&guest.mnt, &rig.plan)?;
+    let f = work::fio(&guest.mnt, &rig.plan, &|| vol.servers.first().and_then(Proc::cpu_s))?;
     let t_fio = t.elapsed().as_secs_f64();
     settle()?;
     phase("pgbench");
@@ -390,6 +393,7 @@ fn run_one(rig: &mut Rig, cfg: Config, rep: usize, bar: &indicatif::ProgressBar)
         oltp_tps: tps,
         sort_s,
         link_bytes,
+        server_cpu_us: f.server_cpu_us,
     })
 }
 

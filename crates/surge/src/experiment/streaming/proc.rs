@@ -80,6 +80,11 @@ impl Proc {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// CPU seconds (user + system, every thread) the process has used so far.
+    pub fn cpu_s(&self) -> Option<f64> {
+        cpu_s_of(self.pid()?)
+    }
+
     /// SIGKILL now (a crash, not a shutdown) and reap it.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -109,5 +114,33 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(10));
+    }
+}
+
+/// CPU seconds (user + system) process `pid` has used, from /proc/PID/stat.
+pub fn cpu_s_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_s_from_stat(&stat)
+}
+
+fn cpu_s_from_stat(stat: &str) -> Option<f64> {
+    // The command name (field 2) may hold spaces and parentheses: the fields
+    // counted from the last ')' on are state (3), ..., utime (14), stime (15).
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_time_is_read_after_a_command_name_with_spaces_and_parentheses() {
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 1000 0 0";
+        assert_eq!(super::cpu_s_from_stat(stat), Some(300.0 / hz));
+        assert!(super::cpu_s_of(std::process::id()).is_some());
+        assert_eq!(super::cpu_s_from_stat("garbage"), None);
     }
 }

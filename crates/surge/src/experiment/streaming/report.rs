@@ -263,6 +263,7 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     for c in checks {
         let _ = writeln!(s, "| {} | {} | {} | {} |", c.what, c.value, c.target, if c.ok { "met" } else { "**NOT MET**" });
     }
+    cpu_section(&mut s, samples);
     cost_section(&mut s, costs, pricing);
     readahead::section(&mut s, ra);
     let _ = writeln!(s, "\n## Setup and scale\n");
@@ -339,6 +340,36 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     let _ = writeln!(s, "- `sync` (not timed) before each phase and each fio pattern, so no phase pays for the previous one's dirty data.");
     let _ = writeln!(s, "- The machine is shared (2 cores); timings include that noise.");
     s
+}
+
+/// The fio patterns, in the order of [`Sample::server_cpu_us`].
+const CPU_PATTERNS: [&str; 4] = ["4K randread", "4K randwrite", "1M seqread", "1M seqwrite"];
+
+/// The serving process's CPU per I/O: a figure that, unlike the rates, hardly
+/// moves with what else runs on the machine (issue 40 item 10).
+fn cpu_section(s: &mut String, samples: &BTreeMap<Config, Vec<Sample>>) {
+    let measured = |v: &[Sample]| v.iter().any(|x| x.server_cpu_us.iter().any(|&c| c > 0.0));
+    if !samples.values().any(|v| measured(v)) {
+        return;
+    }
+    let _ = writeln!(s, "\n## The serving process's CPU per I/O (µs, median [min, max])\n");
+    let _ = writeln!(s, "The process serving the volume on the compute side (`surge serve`, qemu-nbd or nbdkit; not the guest path, nbdfuse and loop, nor the storage node), its user + system CPU time during each fio pattern over the pattern's I/Os.\n");
+    let _ = writeln!(s, "| config | {} |", CPU_PATTERNS.join(" | "));
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    for (cfg, v) in samples.iter().filter(|(_, v)| measured(v)) {
+        let _ = write!(s, "| {} |", cfg.name());
+        for i in 0..CPU_PATTERNS.len() {
+            let (m, lo, hi) = stats_of(v, |x| x.server_cpu_us[i]);
+            let _ = write!(s, " {m:.1} [{lo:.1}, {hi:.1}] |");
+        }
+        let _ = writeln!(s);
+    }
+    if let (Some(raw), Some(cow)) = (samples.get(&Config::LocalRaw), samples.get(&Config::SurgeCow)) {
+        let ratios: Vec<String> = (0..CPU_PATTERNS.len())
+            .map(|i| format!("{} {:.2}x", CPU_PATTERNS[i], stats_of(cow, |x| x.server_cpu_us[i]).0 / stats_of(raw, |x| x.server_cpu_us[i]).0))
+            .collect();
+        let _ = writeln!(s, "\nsurge-cow against local-raw (both `surge serve`: a cow volume against a file export): {}.", ratios.join(", "));
+    }
 }
 
 fn usd(v: f64) -> String {
@@ -448,7 +479,7 @@ mod tests {
     use super::*;
 
     fn sample(p: f64, rw: f64, sort: f64) -> Sample {
-        Sample { provision_s: p, randread_iops: 100.0, randwrite_iops: rw, seqread_mbps: 100.0, seqwrite_mbps: 100.0, oltp_tps: 100.0, sort_s: sort, ..Default::default() }
+        Sample { provision_s: p, randread_iops: 100.0, randwrite_iops: rw, seqread_mbps: 100.0, seqwrite_mbps: 100.0, oltp_tps: 100.0, sort_s: sort, server_cpu_us: [20.0, rw / 20.0, 100.0, 200.0], ..Default::default() }
     }
 
     #[test]
@@ -464,6 +495,8 @@ mod tests {
         let first = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(first.contains("## Cost") && first.contains("m5.large"), "{first}");
         assert!(first.contains("not run (a subset, `SURGE_STREAMING_CONFIGS`): surge-cow-cor, surge-persistent, qemu-qcow2, nbdkit-cow."), "{first}");
+        assert!(first.contains("| local-raw | 20.0 [20.0, 20.0] | 47.5 [45.0, 50.0] |"), "{first}");
+        assert!(first.contains("4K randwrite 1.00x"), "{first}");
         assert!(first.contains("| scan | 64 | ") && first.contains("1.25 s [1.25, 1.25], 70 MB"), "{first}");
         let (plan2, setup2, samples2, ra2) = read(dir.path()).unwrap();
         assert_eq!(ra2.len(), 1);

@@ -33,6 +33,10 @@ pub struct FioResult {
     pub randwrite_iops: f64,
     pub seqread_mbps: f64,
     pub seqwrite_mbps: f64,
+    /// CPU µs of the volume's serving process per I/O of each pattern
+    /// (randread, randwrite, seqread, seqwrite): unlike the rates, it hardly
+    /// moves with what else the machine runs.
+    pub server_cpu_us: [f64; 4],
 }
 
 fn fio_json(args: &[String]) -> anyhow::Result<serde_json::Value> {
@@ -51,7 +55,8 @@ fn job(v: &serde_json::Value, dir: &str, key: &str) -> f64 {
 /// and write, direct I/O through the file system. Reads use a file fio lays
 /// out first (not timed); writes go to new files, as an application writing
 /// new data does.
-pub fn fio(mnt: &Path, plan: &Plan) -> anyhow::Result<FioResult> {
+/// `server_cpu` gives the serving process's CPU seconds so far.
+pub fn fio(mnt: &Path, plan: &Plan, server_cpu: &dyn Fn() -> Option<f64>) -> anyhow::Result<FioResult> {
     let dir = mnt.join("bench");
     std::fs::create_dir_all(&dir)?;
     let f = |n: &str| format!("--filename={}", dir.join(n).display());
@@ -64,18 +69,29 @@ pub fn fio(mnt: &Path, plan: &Plan) -> anyhow::Result<FioResult> {
     shell(&format!("sync -f '{}'", dir.display()))?;
     let settle = || shell("sync");
     settle()?;
-    let rr = fio_json(&["--name=randread".into(), f("read.dat"), read_size.clone(), "--rw=randread".into(), "--bs=4k".into(), "--iodepth=16".into(), secs.clone(), "--time_based".into()])?;
-    settle()?;
-    let rw = fio_json(&["--name=randwrite".into(), f("randwrite.dat"), randwrite_size, "--rw=randwrite".into(), "--bs=4k".into(), "--iodepth=16".into(), secs.clone(), "--time_based".into()])?;
-    settle()?;
-    let sr = fio_json(&["--name=seqread".into(), f("read.dat"), read_size, "--rw=read".into(), "--bs=1M".into(), "--iodepth=4".into(), secs, "--time_based".into()])?;
-    settle()?;
-    let sw = fio_json(&["--name=seqwrite".into(), f("seqwrite.dat"), seqwrite_size, "--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into(), "--end_fsync=1".into()])?;
+    // One pattern, with its server CPU per I/O (the final sync of a write
+    // pattern counted: the server does that work for it).
+    let mut cpu_us = [0.0; 4];
+    let mut pattern = |i: usize, dir: &str, args: &[String]| -> anyhow::Result<serde_json::Value> {
+        let c0 = server_cpu();
+        let v = fio_json(args)?;
+        settle()?;
+        let ios = job(&v, dir, "total_ios");
+        if let (Some(a), Some(b)) = (c0, server_cpu()) {
+            cpu_us[i] = if ios > 0.0 { (b - a) * 1e6 / ios } else { 0.0 };
+        }
+        Ok(v)
+    };
+    let rr = pattern(0, "read", &["--name=randread".into(), f("read.dat"), read_size.clone(), "--rw=randread".into(), "--bs=4k".into(), "--iodepth=16".into(), secs.clone(), "--time_based".into()])?;
+    let rw = pattern(1, "write", &["--name=randwrite".into(), f("randwrite.dat"), randwrite_size, "--rw=randwrite".into(), "--bs=4k".into(), "--iodepth=16".into(), secs.clone(), "--time_based".into()])?;
+    let sr = pattern(2, "read", &["--name=seqread".into(), f("read.dat"), read_size, "--rw=read".into(), "--bs=1M".into(), "--iodepth=4".into(), secs, "--time_based".into()])?;
+    let sw = pattern(3, "write", &["--name=seqwrite".into(), f("seqwrite.dat"), seqwrite_size, "--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into(), "--end_fsync=1".into()])?;
     Ok(FioResult {
         randread_iops: job(&rr, "read", "iops"),
         randwrite_iops: job(&rw, "write", "iops"),
         seqread_mbps: job(&sr, "read", "bw_bytes") / 1e6,
         seqwrite_mbps: job(&sw, "write", "bw_bytes") / 1e6,
+        server_cpu_us: cpu_us,
     })
 }
 
