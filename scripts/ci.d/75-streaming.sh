@@ -61,6 +61,15 @@ for w in ("boot", "scan", "large"):
     measured = all(runs.get(s, {}).get("seconds", 0) > 0 and runs.get(s, {}).get("link_bytes", 0) > 0 for s in ("off", "default", "4MiB"))
     verdict = "the fastest" if runs.get("best") == "default" else f"{runs.get('default_behind_best', float('nan')) * 100:.1f} % behind {runs.get('best')}"
     check(f"read-ahead check {w}", measured, ", ".join(f"{s} {runs.get(s, {}).get('seconds', 0):.2f} s" for s in ("off", "default", "4MiB")) + f"; default {verdict}", target=False)
+# Issue 40 item 10: the serving process's CPU per I/O hardly moves with the
+# machine's load, unlike the rates above (reported).
+pats = ["4K randread", "4K randwrite", "1M seqread", "1M seqwrite"]
+cpu = {n: [s["server_cpu_us"] for s in c[n]["samples"]] for n in ("local-raw", "surge-cow")}
+if all(cpu[n] and any(v > 0 for v in cpu[n][0]) for n in cpu):
+    ratios = ", ".join(f"{p} {cpu['surge-cow'][0][i] / cpu['local-raw'][0][i]:.2f}x" for i, p in enumerate(pats) if cpu['local-raw'][0][i] > 0)
+    print(f"  server CPU per I/O, surge-cow against local-raw (both surge serve): {ratios}")
+else:
+    bad.append("server CPU per I/O not measured")
 for f in ("report.md", "provision.svg", "runtime.svg"):
     p = os.path.join(os.path.dirname(sys.argv[1]), f)
     check(f, os.path.exists(p) and os.path.getsize(p) > 0, "written", target=False)
