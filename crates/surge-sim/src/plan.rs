@@ -101,6 +101,11 @@ pub struct Row {
     pub peak_spec: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub modifications: Option<Vec<crate::modify::Modification>>,
+    /// What runs it in the daemon: `surge serve --export NAME=EXPORT`
+    /// (modify-volume: a `modify:` export between its base and peak, whose
+    /// controller makes the modifications the plan simulated).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub export: Option<String>,
     /// The volumes it attaches (modify-volume: its base).
     #[serde(skip)]
     pub volumes: Vec<surge_cloud::VolumeSpec>,
@@ -129,8 +134,6 @@ pub struct WorkloadPlan {
     pub recommended: Option<usize>,
     /// `surge serve` flags that would run the recommendation.
     pub serve_args: Option<String>,
-    /// modify-volume recommended: the modifications to make while it runs.
-    pub then: Option<String>,
     pub prices: String,
 }
 
@@ -174,6 +177,7 @@ fn simulated_row(name: String, spec: String, sized: String, replay: ReplayResult
     let value = o.value_per_hour.map(|v| v * ns as f64 / 3.6e12);
     Row {
         name,
+        export: Some(spec.clone()),
         spec: Some(spec),
         sized,
         simulated: true,
@@ -221,6 +225,7 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
             let raises = m.modifications.iter().filter(|x| x.action == surge_policy::modify::ModifyAction::Raise).count();
             let sized = format!("base: the cheapest gp3 that holds it; raised to {} on a burst ({} modifications, {raises} raises, EBS's 4 per rolling 24 h, 5 min optimizing)", ms.peak, m.modifications.len());
             let mut row = simulated_row(MODIFY.into(), ms.base.to_string(), sized, m.replay, m.cost.storage_usd, m.cost.compute_usd, o, vec![ms.base.clone()]);
+            row.export = Some(format!("modify:base={},peak={}", ms.base, ms.peak));
             row.peak_spec = Some(ms.peak.to_string());
             row.modifications = Some(m.modifications);
             rows.push(row);
@@ -256,13 +261,10 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
         (None, Some(v)) => Objective::ValuePerHour(v),
         _ => Objective::Cheapest,
     };
-    let serve_args = recommended.map(|i| format!("--export {}={} --local-instance {}", o.export, rows[i].spec.as_deref().unwrap_or(""), o.instance));
-    let then = recommended.and_then(|i| {
-        let (base, peak) = (rows[i].spec.as_deref()?, rows[i].peak_spec.as_deref()?);
-        Some(format!(
-            "on a burst `surge set {e}/volume spec={peak}`, and once it is over and the rule allows `surge set {e}/volume spec={base}` (as the simulated controller did: ModifyPolicy on the export's I/O every 0.5 s; the daemon does not run it itself)",
-            e = o.export
-        ))
+    // modify-volume in the local cloud: EBS's rule, as the plan simulated it.
+    let serve_args = recommended.map(|i| {
+        let rules = if rows[i].name == MODIFY { " --local-modify-rules ebs-24h" } else { "" };
+        format!("--export {}={} --local-instance {}{rules}", o.export, rows[i].export.as_deref().unwrap_or(""), o.instance)
     });
     Ok(WorkloadPlan {
         figures: "simulated on virtual time",
@@ -280,7 +282,6 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
         rows,
         recommended,
         serve_args,
-        then,
         prices: format!("{} ({}, {})", prices.source, prices.region, prices.date),
     })
 }
@@ -335,6 +336,7 @@ fn not_simulated(n: &NotSimulated) -> Row {
         replay: None,
         peak_spec: None,
         modifications: None,
+        export: None,
         volumes: Vec::new(),
         credits_end_pct: None,
     }
@@ -415,6 +417,10 @@ pub(crate) mod tests {
         assert!(m.total_usd.unwrap() < peak.total_usd.unwrap(), "{m:?}\n{peak:?}");
         assert!(m.total_usd.unwrap() < base.total_usd.unwrap(), "{m:?}\n{base:?}");
         assert!(m.completion_s.unwrap() < base.completion_s.unwrap());
+        // The daemon runs it as a `modify:` export between the two specs.
+        let export = m.export.as_deref().unwrap();
+        assert_eq!(export, format!("modify:base={},peak={}", m.spec.as_deref().unwrap(), m.peak_spec.as_deref().unwrap()));
+        assert_eq!(base.export, base.spec);
         for r in p.rows.iter().filter(|r| r.simulated && r.name != MODIFY && r.name != STRIPE) {
             assert!(m.total_usd.unwrap() < r.total_usd.unwrap(), "every single volume costs more: {m:?}\n{r:?}");
         }
@@ -423,7 +429,7 @@ pub(crate) mod tests {
         // than gp2's dearer GiB cost.
         let rec = &p.rows[p.recommended.unwrap()];
         assert_eq!(rec.name, STRIPE, "{:#?}", p.rows);
-        assert!(p.then.is_none());
+        assert!(!p.serve_args.as_deref().unwrap().contains("modify"), "{:?}", p.serve_args);
     }
 
     #[test]

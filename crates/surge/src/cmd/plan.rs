@@ -267,9 +267,6 @@ fn render_workload(p: &surge_sim::WorkloadPlan) -> String {
             let r = &p.rows[i];
             let _ = writeln!(s, "\nrecommended: {} ({}), {:.2} s, ${:.6} a run (simulated on virtual time)", r.name, r.sized, r.completion_s.unwrap_or(0.0), r.total_usd.unwrap_or(0.0));
             let _ = writeln!(s, "  surge serve {args}");
-            if let Some(then) = &p.then {
-                let _ = writeln!(s, "  then {then}");
-            }
         }
         _ => {
             let _ = writeln!(s, "\nno simulated candidate meets the deadline");

@@ -158,7 +158,7 @@ fn storage_usd(d: &Daemon) -> anyhow::Result<f64> {
     let mut usd = 0.0;
     let mut seen = false;
     for t in d.status()? {
-        if matches!(t.kind.as_str(), "volume" | "burstable") {
+        if matches!(t.kind.as_str(), "volume" | "burstable" | "modify") {
             if let Some(u) = t.status["usd_so_far"].as_f64() {
                 usd += u;
                 seen = true;
@@ -177,6 +177,10 @@ fn measure(trace: &Path, qd: usize, c: &Cand, rep: usize, dir: &Path, prices: &P
     let mut spec = DaemonSpec::new(vec![export], Scale::default());
     if !control {
         spec.extra = vec!["--local-instance".into(), INSTANCE.into()];
+    }
+    if c.spec.starts_with("modify:") {
+        // The local cloud applies EBS's rule to modifications, as the plan simulated it.
+        spec.modify_rules = Some("ebs-24h");
     }
     let before = crate::experiment::fairshare::client::monotonic_ns();
     let d = Daemon::start(dir, &spec)?;
@@ -202,13 +206,11 @@ fn measure(trace: &Path, qd: usize, c: &Cand, rep: usize, dir: &Path, prices: &P
     })
 }
 
-/// What the local cloud runs as `surge serve --export app=SPEC` alone:
-/// modify-volume needs its controller beside the daemon (not run here).
-fn runnable(row: &Value) -> Result<(), &'static str> {
-    if row["name"] == surge_sim::plan::MODIFY {
-        return Err("needs the modify-volume controller beside the daemon (its raises and lowers through `surge set`); this experiment runs export specs alone");
-    }
-    Ok(())
+/// What runs a plan row as `surge serve --export app=EXPORT` (the plan's
+/// own `export`: modify-volume is a `modify:` export, its controller in the
+/// daemon).
+fn runnable(row: &Value) -> Result<String, &'static str> {
+    row["export"].as_str().map(str::to_string).ok_or("the plan gives no export spec for it")
 }
 
 fn pct(pred: f64, meas: f64) -> f64 {
@@ -275,9 +277,9 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
                 break;
             }
             match runnable(r) {
-                Ok(()) => cands.push(Cand {
+                Ok(spec) => cands.push(Cand {
                     name,
-                    spec: r["spec"].as_str().unwrap_or("").to_string(),
+                    spec,
                     predicted: json!({"completion_s": r["completion_s"], "storage_usd": r["storage_usd"], "compute_usd": r["compute_usd"], "total_usd": r["total_usd"]}),
                 }),
                 Err(why) => not_run.push(json!({"candidate": name, "spec": r["spec"], "why": why, "predicted_total_usd": r["total_usd"]})),
@@ -423,7 +425,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let deviations = vec![
         json!({"setting": "recording on an unthrottled file export", "reason": "the trace should hold what the application asks for, not what a slow volume let it do; the replay then asks it of each candidate"}),
         json!({"setting": "the measured run replays the trace (surge trace replay) rather than rerunning the application", "reason": "it issues exactly what the plan's replay model assumes (the same pacing code, surge_sim::replay::drive), so the error measured is the models' and the daemon's, not the application model's"}),
-        json!({"setting": "modify-volume candidates are not run", "reason": "they need the modify-volume controller beside the daemon; the experiment runs export specs alone"}),
+        json!({"setting": "--local-modify-rules ebs-24h for a modify-volume candidate", "reason": "the local cloud then applies EBS's rule (4 modifications per rolling 24 h, each after the previous completed, 5 minutes optimizing) as AWS would and as the plan simulated; without it the local cloud modifies at once"}),
         json!({"setting": format!("volume files in {}", if work.starts_with("/dev/shm") { "/dev/shm (tmpfs)" } else { "the output directory" }), "reason": "the models, not this machine's disk and its fsync, should set the speed (as the elastic experiment does)"}),
         json!({"setting": "none else", "reason": "the daemon runs with its defaults at full scale (no --local-scale) and --local-instance as the plan prints"}),
     ];
