@@ -188,6 +188,11 @@ impl LocalRedis {
     }
 
     /// Kills the server (SIGKILL: no chance to save anything more).
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -218,7 +223,7 @@ impl Drop for LocalRedis {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalClusterError {
-    #[error("a Redis Cluster needs at least 3 masters (redis-cli --cluster create refuses fewer), not {0}")]
+    #[error("a Redis Cluster needs at least 1 master, not {0}")]
     TooFew(usize),
     #[error(transparent)]
     Node(#[from] LocalRedisError),
@@ -249,21 +254,22 @@ impl LocalCluster {
     /// them a cluster (slots spread evenly), or, when `dir` holds one made
     /// before on the same ports, starts it again as it was.
     pub fn start(dir: &Path, ports: &[(u16, u16)], secured: bool) -> Result<LocalCluster, LocalClusterError> {
-        if ports.len() < 3 {
-            return Err(LocalClusterError::TooFew(ports.len()));
+        if ports.is_empty() {
+            return Err(LocalClusterError::TooFew(0));
         }
         std::fs::create_dir_all(dir).map_err(LocalRedisError::Spawn)?;
         let password = if secured { Some(ensure_password(&password_file(dir)).map_err(LocalRedisError::Spawn)?) } else { None };
         // The masters of a cluster made before in `dir` (a master alone: a
         // start that never got as far as making the cluster).
         let conf = std::fs::read_to_string(dir.join("node-0").join("nodes.conf")).unwrap_or_default();
-        let mut was: Vec<String> = conf
-            .lines()
-            .filter(|l| l.split_whitespace().nth(2).is_some_and(|f| f.contains("master")))
+        let masters: Vec<&str> = conf.lines().filter(|l| l.split_whitespace().nth(2).is_some_and(|f| f.contains("master"))).collect();
+        let mut was: Vec<String> = masters
+            .iter()
             .filter_map(|l| l.split_whitespace().nth(1))
             .map(|a| a.split(',').next().unwrap_or(a).to_string())
             .collect();
-        let made_before = was.len() > 1;
+        // (Fields 9 on are a master's slots: none yet, a start that never made the cluster.)
+        let made_before = masters.iter().any(|l| l.split_whitespace().count() > 8);
         let mut nodes = Vec::new();
         for (i, &(port, bus)) in ports.iter().enumerate() {
             let ndir = dir.join(format!("node-{i}"));
@@ -296,6 +302,11 @@ impl LocalCluster {
             c.wait_ok()?;
             return Ok(c);
         }
+        if c.nodes.len() < 3 {
+            c.assign_slots()?;
+            c.wait_ok()?;
+            return Ok(c);
+        }
         let mut cli = c.cli();
         cli.arg("--cluster").arg("create");
         for r in &c.nodes {
@@ -307,6 +318,29 @@ impl LocalCluster {
         }
         c.wait_ok()?;
         Ok(c)
+    }
+
+    /// What `redis-cli --cluster create` does, for the 1 or 2 masters it
+    /// refuses: an even share of the slots each, distinct config epochs,
+    /// and every master introduced to the first.
+    fn assign_slots(&self) -> Result<(), LocalClusterError> {
+        let n = self.nodes.len();
+        let want_ok = |i: usize, args: &[&str]| -> Result<(), LocalClusterError> {
+            match self.ask(i, args) {
+                Some(out) if out.trim() == "OK" => Ok(()),
+                out => Err(LocalClusterError::Create(format!("master {i}: {} answered {:?}", args.join(" "), out.unwrap_or_default().trim()))),
+            }
+        };
+        for i in 0..n {
+            let (a, b) = (i * 16384 / n, (i + 1) * 16384 / n - 1);
+            want_ok(i, &["cluster", "set-config-epoch", &(i + 1).to_string()])?;
+            want_ok(i, &["cluster", "addslotsrange", &a.to_string(), &b.to_string()])?;
+        }
+        let (p0, bus0) = (self.nodes[0].port.to_string(), self.nodes[0].cluster_bus.unwrap_or(0).to_string());
+        for i in 1..n {
+            want_ok(i, &["cluster", "meet", "127.0.0.1", &p0, &bus0])?;
+        }
+        Ok(())
     }
 
     /// `n` masters on ports from [`free_port`] (tests).

@@ -348,6 +348,11 @@ impl TierConfig {
     pub fn open(&self) -> Result<Arc<Tier>, OpenError> {
         let meta: Arc<dyn MetaStore> = Arc::new(crate::meta::redis::RedisMeta::connect_with(&self.redis, &self.access.redis, &self.fs)?);
         meta.format(&FsParams { chunk_size: self.chunk_size })?;
+        // Changes across metadata shards that a client left half-done when it died.
+        let settled = meta.recover()?;
+        if settled > 0 {
+            tracing::info!("settled {settled} metadata changes a client left half-done");
+        }
         let members = crate::membership::open_with(&self.membership, &self.fs, meta.clone(), &self.access.etcd)?;
         let s3 = self.s3.as_ref().map(S3::connect).transpose()?;
         let tier = Tier::new(meta, members, s3, self.replicas)?.with_pool(NodePool::default().with_tls(self.access.node_tls.clone()));

@@ -399,6 +399,12 @@ impl Writeback {
         if let Err(e) = self.rereplicate() {
             self.log_error(&format!("re-replication: {e}"));
         }
+        // Metadata changes across shards whose client died half-way.
+        match self.tier.meta.recover() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("settled {n} metadata changes a client left half-done"),
+            Err(e) => self.log_error(&format!("metadata recovery: {e}")),
+        }
         for c in self.store.dirty_older_than(self.cfg.orphan_grace) {
             match self.tier.meta.is_dirty(&c) {
                 Ok(false) => {

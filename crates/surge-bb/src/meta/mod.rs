@@ -170,6 +170,10 @@ pub enum MetaError {
     /// Past [`MAX_FILE_SIZE`] (the largest object S3 stores: every file is one).
     #[error("file size {0} is past the largest a file may be ({MAX_FILE_SIZE} bytes)")]
     TooBig(u64),
+    /// Another change of this name, across shards of the store, is in flight
+    /// (the store settles it and retries; this is what is left if it cannot).
+    #[error("another change of this name is in flight")]
+    InFlight,
 }
 
 /// The largest file (5 TiB: S3's largest object, which every file is
@@ -187,6 +191,7 @@ impl MetaError {
             MetaError::Invalid => libc::EINVAL,
             MetaError::Reserved => libc::EPERM,
             MetaError::TooBig(_) => libc::EFBIG,
+            MetaError::InFlight => libc::EAGAIN,
             MetaError::Conflict(_) | MetaError::Unavailable(_) | MetaError::Corrupt(_) => libc::EIO,
         }
     }
@@ -283,6 +288,11 @@ pub trait MetaStore: Send + Sync {
     fn rename(&self, parent: Ino, name: &str, new_parent: Ino, new_name: &str, now_ns: i64)
         -> MetaResult<Option<Removed>>;
     fn readdir(&self, ino: Ino) -> MetaResult<Vec<DirEntry>>;
+    /// Completes or rolls back the multi-step changes a crashed client left
+    /// (stores whose every change is one transaction have none). Returns how many.
+    fn recover(&self) -> MetaResult<usize> {
+        Ok(0)
+    }
 
     /// File size, import source and the current entries of chunks `idxs`, in
     /// one round trip (the read path asks this for every read).

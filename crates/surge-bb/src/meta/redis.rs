@@ -29,11 +29,21 @@ use std::time::{Duration, Instant};
 
 const PRELUDE: &str = r#"
 local P = ARGV[1]
+-- An inode's keys are in shard ino / 2^40 (shard 0 on an unsharded store).
+local function shard_of(ino) return math.floor(tonumber(ino) / 1099511627776) end
+local function sharded() return redis.call('HEXISTS', P..'meta', 'sharded') == 1 end
+-- A cross-slot change of dir/name is in flight (see `settle`).
+local function busy(dir, name) return redis.call('HEXISTS', P..'x', dir..'/'..name) == 1 end
 local function ver_of(e) if not e then return nil end return string.match(e, '^(%d+):') end
 local function is_persisted(e) return string.match(e, '^%d+:%d+:1:') ~= nil end
 local function drop_export(ino)
   local xkey = redis.call('HGET', P..'i:'..ino, 'xkey')
   if xkey and xkey ~= '' then
+    if sharded() then
+      -- The export-key map is global (another slot): queued here, applied by `claim_unpublish`.
+      redis.call('SADD', P..'unpubq', ino..'/'..xkey)
+      return
+    end
     if redis.call('HGET', P..'xk', xkey) == ino then redis.call('HDEL', P..'xk', xkey) end
     redis.call('SADD', P..'unpub', xkey)
   end
@@ -70,7 +80,12 @@ static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local ino = redis.call('HGET', P..'d:'..ARGV[2], ARGV[3])
-if ino then return {ino, redis.call('HGETALL', P..'i:'..ino)} end
+if busy(ARGV[2], ARGV[3]) then return redis.error_reply('EINTENT') end
+if ino then
+  -- An inode of another shard (a directory, a file moved here): the caller reads it there.
+  if shard_of(ino) ~= shard_of(ARGV[2]) then return {ino, {}} end
+  return {ino, redis.call('HGETALL', P..'i:'..ino)}
+end
 -- Tell "no such name" from "the parent is not a directory".
 local pkind = redis.call('HGET', P..'i:'..ARGV[2], 'k')
 if pkind and pkind ~= 'd' then return redis.error_reply('ENOTDIR') end
@@ -108,6 +123,9 @@ local pk = P..'i:'..parent
 local pkind = redis.call('HGET', pk, 'k')
 if not pkind then return redis.error_reply('ENOENT') end
 if pkind ~= 'd' then return redis.error_reply('ENOTDIR') end
+-- A directory being removed takes no new names.
+if redis.call('HEXISTS', pk, 'cl') == 1 then return redis.error_reply('ENOENT') end
+if busy(parent, name) then return redis.error_reply('EINTENT') end
 local cur = redis.call('HGET', P..'d:'..parent, name)
 if cur then
   -- A retry of this very create (its reply was lost): done already.
@@ -135,6 +153,8 @@ static UNLINK: LazyLock<Script> = LazyLock::new(|| {
 local parent, name = ARGV[2], ARGV[3]
 local ino = redis.call('HGET', P..'d:'..parent, name)
 if not ino then return redis.error_reply('ENOENT') end
+if busy(parent, name) then return redis.error_reply('EINTENT') end
+if shard_of(ino) ~= shard_of(parent) then return {'XS', ino} end
 local k = redis.call('HGET', P..'i:'..ino, 'k')
 if ARGV[5] == '1' then
   if k ~= 'd' then return redis.error_reply('ENOTDIR') end
@@ -160,6 +180,11 @@ if not src then return redis.error_reply('ENOENT') end
 local dk = redis.call('HGET', P..'i:'..dp, 'k')
 if not dk then return redis.error_reply('ENOENT') end
 if dk ~= 'd' then return redis.error_reply('ENOTDIR') end
+if busy(sp, sn) or busy(dp, dn) then return redis.error_reply('EINTENT') end
+if redis.call('HEXISTS', P..'i:'..dp, 'cl') == 1 then return redis.error_reply('ENOENT') end
+local dst0 = redis.call('HGET', P..'d:'..dp, dn)
+-- An inode in another shard: the caller runs the cross-slot rename.
+if shard_of(src) ~= shard_of(sp) or (dst0 and shard_of(dst0) ~= shard_of(sp)) then return {'XS'} end
 local sk = redis.call('HGET', P..'i:'..src, 'k')
 if sk == 'd' then
   local a = dp
@@ -386,16 +411,297 @@ local pk = P..'i:'..parent
 local pkind = redis.call('HGET', pk, 'k')
 if not pkind then return redis.error_reply('ENOENT') end
 if pkind ~= 'd' then return redis.error_reply('ENOTDIR') end
+if redis.call('HEXISTS', pk, 'cl') == 1 then return redis.error_reply('ENOENT') end
+if busy(parent, name) then return redis.error_reply('EINTENT') end
 local cur = redis.call('HGET', P..'d:'..parent, name)
 if cur then return cur end
 redis.call('HSET', P..'d:'..parent, name, ino)
 redis.call('HSET', P..'i:'..ino, 'k', 'f', 'mode', 420, 'uid', 0, 'gid', 0, 'size', ARGV[6],
   'mt', ARGV[7], 'ct', ARGV[7], 'at', ARGV[7], 'nl', 1, 'gen', 1, 'pgen', 1, 'par', parent, 'name', name,
   'imp', key, 'implen', ARGV[6], 'xkey', key)
-redis.call('HSET', P..'xk', key, ino)
+-- Sharded: the caller has set the global export-key map first.
+if not sharded() then redis.call('HSET', P..'xk', key, ino) end
 return ino
 "#,
     )
+});
+
+// ---- Cross-slot changes of a sharded store (see `settle`). Each runs in
+// one shard; each is idempotent, so any number of settlers may replay it.
+
+// Step 1 of a mkdir whose directory lives in another shard, in the parent's
+// shard: the entry, the parent's link count and the intent, at once.
+// ARGV: P, parent, name, ino, intent, now_ns
+static MKDIR1: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local parent, name, ino = ARGV[2], ARGV[3], ARGV[4]
+local pk = P..'i:'..parent
+local pkind = redis.call('HGET', pk, 'k')
+if not pkind then return redis.error_reply('ENOENT') end
+if pkind ~= 'd' then return redis.error_reply('ENOTDIR') end
+if redis.call('HEXISTS', pk, 'cl') == 1 then return redis.error_reply('ENOENT') end
+local cur = redis.call('HGET', P..'d:'..parent, name)
+if cur == ino then return 'OK' end
+if busy(parent, name) then return redis.error_reply('EINTENT') end
+if cur then return redis.error_reply('EEXIST') end
+redis.call('HSET', P..'d:'..parent, name, ino)
+redis.call('HINCRBY', pk, 'nl', 1)
+touch(parent, ARGV[6])
+redis.call('HSET', P..'x', parent..'/'..name, ARGV[5])
+return 'OK'
+"#,
+    )
+});
+
+// Step 2 of that mkdir, in the new directory's shard. ARGV: P, ino, parent,
+// name, mode, uid, gid, now_ns, now_ms. Returns the inode (HGETALL).
+static MKDIR2: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ik = P..'i:'..ARGV[2]
+if redis.call('EXISTS', ik) == 0 then
+  redis.call('HSET', ik, 'k', 'd', 'mode', ARGV[5], 'uid', ARGV[6], 'gid', ARGV[7], 'size', 0,
+    'mt', ARGV[8], 'ct', ARGV[8], 'at', ARGV[8], 'nl', 2, 'gen', 0, 'pgen', 0, 'par', ARGV[3], 'name', ARGV[4])
+  redis.call('ZADD', P..'pub', 'NX', ARGV[9], ARGV[2])
+end
+return redis.call('HGETALL', ik)
+"#,
+    )
+});
+
+// The last step of every protocol: drops its intent (or marker), if still
+// this one. ARGV: P, field, value
+static CLEAR_INTENT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+if redis.call('HGET', P..'x', ARGV[2]) == ARGV[3] then redis.call('HDEL', P..'x', ARGV[2]) end
+return 1
+"#,
+    )
+});
+
+// Step 1 of an rmdir, unlink or rename across shards: the intent on
+// dir/name, if the name still names `ino`. ARGV: P, dir, name, ino, intent
+static INTENT_AT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local f = ARGV[2]..'/'..ARGV[3]
+local x = redis.call('HGET', P..'x', f)
+if x == ARGV[5] then return 'OK' end
+if x then return redis.error_reply('EINTENT') end
+local cur = redis.call('HGET', P..'d:'..ARGV[2], ARGV[3])
+if not cur then return redis.error_reply('ENOENT') end
+if cur ~= ARGV[4] then return 'ECHANGED' end
+redis.call('HSET', P..'x', f, ARGV[5])
+return 'OK'
+"#,
+    )
+});
+
+// Closes an empty directory for removal by change `id` (creates in it are
+// refused from now on), once: the verdict is kept on the inode, so every
+// settler of `id` gets the same one. ARGV: P, ino, id
+static CLOSE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ino, id = ARGV[2], ARGV[3]
+local ik = P..'i:'..ino
+local k = redis.call('HGET', ik, 'k')
+if not k then return 'gone' end
+local v = redis.call('HGET', ik, 'v:'..id)
+if v then return v end
+local cl = redis.call('HGET', ik, 'cl')
+local r = 'ok'
+if k ~= 'd' then r = 'ENOTDIR'
+elseif cl and cl ~= id then r = 'ENOENT'
+elseif redis.call('HLEN', P..'d:'..ino) > 0 then r = 'ENOTEMPTY' end
+if r == 'ok' then redis.call('HSET', ik, 'cl', id) end
+redis.call('HSET', ik, 'v:'..id, r)
+return r
+"#,
+    )
+});
+
+// Reopens a directory closed by `id` (a rename that did not go through). ARGV: P, ino, id
+static REOPEN: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ik = P..'i:'..ARGV[2]
+if redis.call('HGET', ik, 'cl') == ARGV[3] then redis.call('HDEL', ik, 'cl') end
+return 1
+"#,
+    )
+});
+
+// Removes an inode: a directory only if `id` closed it, a file always
+// (its one name is gone or going). ARGV: P, ino, id
+static REMOVE_INODE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ik = P..'i:'..ARGV[2]
+local k = redis.call('HGET', ik, 'k')
+if not k then return {} end
+if k == 'd' and redis.call('HGET', ik, 'cl') ~= ARGV[3] then return {} end
+return remove_inode(ARGV[2])
+"#,
+    )
+});
+
+// Drops dir/name -> ino while the intent is still there, then the intent.
+// ARGV: P, dir, name, ino, intent, is_dir, now_ns
+static DROP_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local dir, name, ino = ARGV[2], ARGV[3], ARGV[4]
+local f = dir..'/'..name
+if redis.call('HGET', P..'x', f) ~= ARGV[5] then return 0 end
+if redis.call('HGET', P..'d:'..dir, name) == ino then
+  redis.call('HDEL', P..'d:'..dir, name)
+  if ARGV[6] == '1' then redis.call('HINCRBY', P..'i:'..dir, 'nl', -1) end
+  touch(dir, ARGV[7])
+end
+redis.call('HDEL', P..'x', f)
+return 1
+"#,
+    )
+});
+
+// The commit point of a rename across shards, in the target directory's
+// shard: decided once (the verdict kept under `v:{id}`), then dp/dn names
+// src, with a marker on the name until the rename is complete.
+// ARGV: P, id, dp, dn, src, dst (0: none), src_is_dir, sp, now_ns, marker, dst_is_dir
+static RENAME_COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local id, dp, dn, src, dst = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local vk = P..'v:'..id
+local v = redis.call('GET', vk)
+if v then return v end
+local f = dp..'/'..dn
+local m = redis.call('HGET', P..'x', f)
+if m == ARGV[10] then return 'ok' end
+local pk = P..'i:'..dp
+local dk = redis.call('HGET', pk, 'k')
+local cur = redis.call('HGET', P..'d:'..dp, dn)
+local r = 'ok'
+if not dk then r = 'ENOENT'
+elseif dk ~= 'd' then r = 'ENOTDIR'
+elseif redis.call('HEXISTS', pk, 'cl') == 1 then r = 'ENOENT'
+elseif m then r = 'EINTENT'
+elseif (cur or '0') ~= dst then r = 'ECHANGED' end
+if r == 'ok' then
+  redis.call('HSET', P..'d:'..dp, dn, src)
+  if ARGV[11] == '1' then redis.call('HINCRBY', pk, 'nl', -1) end
+  if ARGV[7] == '1' and ARGV[8] ~= dp then redis.call('HINCRBY', pk, 'nl', 1) end
+  touch(dp, ARGV[9])
+  redis.call('HSET', P..'x', f, ARGV[10])
+end
+redis.call('SET', vk, r, 'PX', 3600000)
+return r
+"#,
+    )
+});
+
+// After the commit, in the source directory's shard: sp/sn goes.
+// ARGV: P, sp, sn, src, intent, src_is_dir, dp, now_ns
+static RENAME_SOURCE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sp, sn, src = ARGV[2], ARGV[3], ARGV[4]
+if redis.call('HGET', P..'x', sp..'/'..sn) ~= ARGV[5] then return 0 end
+if redis.call('HGET', P..'d:'..sp, sn) == src then
+  redis.call('HDEL', P..'d:'..sp, sn)
+  if ARGV[6] == '1' and sp ~= ARGV[7] then redis.call('HINCRBY', P..'i:'..sp, 'nl', -1) end
+  touch(sp, ARGV[8])
+end
+return 1
+"#,
+    )
+});
+
+// After the commit, in the moved inode's shard: its parent and name, once
+// per rename. ARGV: P, src, sp, sn, dp, dn, id, now_ns, now_ms
+static RENAME_INODE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ik = P..'i:'..ARGV[2]
+local pn = redis.call('HMGET', ik, 'par', 'name', 'rid')
+if not pn[1] or pn[3] == ARGV[7] then return 0 end
+if pn[1] == ARGV[3] and pn[2] == ARGV[4] then
+  redis.call('HSET', ik, 'par', ARGV[5], 'name', ARGV[6], 'ct', ARGV[8], 'rid', ARGV[7])
+  redis.call('ZADD', P..'pub', ARGV[9], ARGV[2])
+end
+return 1
+"#,
+    )
+});
+
+// Sharded `mark_published`, step 1, in the global slot: the key is this
+// inode's unless a delete of it is under way. ARGV: P, ino, xkey
+static PUBLISH_KEY: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+if redis.call('EXISTS', P..'del:'..ARGV[3]) == 1 then return 0 end
+redis.call('HSET', P..'xk', ARGV[3], ARGV[2])
+redis.call('SREM', P..'unpub', ARGV[3])
+return 1
+"#,
+    )
+});
+
+// Sharded `mark_published`, step 2, in the inode's shard; a key it no
+// longer uses is queued (`unpubq`) for the global map.
+// ARGV: P, ino, gen, xkey, clear_import, now_ms
+static PUBLISHED_AT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ino, gen, xkey = ARGV[2], ARGV[3], ARGV[4]
+local ik = P..'i:'..ino
+local cur = redis.call('HGET', ik, 'gen')
+local old = redis.call('HGET', ik, 'xkey')
+if cur ~= gen then
+  if cur then redis.call('ZADD', P..'pub', ARGV[6], ino) end
+  if old ~= xkey then redis.call('SADD', P..'unpubq', ino..'/'..xkey) end
+  return 0
+end
+if old and old ~= '' and old ~= xkey then redis.call('SADD', P..'unpubq', ino..'/'..old) end
+redis.call('HSET', ik, 'pgen', gen, 'xkey', xkey)
+if ARGV[5] == '1' then redis.call('HDEL', ik, 'imp', 'implen') end
+redis.call('ZREM', P..'pub', ino)
+return 1
+"#,
+    )
+});
+
+// A queued export key applied to the global map: it is no longer `ino`'s.
+// ARGV: P, ino, key
+static UNPUBQ_APPLY: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+if redis.call('HGET', P..'xk', ARGV[3]) == ARGV[2] then redis.call('HDEL', P..'xk', ARGV[3]) end
+redis.call('SADD', P..'unpub', ARGV[3])
+return 1
+"#,
+    )
+});
+
+// KEYS: the global meta hash; ARGV: chunk size, shards of a new file system.
+static FORMAT_META: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('HSETNX', KEYS[1], 'chunk_size', ARGV[1]) == 1 then redis.call('HSETNX', KEYS[1], 'shards', ARGV[2]) \
+         else redis.call('HSETNX', KEYS[1], 'shards', 1) end return 1",
+    )
+});
+
+// An import that found its name taken: the key it mapped first is not its. ARGV: P, ino, key
+static UNPUBQ_APPLY_KEEP: LazyLock<Script> = LazyLock::new(|| {
+    script("if redis.call('HGET', P..'xk', ARGV[3]) == ARGV[2] then redis.call('HDEL', P..'xk', ARGV[3]) end return 1")
+});
+
+// Frees the global directory-rename lock if still ours. KEYS: lock; ARGV: token
+static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 1")
 });
 
 /// How to log in to Redis: an ACL user and its password (`AUTH user pass`),
@@ -558,11 +864,58 @@ pub struct RedisMeta {
     client: Backend,
     /// The URL as logs show it (no password).
     url: String,
+    fs: String,
+    /// The global slot: parameters, counters, node leases, export keys.
+    /// On an unsharded store every key is under it.
     prefix: String,
+    /// The prefix of each shard (one: `prefix` itself), fixed at format.
+    shards: parking_lot::RwLock<std::sync::Arc<Vec<String>>>,
+    /// Shards a format makes (`with_shards`).
+    want_shards: usize,
     pool: Mutex<Vec<Conn>>,
     retry_for: Duration,
-    /// Inode numbers reserved for this client and not yet used.
-    inos: Mutex<std::ops::Range<u64>>,
+    /// Inode numbers reserved for this client and not yet used, per shard.
+    inos: Mutex<HashMap<usize, std::ops::Range<u64>>>,
+    /// Steps of a cross-slot change left before an injected failure (tests:
+    /// a process dying between steps); negative: none.
+    crash_after: std::sync::atomic::AtomicI64,
+}
+
+/// An inode number's high bits name its shard: every key of an inode is
+/// found from its number alone.
+pub const SHARD_SHIFT: u32 = 40;
+/// Shards a file system may have (inode numbers stay below 2^52, exact in
+/// the doubles of Redis's Lua).
+pub const MAX_SHARDS: usize = 4096;
+/// Shards a file system formatted on Redis Cluster gets unless told
+/// (`SURGE_BB_META_SHARDS`): enough to spread over 64 masters evenly.
+pub const CLUSTER_SHARDS: usize = 64;
+
+/// The prefixes of `k` shards of file system `fs`. One shard is the
+/// unsharded layout (`bb:{fs}:` on a cluster, `bb:fs:` on one Redis). On a
+/// cluster each shard's hash tag is picked so that shard `i` hashes into
+/// the `i`-th of `k` equal slot ranges: masters that split the slots evenly
+/// (as `redis-cli --cluster create` and `LocalCluster` do) then hold equal
+/// numbers of shards.
+fn shard_prefixes(fs: &str, cluster: bool, k: usize) -> Vec<String> {
+    if k <= 1 {
+        return vec![if cluster { format!("bb:{{{fs}}}:") } else { format!("bb:{fs}:") }];
+    }
+    (0..k)
+        .map(|i| {
+            if !cluster {
+                return format!("bb:{fs}.s{i}:");
+            }
+            (0u64..)
+                .map(|n| format!("bb:{{{fs}.s{i}.{n}}}:"))
+                .find(|p| ::redis::cluster_routing::get_slot(p.as_bytes()) as usize * k / 16384 == i)
+                .expect("some tag hashes into every range")
+        })
+        .collect()
+}
+
+pub fn shard_of(ino: Ino) -> usize {
+    (ino >> SHARD_SHIFT) as usize
 }
 
 /// Inode numbers a client reserves at a time: one Redis write (and, with
@@ -578,7 +931,9 @@ fn map_err(e: RedisError) -> MetaError {
     let code = e.code().unwrap_or("").to_string();
     let text = e.to_string();
     let has = |c: &str| code == c || text.contains(c);
-    if has("ENOENT") {
+    if has("EINTENT") {
+        MetaError::InFlight
+    } else if has("ENOENT") {
         MetaError::NotFound
     } else if has("EEXIST") {
         MetaError::Exists
@@ -655,13 +1010,24 @@ impl RedisMeta {
             None => (Backend::Single(Self::single_client(url, auth, &shown)?), format!("bb:{fs}:")),
         };
         let url = shown;
+        let cluster = matches!(client, Backend::Cluster(_));
+        let want_shards = match std::env::var("SURGE_BB_META_SHARDS") {
+            Ok(v) => v.parse().ok().filter(|&k| (1..=MAX_SHARDS).contains(&k))
+                .ok_or_else(|| MetaError::Unavailable(format!("SURGE_BB_META_SHARDS={v}: want a number of shards from 1 to {MAX_SHARDS}")))?,
+            Err(_) if cluster => CLUSTER_SHARDS,
+            Err(_) => 1,
+        };
         let m = RedisMeta {
             client,
             url: url.clone(),
+            fs: fs.to_string(),
+            shards: parking_lot::RwLock::new(std::sync::Arc::new(vec![prefix.clone()])),
             prefix,
+            want_shards,
             pool: Mutex::default(),
             retry_for: Duration::from_secs(20),
-            inos: Mutex::new(0..0),
+            inos: Mutex::default(),
+            crash_after: std::sync::atomic::AtomicI64::new(-1),
         };
         // Fail fast with a clear message when Redis is not there at all.
         let mut c = m.open_conn().map_err(|e| match m.client {
@@ -677,7 +1043,44 @@ impl RedisMeta {
             _ => MetaError::Unavailable(format!("Redis at {url} refused us: {e} (see --redis-user, --redis-password-file)")),
         })?;
         m.pool.lock().push(c);
+        m.load_shards()?;
         Ok(m)
+    }
+
+    /// Shards a format of a new file system makes (an existing one keeps its own).
+    pub fn with_shards(mut self, k: usize) -> Self {
+        self.want_shards = k.clamp(1, MAX_SHARDS);
+        self
+    }
+
+    /// The shards this file system has (1: unsharded).
+    pub fn shard_count(&self) -> usize {
+        self.shards.read().len()
+    }
+
+    /// The key prefix of each shard.
+    pub fn shard_prefixes(&self) -> Vec<String> {
+        self.shards.read().to_vec()
+    }
+
+    /// Makes the next cross-slot change fail after `steps` of its steps, as
+    /// if its process died there (tests of recovery).
+    #[doc(hidden)]
+    pub fn inject_crash_after(&self, steps: i64) {
+        self.crash_after.store(steps, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The shard count a format recorded (none yet: unsharded until formatted).
+    fn load_shards(&self) -> MetaResult<()> {
+        let k: Option<usize> = self.with(|c| ::redis::cmd("HGET").arg(self.k("meta")).arg("shards").query(c))?;
+        let k = k.unwrap_or(1);
+        if k > MAX_SHARDS {
+            return Err(MetaError::Corrupt(format!("file system {} says it has {k} shards", self.prefix)));
+        }
+        if k != self.shard_count() {
+            *self.shards.write() = std::sync::Arc::new(shard_prefixes(&self.fs, matches!(self.client, Backend::Cluster(_)), k));
+        }
+        Ok(())
     }
 
     /// How long calls keep retrying a lost Redis before failing.
@@ -801,13 +1204,34 @@ impl RedisMeta {
         format!("{}{rest}", self.prefix)
     }
 
+    /// The prefix of shard `k` (NotFound past the last: a number no inode has).
+    fn sp(&self, k: usize) -> MetaResult<String> {
+        self.shards.read().get(k).cloned().ok_or(MetaError::NotFound)
+    }
+
+    /// Key `rest` in the shard of inode `ino`.
+    fn ki(&self, ino: Ino, rest: &str) -> MetaResult<String> {
+        Ok(format!("{}{rest}", self.sp(shard_of(ino))?))
+    }
+
+    /// Runs a script in the global slot.
     fn run<T: ::redis::FromRedisValue>(&self, sc: &Script, args: &[String]) -> MetaResult<T> {
+        self.run_at(&self.prefix, sc, args)
+    }
+
+    /// Runs a script in shard `k`.
+    fn run_in<T: ::redis::FromRedisValue>(&self, k: usize, sc: &Script, args: &[String]) -> MetaResult<T> {
+        let p = self.sp(k)?;
+        self.run_at(&p, sc, args)
+    }
+
+    fn run_at<T: ::redis::FromRedisValue>(&self, prefix: &str, sc: &Script, args: &[String]) -> MetaResult<T> {
         self.with(|c| {
             let mut inv = sc.prepare_invoke();
             // The scripts name their keys from the prefix in ARGV; this key
             // (in the prefix's slot) routes them to the master holding it.
-            inv.key(self.k("meta"));
-            inv.arg(&self.prefix);
+            inv.key(format!("{prefix}meta"));
+            inv.arg(prefix);
             for a in args {
                 inv.arg(a);
             }
@@ -845,13 +1269,64 @@ impl RedisMeta {
         })
     }
 
+    #[cfg(test)]
     fn alloc_ino(&self) -> MetaResult<Ino> {
+        self.alloc_ino_in(0)
+    }
+
+    /// A new inode number of shard `k` (its counter is in that shard: a
+    /// create touches no global key).
+    fn alloc_ino_in(&self, k: usize) -> MetaResult<Ino> {
         let mut inos = self.inos.lock();
-        if inos.is_empty() {
-            let last: u64 = self.with(|c| ::redis::cmd("HINCRBY").arg(self.k("meta")).arg("next_ino").arg(INO_BATCH).query(c))?;
-            *inos = last + 1 - INO_BATCH..last + 1;
+        let r = inos.entry(k).or_insert(0..0);
+        if r.is_empty() {
+            let key = format!("{}meta", self.sp(k)?);
+            let last: u64 = self.with(|c| ::redis::cmd("HINCRBY").arg(&key).arg("next_ino").arg(INO_BATCH).query(c))?;
+            if last >= 1 << SHARD_SHIFT {
+                return Err(MetaError::Unavailable(format!("shard {k} of {} has used all its inode numbers", self.prefix)));
+            }
+            *r = last + 1 - INO_BATCH..last + 1;
         }
-        Ok(inos.next().expect("a reserved range is not empty"))
+        Ok(((k as u64) << SHARD_SHIFT) | r.next().expect("a reserved range is not empty"))
+    }
+
+    /// One command per shard, in one round trip per master; the replies in shard order.
+    fn fan<T: ::redis::FromRedisValue>(&self, cmd: impl Fn(&str) -> ::redis::Cmd) -> MetaResult<Vec<T>> {
+        let shards = self.shards.read().clone();
+        self.pipe_any(&shards.iter().map(|p| cmd(p)).collect::<Vec<_>>())
+    }
+
+    /// Commands on keys of any slots, each sent to its master.
+    fn pipe_any<T: ::redis::FromRedisValue>(&self, cmds: &[::redis::Cmd]) -> MetaResult<Vec<T>> {
+        if cmds.is_empty() {
+            return Ok(vec![]);
+        }
+        self.with(|c| match c {
+            Conn::Single(c) => {
+                let mut p = ::redis::pipe();
+                for cmd in cmds {
+                    p.add_command(cmd.clone());
+                }
+                p.query(c)
+            }
+            Conn::Cluster(c) => {
+                let mut p = ::redis::cluster::cluster_pipe();
+                for cmd in cmds {
+                    p.add_command(cmd.clone());
+                }
+                p.query(c)
+            }
+        })
+    }
+
+    /// Where a directory created as `name` in `parent` lives: by hash of
+    /// (parent, name), as the paper's masters place paths.
+    fn dir_shard(&self, parent: Ino, name: &str) -> usize {
+        let k = self.shard_count();
+        if k == 1 {
+            return 0;
+        }
+        ::redis::cluster_routing::get_slot(format!("{parent}/{name}").as_bytes()) as usize % k
     }
 }
 
@@ -861,10 +1336,22 @@ fn now_ms_s() -> String {
 
 impl MetaStore for RedisMeta {
     fn format(&self, params: &FsParams) -> MetaResult<FsParams> {
-        let (meta, root) = (self.k("meta"), self.k(&format!("i:{ROOT}")));
+        let meta = self.k("meta");
+        // A new file system gets the shards asked for; one formatted before
+        // shards existed keeps its single one.
+        self.with(|c| FORMAT_META.key(&meta).arg(params.chunk_size).arg(self.want_shards).invoke::<i64>(c))?;
+        self.load_shards()?;
+        let shards = self.shard_prefixes();
+        let sharded = shards.len() > 1;
+        let root = format!("{}i:{ROOT}", shards[0]);
         self.with(|c| {
-            ::redis::cmd("HSETNX").arg(&meta).arg("chunk_size").arg(params.chunk_size).query::<()>(c)?;
-            ::redis::cmd("HSETNX").arg(&meta).arg("next_ino").arg(ROOT).query::<()>(c)?;
+            for (i, p) in shards.iter().enumerate() {
+                // Inode numbers of shard 0 start after the root's.
+                ::redis::cmd("HSETNX").arg(format!("{p}meta")).arg("next_ino").arg(if i == 0 { ROOT } else { 0 }).query::<()>(c)?;
+                if sharded {
+                    ::redis::cmd("HSET").arg(format!("{p}meta")).arg("sharded").arg(1).query::<()>(c)?;
+                }
+            }
             let now = crate::now_ns();
             if !::redis::cmd("EXISTS").arg(&root).query::<bool>(c)? {
                 ::redis::cmd("HSET")
@@ -891,16 +1378,33 @@ impl MetaStore for RedisMeta {
     }
 
     fn lookup(&self, parent: Ino, name: &str) -> MetaResult<Attr> {
-        let (ino, h): (u64, HashMap<String, String>) = self.run(&LOOKUP, &[parent.to_string(), name.into()])?;
+        let (ino, h): (u64, HashMap<String, String>) =
+            self.settling(&[(parent, name)], || self.run_in(shard_of(parent), &LOOKUP, &[parent.to_string(), name.into()]))?;
+        if shard_of(ino) != shard_of(parent) {
+            return self.getattr(ino);
+        }
         self.parse_attr(ino, &h)
     }
 
     fn getattr(&self, ino: Ino) -> MetaResult<Attr> {
-        let h: HashMap<String, String> = self.with(|c| ::redis::cmd("HGETALL").arg(self.k(&format!("i:{ino}"))).query(c))?;
+        let key = self.ki(ino, &format!("i:{ino}"))?;
+        let h: HashMap<String, String> = self.with(|c| ::redis::cmd("HGETALL").arg(&key).query(c))?;
         self.parse_attr(ino, &h)
     }
 
     fn getattr_with_ancestors(&self, ino: Ino) -> MetaResult<(Attr, Vec<Placement>)> {
+        if self.shard_count() > 1 {
+            // The directories above are in other shards: one read each.
+            let a = self.getattr(ino)?;
+            let mut up = Vec::new();
+            let mut dir = a.parent;
+            while dir != ROOT && dir != 0 && up.len() < MAX_DEPTH {
+                let d = self.getattr(dir)?;
+                up.push(Placement { ino: dir, parent: d.parent, name: d.name });
+                dir = d.parent;
+            }
+            return Ok((a, up));
+        }
         let v: Vec<Value> = self.run(&GETATTR_WITH_ANCESTORS, &[ino.to_string(), MAX_DEPTH.to_string()])?;
         let mut it = v.into_iter();
         let h: HashMap<String, String> = match it.next() {
@@ -933,7 +1437,7 @@ impl MetaStore for RedisMeta {
         add("gid", set.gid.map(|m| m.to_string()));
         add("at", set.atime_ns.map(|m| m.to_string()));
         add("mt", set.mtime_ns.map(|m| m.to_string()));
-        let key = self.k(&format!("i:{ino}"));
+        let key = self.ki(ino, &format!("i:{ino}"))?;
         // Only an existing inode: HSET on a vanished one would resurrect it.
         let h: HashMap<String, String> = self.with(|c| SETATTR.key(&key).arg(&fields).invoke(c))?;
         self.parse_attr(ino, &h)
@@ -943,23 +1447,44 @@ impl MetaStore for RedisMeta {
         if name.is_empty() || name.contains('/') || name == "." || name == ".." {
             return Err(MetaError::Invalid);
         }
-        let ino = self.alloc_ino()?;
-        let h: HashMap<String, String> = self.run(
-            &CREATE,
-            &[parent.to_string(), name.into(), ino.to_string(), kind.code().into(), mode.to_string(), uid.to_string(),
-              gid.to_string(), now_ns.to_string(), now_ms_s()],
-        )?;
+        // A file lives in its directory's shard; a directory where its
+        // (parent, name) hashes.
+        let home = if kind == Kind::Dir { self.dir_shard(parent, name) } else { shard_of(parent) };
+        let ino = self.alloc_ino_in(home)?;
+        if home != shard_of(parent) {
+            return self.mkdir_across(parent, name, ino, mode, uid, gid, now_ns);
+        }
+        let h: HashMap<String, String> = self.settling(&[(parent, name)], || {
+            self.run_in(
+                home,
+                &CREATE,
+                &[parent.to_string(), name.into(), ino.to_string(), kind.code().into(), mode.to_string(), uid.to_string(),
+                  gid.to_string(), now_ns.to_string(), now_ms_s()],
+            )
+        })?;
         self.parse_attr(ino, &h)
     }
 
     fn unlink(&self, parent: Ino, name: &str, now_ns: i64) -> MetaResult<Removed> {
-        let v: Vec<String> = self.run(&UNLINK, &[parent.to_string(), name.into(), now_ns.to_string(), "0".into()])?;
+        let v: Vec<String> = self.settling(&[(parent, name)], || {
+            self.run_in(shard_of(parent), &UNLINK, &[parent.to_string(), name.into(), now_ns.to_string(), "0".into()])
+        })?;
+        if v.first().map(String::as_str) == Some("XS") {
+            let ino = v.get(1).and_then(|i| i.parse().ok()).ok_or_else(|| MetaError::Corrupt("unlink reply".into()))?;
+            return self.remove_across(parent, name, ino, Kind::File, now_ns);
+        }
         let ino = v.first().and_then(|i| i.parse().ok()).ok_or_else(|| MetaError::Corrupt("unlink reply".into()))?;
         Ok(Removed { ino, chunks: entries(v, 1)? })
     }
 
     fn rmdir(&self, parent: Ino, name: &str, now_ns: i64) -> MetaResult<()> {
-        let _: Vec<String> = self.run(&UNLINK, &[parent.to_string(), name.into(), now_ns.to_string(), "1".into()])?;
+        let v: Vec<String> = self.settling(&[(parent, name)], || {
+            self.run_in(shard_of(parent), &UNLINK, &[parent.to_string(), name.into(), now_ns.to_string(), "1".into()])
+        })?;
+        if v.first().map(String::as_str) == Some("XS") {
+            let ino = v.get(1).and_then(|i| i.parse().ok()).ok_or_else(|| MetaError::Corrupt("rmdir reply".into()))?;
+            self.remove_across(parent, name, ino, Kind::Dir, now_ns)?;
+        }
         Ok(())
     }
 
@@ -967,15 +1492,33 @@ impl MetaStore for RedisMeta {
         if new_name.is_empty() || new_name.contains('/') || new_name == "." || new_name == ".." {
             return Err(MetaError::Invalid);
         }
-        let v: Vec<String> = self.run(
-            &RENAME,
-            &[parent.to_string(), name.into(), new_parent.to_string(), new_name.into(), now_ns.to_string(), now_ms_s()],
-        )?;
-        if v.is_empty() {
-            return Ok(None);
+        if self.shard_count() == 1 {
+            return self.rename_here(parent, name, new_parent, new_name, now_ns);
         }
-        let ino = v[0].parse().map_err(|_| MetaError::Corrupt("rename reply".into()))?;
-        Ok(Some(Removed { ino, chunks: entries(v, 1)? }))
+        let src = self.lookup(parent, name)?;
+        // A directory moving to another parent: under the global rename lock
+        // (as a local file system's rename mutex), so the check that it does
+        // not move under itself holds until it has moved.
+        let _lock = if src.kind == Kind::Dir && parent != new_parent { Some(self.rename_lock()?) } else { None };
+        if src.kind == Kind::Dir && parent != new_parent {
+            let mut a = new_parent;
+            for _ in 0..MAX_DEPTH {
+                if a == src.ino {
+                    return Err(MetaError::Invalid);
+                }
+                if a == ROOT || a == 0 {
+                    break;
+                }
+                a = self.getattr(a)?.parent;
+            }
+        }
+        if shard_of(parent) == shard_of(new_parent) {
+            match self.rename_here(parent, name, new_parent, new_name, now_ns) {
+                Err(MetaError::Corrupt(e)) if e == "XS" => {}
+                r => return r,
+            }
+        }
+        self.rename_across(parent, name, new_parent, new_name, now_ns)
     }
 
     fn readdir(&self, ino: Ino) -> MetaResult<Vec<DirEntry>> {
@@ -983,19 +1526,20 @@ impl MetaStore for RedisMeta {
         if a.kind != Kind::Dir {
             return Err(MetaError::NotDir);
         }
-        let names: Vec<(String, u64)> = self.with(|c| ::redis::cmd("HGETALL").arg(self.k(&format!("d:{ino}"))).query(c))?;
-        // Kinds in one pipelined round trip.
-        let kinds: Vec<Option<String>> = self.with(|c| {
-            let mut p = ::redis::pipe();
-            for (_, child) in &names {
-                p.cmd("HGET").arg(self.k(&format!("i:{child}"))).arg("k");
-            }
-            p.query(c)
-        })?;
+        let key = self.ki(ino, &format!("d:{ino}"))?;
+        let names: Vec<(String, u64)> = self.with(|c| ::redis::cmd("HGETALL").arg(&key).query(c))?;
+        // Kinds in one pipelined round trip (per master: children of other shards).
+        let cmds = names
+            .iter()
+            .map(|(_, child)| Ok(::redis::cmd("HGET").arg(self.ki(*child, &format!("i:{child}"))?).arg("k").clone()))
+            .collect::<MetaResult<Vec<_>>>()?;
+        let kinds: Vec<Option<String>> = self.pipe_any(&cmds)?;
         let mut out: Vec<DirEntry> = names
             .into_iter()
             .zip(kinds)
             .filter_map(|((name, ino), k)| {
+                // (An entry whose inode is not there yet, or no longer: a
+                // change across shards under way.)
                 let kind = match k?.as_str() {
                     "d" => Kind::Dir,
                     _ => Kind::File,
@@ -1007,14 +1551,30 @@ impl MetaStore for RedisMeta {
         Ok(out)
     }
 
+    fn recover(&self) -> MetaResult<usize> {
+        let all: Vec<Vec<String>> = self.fan(|p| ::redis::cmd("HKEYS").arg(format!("{p}x")).clone())?;
+        let mut n = 0;
+        for (k, fields) in all.into_iter().enumerate() {
+            for f in fields {
+                n += 1;
+                match self.settle_field(k, &f) {
+                    Ok(()) | Err(MetaError::NotFound | MetaError::NotEmpty | MetaError::NotDir | MetaError::IsDir | MetaError::Exists) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(n)
+    }
+
     fn chunks(&self, ino: Ino, idxs: &[u64]) -> MetaResult<(FileView, Vec<Option<ChunkEntry>>)> {
+        let (ik, ck) = (self.ki(ino, &format!("i:{ino}"))?, self.ki(ino, &format!("c:{ino}"))?);
         let (head, raw): (Vec<Option<String>>, Vec<Option<String>>) = self.with(|c| {
             let mut p = ::redis::pipe();
-            p.cmd("HMGET").arg(self.k(&format!("i:{ino}"))).arg(&["size", "imp", "implen"]);
+            p.cmd("HMGET").arg(&ik).arg(&["size", "imp", "implen"]);
             if idxs.is_empty() {
-                p.cmd("HMGET").arg(self.k(&format!("c:{ino}"))).arg("-1");
+                p.cmd("HMGET").arg(&ck).arg("-1");
             } else {
-                p.cmd("HMGET").arg(self.k(&format!("c:{ino}"))).arg(idxs);
+                p.cmd("HMGET").arg(&ck).arg(idxs);
             }
             p.query(c)
         })?;
@@ -1028,7 +1588,8 @@ impl MetaStore for RedisMeta {
     }
 
     fn chunk_map(&self, ino: Ino) -> MetaResult<BTreeMap<u64, ChunkEntry>> {
-        let v: Vec<String> = self.with(|c| ::redis::cmd("HGETALL").arg(self.k(&format!("c:{ino}"))).query(c))?;
+        let key = self.ki(ino, &format!("c:{ino}"))?;
+        let v: Vec<String> = self.with(|c| ::redis::cmd("HGETALL").arg(&key).query(c))?;
         Ok(entries(v, 0)?.into_iter().collect())
     }
 
@@ -1046,7 +1607,8 @@ impl MetaStore for RedisMeta {
             Some(u) => (u.idx.to_string(), u.base.unwrap_or(0).to_string(), u.entry.encode()),
             None => (String::new(), String::new(), String::new()),
         };
-        let v: Vec<String> = self.run(
+        let v: Vec<String> = self.run_in(
+            shard_of(ino),
             &TRUNCATE,
             &[ino.to_string(), size.to_string(), now_ns.to_string(), now_ms_s(), params.chunk_size.to_string(), ti, tb, te],
         )?;
@@ -1054,18 +1616,24 @@ impl MetaStore for RedisMeta {
     }
 
     fn dirty_oldest(&self, n: usize) -> MetaResult<Vec<(ChunkId, i64)>> {
-        let v: Vec<(String, f64)> = self.with(|c| {
-            ::redis::cmd("ZRANGE").arg(self.k("dirty")).arg(0).arg(n as i64 - 1).arg("WITHSCORES").query(c)
-        })?;
-        Ok(v.into_iter().filter_map(|(m, s)| Some((ChunkId::parse_member(&m)?, s as i64))).collect())
+        // Each shard's oldest n, merged.
+        let per: Vec<Vec<(String, f64)>> =
+            self.fan(|p| ::redis::cmd("ZRANGE").arg(format!("{p}dirty")).arg(0).arg(n as i64 - 1).arg("WITHSCORES").clone())?;
+        let mut v: Vec<(ChunkId, i64)> =
+            per.into_iter().flatten().filter_map(|(m, s)| Some((ChunkId::parse_member(&m)?, s as i64))).collect();
+        v.sort_by_key(|(_, at)| *at);
+        v.truncate(n);
+        Ok(v)
     }
 
     fn dirty_count(&self) -> MetaResult<u64> {
-        self.with(|c| ::redis::cmd("ZCARD").arg(self.k("dirty")).query(c))
+        let per: Vec<u64> = self.fan(|p| ::redis::cmd("ZCARD").arg(format!("{p}dirty")).clone())?;
+        Ok(per.into_iter().sum())
     }
 
     fn is_dirty(&self, chunk: &ChunkId) -> MetaResult<bool> {
-        let s: Option<f64> = self.with(|c| ::redis::cmd("ZSCORE").arg(self.k("dirty")).arg(chunk.member()).query(c))?;
+        let key = self.ki(chunk.ino, "dirty")?;
+        let s: Option<f64> = self.with(|c| ::redis::cmd("ZSCORE").arg(&key).arg(chunk.member()).query(c))?;
         Ok(s.is_some())
     }
 
@@ -1079,23 +1647,25 @@ impl MetaStore for RedisMeta {
         if members.is_empty() {
             return Ok(());
         }
+        let key = self.ki(ino, "dirty")?;
         // XX: only entries still in the log (a persisted one must not come back).
         self.with(|c| {
             let mut p = ::redis::pipe();
             for m in &members {
-                p.cmd("ZADD").arg(self.k("dirty")).arg("XX").arg(0).arg(m).ignore();
+                p.cmd("ZADD").arg(&key).arg("XX").arg(0).arg(m).ignore();
             }
             p.query::<()>(c)
         })
     }
 
     fn mark_persisted(&self, chunk: &ChunkId) -> MetaResult<bool> {
-        let r: i64 = self.run(&MARK_PERSISTED, &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string()])?;
+        let r: i64 = self.run_in(shard_of(chunk.ino), &MARK_PERSISTED, &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string()])?;
         Ok(r == 1)
     }
 
     fn set_holders(&self, chunk: &ChunkId, old: &[String], new: &[String]) -> MetaResult<bool> {
-        let r: i64 = self.run(
+        let r: i64 = self.run_in(
+            shard_of(chunk.ino),
             &SET_HOLDERS,
             &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string(), old.join(","), new.join(",")],
         )?;
@@ -1103,38 +1673,59 @@ impl MetaStore for RedisMeta {
     }
 
     fn drop_holder(&self, chunk: &ChunkId, addr: &str) -> MetaResult<bool> {
-        let r: i64 = self.run(&DROP_HOLDER, &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string(), addr.into()])?;
+        let r: i64 = self.run_in(shard_of(chunk.ino), &DROP_HOLDER, &[chunk.ino.to_string(), chunk.idx.to_string(), chunk.ver.to_string(), addr.into()])?;
         Ok(r == 1)
     }
 
     fn publish_queue(&self, before_ms: i64, n: usize) -> MetaResult<Vec<Ino>> {
-        self.with(|c| {
-            ::redis::cmd("ZRANGEBYSCORE").arg(self.k("pub")).arg("-inf").arg(before_ms).arg("LIMIT").arg(0).arg(n).query(c)
-        })
+        let per: Vec<Vec<(Ino, f64)>> = self.fan(|p| {
+            ::redis::cmd("ZRANGEBYSCORE").arg(format!("{p}pub")).arg("-inf").arg(before_ms).arg("WITHSCORES").arg("LIMIT").arg(0).arg(n).clone()
+        })?;
+        let mut v: Vec<(Ino, f64)> = per.into_iter().flatten().collect();
+        v.sort_by(|a, b| a.1.total_cmp(&b.1));
+        Ok(v.into_iter().take(n).map(|(ino, _)| ino).collect())
     }
 
     fn requeue_publish(&self, ino: Ino, at_ms: i64) -> MetaResult<()> {
-        self.with(|c| ::redis::cmd("ZADD").arg(self.k("pub")).arg(at_ms).arg(ino).query::<()>(c))
+        let key = self.ki(ino, "pub")?;
+        self.with(|c| ::redis::cmd("ZADD").arg(&key).arg(at_ms).arg(ino).query::<()>(c))
     }
 
     fn drop_publish(&self, ino: Ino) -> MetaResult<()> {
-        self.with(|c| ::redis::cmd("ZREM").arg(self.k("pub")).arg(ino).query::<()>(c))
+        let key = self.ki(ino, "pub")?;
+        self.with(|c| ::redis::cmd("ZREM").arg(&key).arg(ino).query::<()>(c))
     }
 
     fn mark_published(&self, ino: Ino, gen: u64, xkey: &str, clear_import: bool) -> MetaResult<bool> {
-        let r: i64 = self.run(
-            &MARK_PUBLISHED,
-            &[ino.to_string(), gen.to_string(), xkey.into(), if clear_import { "1" } else { "0" }.into(), now_ms_s()],
-        )?;
+        let clear = if clear_import { "1" } else { "0" };
+        if self.shard_count() == 1 {
+            let r: i64 = self.run(&MARK_PUBLISHED, &[ino.to_string(), gen.to_string(), xkey.into(), clear.into(), now_ms_s()])?;
+            return Ok(r == 1);
+        }
+        // The global export-key map first (a crash after leaves the key
+        // mapped to this inode: the object is kept, never lost), then the inode.
+        let ok: i64 = self.run(&PUBLISH_KEY, &[ino.to_string(), xkey.into()])?;
+        if ok == 0 {
+            self.requeue_publish(ino, now_ms())?;
+            return Ok(false);
+        }
+        let r: i64 = self.run_in(shard_of(ino), &PUBLISHED_AT, &[ino.to_string(), gen.to_string(), xkey.into(), clear.into(), now_ms_s()])?;
         Ok(r == 1)
     }
 
     fn publish_pending(&self) -> MetaResult<u64> {
-        self.with(|c| ::redis::cmd("ZCARD").arg(self.k("pub")).query(c))
+        let per: Vec<u64> = self.fan(|p| ::redis::cmd("ZCARD").arg(format!("{p}pub")).clone())?;
+        Ok(per.into_iter().sum())
     }
 
     fn claim_unpublish(&self) -> MetaResult<Option<String>> {
         let v: Value = self.run(&CLAIM_UNPUB, &[])?;
+        if s(&v).is_none() && self.shard_count() > 1 {
+            // None left in the global set: bring in what the shards queued.
+            self.apply_unpublish_queues()?;
+            let v: Value = self.run(&CLAIM_UNPUB, &[])?;
+            return Ok(s(&v));
+        }
         Ok(s(&v))
     }
 
@@ -1143,11 +1734,22 @@ impl MetaStore for RedisMeta {
     }
 
     fn import_file(&self, parent: Ino, name: &str, key: &str, size: u64, now_ns: i64) -> MetaResult<Attr> {
-        let ino = self.alloc_ino()?;
-        let got: u64 = self.run(
-            &IMPORT,
-            &[parent.to_string(), name.into(), ino.to_string(), key.into(), size.to_string(), now_ns.to_string()],
-        )?;
+        let ino = self.alloc_ino_in(shard_of(parent))?;
+        let sharded = self.shard_count() > 1;
+        if sharded {
+            // The global map first: a crash after it keeps the object, never deletes it.
+            self.with(|c| ::redis::cmd("HSET").arg(self.k("xk")).arg(key).arg(ino).query::<()>(c))?;
+        }
+        let got: u64 = self.settling(&[(parent, name)], || {
+            self.run_in(
+                shard_of(parent),
+                &IMPORT,
+                &[parent.to_string(), name.into(), ino.to_string(), key.into(), size.to_string(), now_ns.to_string()],
+            )
+        })?;
+        if sharded && got != ino {
+            let _: i64 = self.run(&UNPUBQ_APPLY_KEEP, &[ino.to_string(), key.into()])?;
+        }
         self.getattr(got)
     }
 
@@ -1192,7 +1794,325 @@ impl MetaStore for RedisMeta {
     }
 }
 
+/// A held global directory-rename lock (freed on drop).
+struct RenameLock<'a> {
+    meta: &'a RedisMeta,
+    token: String,
+}
+
+impl Drop for RenameLock<'_> {
+    fn drop(&mut self) {
+        let key = self.meta.k("rlock");
+        let _ = self.meta.with(|c| UNLOCK.key(&key).arg(&self.token).invoke::<i64>(c));
+    }
+}
+
+fn random_id() -> String {
+    let mut raw = [0u8; 8];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw);
+    format!("{:016x}", u64::from_le_bytes(raw))
+}
+
+/// A number out of a field of an intent.
+fn num(s: Option<&&str>) -> MetaResult<u64> {
+    s.and_then(|s| s.parse().ok()).ok_or_else(|| MetaError::Corrupt(format!("intent field {s:?}")))
+}
+
+/// What a reply verdict (`ok`, or an errno name) means.
+fn verdict(v: &str) -> MetaResult<()> {
+    match v {
+        "ok" | "gone" => Ok(()),
+        "ECHANGED" => Err(MetaError::InFlight),
+        e => Err(map_err(RedisError::from((::redis::ErrorKind::ResponseError, "verdict", e.to_string())))),
+    }
+}
+
+/// Cross-slot changes of a sharded store. Each is a chain of one-slot
+/// scripts started by an intent written, in the same script as the change's
+/// first effect, on the name it changes (`x` hash of the directory's shard,
+/// field `dir/name`). While the intent is there, other changes of that name
+/// and lookups of it settle it first (`settling`); `recover` settles all
+/// left by a crashed client. Every step is idempotent and each decision is
+/// made once and kept (the `v:` verdicts), so any number of settlers can
+/// replay a chain, in any interleaving, to the same end.
 impl RedisMeta {
+    /// Counts a step of a cross-slot change (an injected failure ends it here).
+    fn step(&self) -> MetaResult<()> {
+        use std::sync::atomic::Ordering;
+        let left = self.crash_after.load(Ordering::SeqCst);
+        if left == 0 {
+            return Err(MetaError::Unavailable("injected failure between the steps of a cross-slot change".into()));
+        }
+        if left > 0 {
+            self.crash_after.store(left - 1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Runs `f`, settling the intents on `names` while it finds one in flight.
+    fn settling<T>(&self, names: &[(Ino, &str)], mut f: impl FnMut() -> MetaResult<T>) -> MetaResult<T> {
+        for _ in 0..100 {
+            match f() {
+                Err(MetaError::InFlight) => {
+                    for (dir, name) in names {
+                        match self.settle_field(shard_of(*dir), &format!("{dir}/{name}")) {
+                            Ok(()) | Err(MetaError::NotFound | MetaError::NotEmpty | MetaError::NotDir | MetaError::IsDir | MetaError::Exists | MetaError::InFlight) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                r => return r,
+            }
+        }
+        Err(MetaError::InFlight)
+    }
+
+    /// Settles the intent (or rename marker) on field `dir/name` of shard `k`, if any.
+    fn settle_field(&self, k: usize, field: &str) -> MetaResult<()> {
+        let key = format!("{}x", self.sp(k)?);
+        let v: Option<String> = self.with(|c| ::redis::cmd("HGET").arg(&key).arg(field).query(c))?;
+        let Some(v) = v else { return Ok(()) };
+        if let Some(at) = v.strip_prefix('@') {
+            // A rename's marker on its target: the intent is on its source.
+            let parts: Vec<&str> = at.split('/').collect();
+            let (sp, sn) = (num(parts.get(2))?, parts.get(3).copied().unwrap_or(""));
+            let skey = format!("{}x", self.sp(shard_of(sp))?);
+            let intent: Option<String> = self.with(|c| ::redis::cmd("HGET").arg(&skey).arg(format!("{sp}/{sn}")).query(c))?;
+            return match intent {
+                Some(i) => self.settle(&i).map(|_| ()),
+                // Its rename is complete (the intent goes last): a marker left over.
+                None => self.run_in(k, &CLEAR_INTENT, &[field.into(), v.clone()]).map(|_: i64| ()),
+            };
+        }
+        self.settle(&v).map(|_| ())
+    }
+
+    /// Carries the change an intent describes to its end; returns what it removed.
+    fn settle(&self, intent: &str) -> MetaResult<Option<Removed>> {
+        let p: Vec<&str> = intent.split('/').collect();
+        match p.first().copied() {
+            // mk/E/D/name/mode/uid/gid/now/nowms: D/name -> E is in; E's inode next.
+            Some("mk") => {
+                let (e, d, name) = (num(p.get(1))?, num(p.get(2))?, p.get(3).copied().unwrap_or(""));
+                self.step()?;
+                let args: Vec<String> = [e.to_string(), d.to_string(), name.into()].into_iter().chain(p[4..].iter().map(|s| s.to_string())).collect();
+                let _: Value = self.run_in(shard_of(e), &MKDIR2, &args)?;
+                self.step()?;
+                let _: i64 = self.run_in(shard_of(d), &CLEAR_INTENT, &[format!("{d}/{name}"), intent.into()])?;
+                Ok(None)
+            }
+            // rm/id/ino/D/name/now/kind: close (a directory), remove the inode, drop the entry.
+            Some("rm") => {
+                let (id, ino, d, name, now) = (p.get(1).copied().unwrap_or(""), num(p.get(2))?, num(p.get(3))?, p.get(4).copied().unwrap_or(""), p.get(5).copied().unwrap_or("0"));
+                let is_dir = p.get(6) == Some(&"d");
+                let field = format!("{d}/{name}");
+                if is_dir {
+                    self.step()?;
+                    let v: String = self.run_in(shard_of(ino), &CLOSE, &[ino.to_string(), id.into()])?;
+                    if let Err(e) = verdict(&v) {
+                        self.step()?;
+                        let _: i64 = self.run_in(shard_of(d), &CLEAR_INTENT, &[field, intent.into()])?;
+                        return Err(e);
+                    }
+                }
+                self.step()?;
+                let v: Vec<String> = self.run_in(shard_of(ino), &REMOVE_INODE, &[ino.to_string(), id.into()])?;
+                self.step()?;
+                let _: i64 = self.run_in(shard_of(d), &DROP_ENTRY, &[d.to_string(), name.into(), ino.to_string(), intent.into(), if is_dir { "1" } else { "0" }.into(), now.into()])?;
+                Ok(Some(Removed { ino, chunks: entries(v, 1)? }))
+            }
+            Some("rn") => self.settle_rename(intent, &p),
+            _ => Err(MetaError::Corrupt(format!("unknown intent {intent:?}"))),
+        }
+    }
+
+    /// rn/id/sp/sn/dp/dn/src/dst/src_is_dir/dst_is_dir/now/nowms
+    fn settle_rename(&self, intent: &str, p: &[&str]) -> MetaResult<Option<Removed>> {
+        let s = |i: usize| p.get(i).copied().unwrap_or("");
+        let (id, sp, sn, dp, dn) = (s(1), num(p.get(2))?, s(3), num(p.get(4))?, s(5));
+        let (src, dst, src_dir, dst_dir, now, nowms) = (num(p.get(6))?, num(p.get(7))?, s(8), s(9), s(10), s(11));
+        let sfield = format!("{sp}/{sn}");
+        let marker = format!("@rn/{id}/{sp}/{sn}");
+        let abort = |e: MetaError, closed: bool| -> MetaResult<Option<Removed>> {
+            self.step()?;
+            if closed {
+                let _: i64 = self.run_in(shard_of(dst), &REOPEN, &[dst.to_string(), id.into()])?;
+            }
+            let _: i64 = self.run_in(shard_of(sp), &CLEAR_INTENT, &[sfield.clone(), intent.into()])?;
+            Err(e)
+        };
+        // A directory replaced must be empty, and stay so: closed first.
+        let closing = dst != 0 && dst_dir == "1";
+        if closing {
+            self.step()?;
+            let v: String = self.run_in(shard_of(dst), &CLOSE, &[dst.to_string(), id.into()])?;
+            if let Err(e) = verdict(&v) {
+                return abort(e, false);
+            }
+        }
+        self.step()?;
+        let v: String = self.run_in(
+            shard_of(dp),
+            &RENAME_COMMIT,
+            &[id.into(), dp.to_string(), dn.into(), src.to_string(), dst.to_string(), src_dir.into(), sp.to_string(), now.into(), marker.clone(), dst_dir.into()],
+        )?;
+        if let Err(e) = verdict(&v) {
+            return abort(e, closing);
+        }
+        // Committed: from here on only forward.
+        self.step()?;
+        let _: i64 = self.run_in(shard_of(sp), &RENAME_SOURCE, &[sp.to_string(), sn.into(), src.to_string(), intent.into(), src_dir.into(), dp.to_string(), now.into()])?;
+        self.step()?;
+        let _: i64 = self.run_in(shard_of(src), &RENAME_INODE, &[src.to_string(), sp.to_string(), sn.into(), dp.to_string(), dn.into(), id.into(), now.into(), nowms.into()])?;
+        let mut removed = None;
+        if dst != 0 {
+            self.step()?;
+            let v: Vec<String> = self.run_in(shard_of(dst), &REMOVE_INODE, &[dst.to_string(), id.into()])?;
+            removed = Some(Removed { ino: dst, chunks: entries(v, 1)? });
+        }
+        self.step()?;
+        let _: i64 = self.run_in(shard_of(dp), &CLEAR_INTENT, &[format!("{dp}/{dn}"), marker])?;
+        self.step()?;
+        let _: i64 = self.run_in(shard_of(sp), &CLEAR_INTENT, &[sfield, intent.into()])?;
+        Ok(removed)
+    }
+
+    /// mkdir of a directory whose shard is not its parent's.
+    #[allow(clippy::too_many_arguments)]
+    fn mkdir_across(&self, parent: Ino, name: &str, ino: Ino, mode: u32, uid: u32, gid: u32, now_ns: i64) -> MetaResult<Attr> {
+        let intent = format!("mk/{ino}/{parent}/{name}/{mode}/{uid}/{gid}/{now_ns}/{}", now_ms());
+        let _: String = self.settling(&[(parent, name)], || {
+            self.run_in(shard_of(parent), &MKDIR1, &[parent.to_string(), name.into(), ino.to_string(), intent.clone(), now_ns.to_string()])
+        })?;
+        self.settle(&intent)?;
+        self.getattr(ino)
+    }
+
+    /// unlink or rmdir of an entry whose inode is in another shard.
+    fn remove_across(&self, parent: Ino, name: &str, ino: Ino, want: Kind, now_ns: i64) -> MetaResult<Removed> {
+        // Kinds never change: read where the inode is.
+        let kind = self.getattr(ino)?.kind;
+        match (want, kind) {
+            (Kind::File, Kind::Dir) => return Err(MetaError::IsDir),
+            (Kind::Dir, Kind::File) => return Err(MetaError::NotDir),
+            _ => {}
+        }
+        let intent = format!("rm/{}/{ino}/{parent}/{name}/{now_ns}/{}", random_id(), kind.code());
+        let r: String = self.settling(&[(parent, name)], || {
+            self.run_in(shard_of(parent), &INTENT_AT, &[parent.to_string(), name.into(), ino.to_string(), intent.clone()])
+        })?;
+        if r == "ECHANGED" {
+            // The name was changed meanwhile: start again from it.
+            return match want {
+                Kind::File => self.unlink(parent, name, now_ns),
+                Kind::Dir => self.rmdir(parent, name, now_ns).map(|_| Removed { ino, chunks: vec![] }),
+            };
+        }
+        Ok(self.settle(&intent)?.unwrap_or(Removed { ino, chunks: vec![] }))
+    }
+
+    fn rename_lock(&self) -> MetaResult<RenameLock<'_>> {
+        let token = random_id();
+        let key = self.k("rlock");
+        let start = Instant::now();
+        loop {
+            let got: Option<String> = self.with(|c| ::redis::cmd("SET").arg(&key).arg(&token).arg("NX").arg("PX").arg(30_000).query(c))?;
+            if got.is_some() {
+                return Ok(RenameLock { meta: self, token });
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                return Err(MetaError::Unavailable("the directory-rename lock was not free for 60 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// rename as one script (every key in one slot); Corrupt("XS") when not.
+    fn rename_here(&self, parent: Ino, name: &str, new_parent: Ino, new_name: &str, now_ns: i64) -> MetaResult<Option<Removed>> {
+        let v: Vec<String> = self.settling(&[(parent, name), (new_parent, new_name)], || {
+            self.run_in(
+                shard_of(parent),
+                &RENAME,
+                &[parent.to_string(), name.into(), new_parent.to_string(), new_name.into(), now_ns.to_string(), now_ms_s()],
+            )
+        })?;
+        if v.is_empty() {
+            return Ok(None);
+        }
+        if v[0] == "XS" {
+            return Err(MetaError::Corrupt("XS".into()));
+        }
+        let ino = v[0].parse().map_err(|_| MetaError::Corrupt("rename reply".into()))?;
+        Ok(Some(Removed { ino, chunks: entries(v, 1)? }))
+    }
+
+    /// rename whose names or inodes are in several shards (the caller holds
+    /// the directory-rename lock when a directory changes parent).
+    fn rename_across(&self, sp: Ino, sn: &str, dp: Ino, dn: &str, now_ns: i64) -> MetaResult<Option<Removed>> {
+        for _ in 0..100 {
+            let src = self.lookup(sp, sn)?;
+            let pk = self.getattr(dp)?.kind;
+            if pk != Kind::Dir {
+                return Err(MetaError::NotDir);
+            }
+            let dst = match self.lookup(dp, dn) {
+                Ok(a) => Some(a),
+                Err(MetaError::NotFound) => None,
+                Err(e) => return Err(e),
+            };
+            if let Some(d) = &dst {
+                if d.ino == src.ino {
+                    return Ok(None);
+                }
+                match (src.kind, d.kind) {
+                    (Kind::Dir, Kind::File) => return Err(MetaError::NotDir),
+                    (Kind::File, Kind::Dir) => return Err(MetaError::IsDir),
+                    _ => {}
+                }
+            }
+            let bit = |k: Option<Kind>| if k == Some(Kind::Dir) { "1" } else { "0" };
+            let intent = format!(
+                "rn/{}/{sp}/{sn}/{dp}/{dn}/{}/{}/{}/{}/{now_ns}/{}",
+                random_id(),
+                src.ino,
+                dst.as_ref().map_or(0, |d| d.ino),
+                bit(Some(src.kind)),
+                bit(dst.as_ref().map(|d| d.kind)),
+                now_ms()
+            );
+            let r: String = self.settling(&[(sp, sn)], || {
+                self.run_in(shard_of(sp), &INTENT_AT, &[sp.to_string(), sn.into(), src.ino.to_string(), intent.clone()])
+            })?;
+            if r == "ECHANGED" {
+                continue;
+            }
+            match self.settle(&intent) {
+                // The target changed or is busy before the commit: look again.
+                Err(MetaError::InFlight) => {
+                    let _ = self.settle_field(shard_of(dp), &format!("{dp}/{dn}"));
+                    continue;
+                }
+                r => return r,
+            }
+        }
+        Err(MetaError::InFlight)
+    }
+
+    /// Moves export keys that sharded unlinks and publishes queued in their
+    /// shards (`unpubq`) to the global map, then off the queue.
+    fn apply_unpublish_queues(&self) -> MetaResult<()> {
+        let per: Vec<Vec<String>> = self.fan(|p| ::redis::cmd("SRANDMEMBER").arg(format!("{p}unpubq")).arg(64).clone())?;
+        for (k, members) in per.into_iter().enumerate() {
+            for m in members {
+                let Some((ino, key)) = m.split_once('/') else { continue };
+                let _: i64 = self.run(&UNPUBQ_APPLY, &[ino.into(), key.into()])?;
+                let q = format!("{}unpubq", self.sp(k)?);
+                self.with(|c| ::redis::cmd("SREM").arg(&q).arg(&m).query::<()>(c))?;
+            }
+        }
+        Ok(())
+    }
+
     fn commit_inner(&self, ino: Ino, end: u64, updates: &[ChunkUpdate], now_ns: i64, bump: bool) -> MetaResult<Vec<(u64, ChunkEntry)>> {
         let mut args = vec![
             ino.to_string(),
@@ -1207,7 +2127,7 @@ impl RedisMeta {
             args.push(u.base.unwrap_or(0).to_string());
             args.push(u.entry.encode());
         }
-        let v: Vec<String> = self.run(&COMMIT, &args)?;
+        let v: Vec<String> = self.run_in(shard_of(ino), &COMMIT, &args)?;
         entries(v, 0)
     }
 }
@@ -1271,6 +2191,12 @@ mod tests {
         setattr_returns_the_new_attributes_and_never_resurrects_an_inode,
         every_call_of_the_store_works_end_to_end,
         a_restarted_server_mid_workload_loses_nothing_acknowledged,
+        mkdir_in_another_shard_survives_a_crash_between_its_steps,
+        rmdir_across_shards_survives_a_crash_between_its_steps,
+        rename_of_a_file_across_shards_survives_a_crash_between_its_steps,
+        rename_of_a_directory_over_an_empty_one_across_shards_survives_a_crash_between_its_steps,
+        cross_shard_changes_refuse_what_posix_refuses_and_leave_nothing_behind,
+        concurrent_cross_shard_renames_keep_the_namespace_whole,
     );
 
     /// Creates and lookups are one round trip each and inode numbers come in
@@ -1343,11 +2269,11 @@ mod tests {
         let args = |ino: u64| -> Vec<String> {
             [ROOT.to_string(), "f".into(), ino.to_string(), "f".into(), "420".into(), "0".into(), "0".into(), "5".into(), "5".into()].to_vec()
         };
-        let first: HashMap<String, String> = m.run(&CREATE, &args(ino)).unwrap();
-        let again: HashMap<String, String> = m.run(&CREATE, &args(ino)).unwrap();
+        let first: HashMap<String, String> = m.run_in(0, &CREATE, &args(ino)).unwrap();
+        let again: HashMap<String, String> = m.run_in(0, &CREATE, &args(ino)).unwrap();
         assert_eq!(m.parse_attr(ino, &again).unwrap(), m.parse_attr(ino, &first).unwrap());
         let other = m.alloc_ino().unwrap();
-        assert_eq!(m.run::<HashMap<String, String>>(&CREATE, &args(other)).unwrap_err(), MetaError::Exists);
+        assert_eq!(m.run_in::<HashMap<String, String>>(0, &CREATE, &args(other)).unwrap_err(), MetaError::Exists);
     }
 
     /// setattr on an inode removed meanwhile is NotFound and does not bring it back.
@@ -1449,7 +2375,7 @@ mod tests {
     /// and started again: calls in flight retry until it is back, and every
     /// create and commit acknowledged before, during or after is there
     /// (append-only, fsync always). On a cluster, the master killed is the
-    /// one holding the file system.
+    /// one holding the root's shard.
     fn a_restarted_server_mid_workload_loses_nothing_acknowledged(start: Start) {
         use std::sync::atomic::{AtomicBool, Ordering};
         let (_dir, mut server) = start();
@@ -1485,7 +2411,8 @@ mod tests {
             match &mut server {
                 Server::Single(r) => r.restart().unwrap(),
                 Server::Cluster(c) => {
-                    let owner = c.owner_of("bb:{t}:meta").unwrap();
+                    // The master of the root's shard, where the files are.
+                    let owner = c.owner_of(&format!("{}meta", m.shard_prefixes()[0])).unwrap();
                     c.restart(owner).unwrap();
                 }
             }
@@ -1507,11 +2434,11 @@ mod tests {
         assert_eq!(fresh.readdir(ROOT).unwrap().len(), acked.len(), "no file beyond the acknowledged (a replay made none twice)");
     }
 
-    /// All keys of one file system are on the master of its hash tag's slot,
-    /// and file systems with other tags are on other masters: the cluster
-    /// spreads file systems, never one file system.
+    /// Unsharded (one shard: as file systems formatted before shards were),
+    /// all keys of one file system are on the master of its hash tag's slot,
+    /// and file systems with other tags are on other masters.
     #[test]
-    fn each_file_system_is_whole_on_one_master_and_file_systems_spread_over_all() {
+    fn an_unsharded_file_system_is_whole_on_one_master_and_file_systems_spread_over_all() {
         let (_dir, server) = cluster();
         let Server::Cluster(c) = &server else { unreachable!() };
         let names: Vec<String> = (0..12).map(|i| format!("fs{i}")).collect();
@@ -1522,8 +2449,9 @@ mod tests {
         assert_eq!(used, vec![0, 1, 2], "12 file systems on 3 masters: {owners:?}");
         let mut per_master = vec![0usize; 3];
         for n in &names {
-            let m = server.meta(n);
+            let m = server.meta(n).with_shards(1);
             m.format(&FsParams { chunk_size: 1 << 20 }).unwrap();
+            assert_eq!(m.shard_count(), 1);
             let d = m.create(ROOT, "d", Kind::Dir, 0o755, 0, 0, 1).unwrap();
             let f = m.create(d.ino, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
             m.commit(f.ino, 100, &[ChunkUpdate { idx: 0, base: None, entry: entry(1, &["n1"]) }], 2).unwrap();
@@ -1579,4 +2507,307 @@ mod tests {
         let e = RedisMeta::connect("redis+cluster://127.0.0.1:1/2", "t").err().unwrap().to_string();
         assert!(e.contains("database 0 only"), "{e}");
     }
+
+    /// Sharded (the cluster default), one file system's shards are spread
+    /// evenly over the masters, a directory's files are in its shard with
+    /// it, and directories land in shards by hash of (parent, name).
+    #[test]
+    fn a_sharded_file_system_spreads_evenly_over_the_masters_with_each_directory_whole() {
+        let (_dir, server) = cluster();
+        let Server::Cluster(c) = &server else { unreachable!() };
+        let m = formatted(&server);
+        assert_eq!(m.shard_count(), CLUSTER_SHARDS);
+        let mut per_master = [0usize; 3];
+        for p in m.shard_prefixes() {
+            per_master[c.owner_of(&format!("{p}meta")).unwrap()] += 1;
+        }
+        assert!(per_master.iter().all(|&n| n >= CLUSTER_SHARDS / 3 - 1 && n <= CLUSTER_SHARDS / 3 + 1), "{per_master:?}");
+        let mut dir_shards = std::collections::BTreeSet::new();
+        for i in 0..24 {
+            let d = m.create(ROOT, &format!("d{i}"), Kind::Dir, 0o755, 0, 0, 1).unwrap();
+            dir_shards.insert(shard_of(d.ino));
+            for j in 0..3 {
+                let f = m.create(d.ino, &format!("f{j}"), Kind::File, 0o644, 0, 0, 1).unwrap();
+                assert_eq!(shard_of(f.ino), shard_of(d.ino), "a file is in its directory's shard");
+            }
+            assert_eq!(m.readdir(d.ino).unwrap().len(), 3);
+        }
+        assert!(dir_shards.len() >= 12, "24 directories in {} shards only", dir_shards.len());
+        let owners: std::collections::BTreeSet<usize> =
+            dir_shards.iter().map(|&k| c.owner_of(&format!("{}meta", m.shard_prefixes()[k])).unwrap()).collect();
+        assert_eq!(owners.len(), 3, "directories on every master");
+        assert_eq!(fsck(&m), Vec::<String>::new());
+    }
+
+    /// What is wrong with the namespace: every entry's inode there and
+    /// naming it back, directory link counts 2 + subdirectories, no intent
+    /// left, no directory left closed, and every inode of every shard
+    /// reachable from the root.
+    fn fsck(m: &RedisMeta) -> Vec<String> {
+        let mut bad = vec![];
+        let mut seen = std::collections::BTreeSet::from([ROOT]);
+        let mut todo = vec![ROOT];
+        while let Some(d) = todo.pop() {
+            let da = m.getattr(d).unwrap();
+            let key = m.ki(d, &format!("d:{d}")).unwrap();
+            let names: Vec<(String, u64)> = m.with(|c| ::redis::cmd("HGETALL").arg(&key).query(c)).unwrap();
+            let mut subdirs = 0;
+            for (name, ino) in names {
+                match m.getattr(ino) {
+                    Err(e) => bad.push(format!("{d}/{name} -> {ino}: {e}")),
+                    Ok(a) => {
+                        if (a.parent, a.name.as_str()) != (d, name.as_str()) {
+                            bad.push(format!("{d}/{name} -> {ino}, which says it is {}/{}", a.parent, a.name));
+                        }
+                        if !seen.insert(ino) {
+                            bad.push(format!("{ino} has two names"));
+                        }
+                        if a.kind == Kind::Dir {
+                            subdirs += 1;
+                            todo.push(ino);
+                        }
+                    }
+                }
+            }
+            if da.nlink != 2 + subdirs {
+                bad.push(format!("directory {d} has nlink {} for {subdirs} subdirectories", da.nlink));
+            }
+            let cl: bool = m.with(|c| ::redis::cmd("HEXISTS").arg(m.ki(d, &format!("i:{d}")).unwrap()).arg("cl").query(c)).unwrap();
+            if cl {
+                bad.push(format!("directory {d} is left closed"));
+            }
+        }
+        for (k, p) in m.shard_prefixes().iter().enumerate() {
+            let x: Vec<String> = m.with(|c| ::redis::cmd("HKEYS").arg(format!("{p}x")).query(c)).unwrap();
+            if !x.is_empty() {
+                bad.push(format!("intents left in shard {k}: {x:?}"));
+            }
+            // Every inode of the shard (its counter bounds the numbers it gave).
+            let next: u64 = m.with(|c| ::redis::cmd("HGET").arg(format!("{p}meta")).arg("next_ino").query(c)).unwrap();
+            for seq in 1..=next {
+                let ino = ((k as u64) << SHARD_SHIFT) | seq;
+                let there: bool = m.with(|c| ::redis::cmd("EXISTS").arg(format!("{p}i:{ino}")).query(c)).unwrap();
+                if there && !seen.contains(&ino) {
+                    bad.push(format!("inode {ino} is not reachable from the root"));
+                }
+            }
+        }
+        bad
+    }
+
+    /// The namespace as names: path -> kind.
+    fn tree(m: &RedisMeta) -> BTreeMap<String, Kind> {
+        let mut out = BTreeMap::new();
+        let mut todo = vec![(ROOT, String::new())];
+        while let Some((d, path)) = todo.pop() {
+            for e in m.readdir(d).unwrap() {
+                let p = format!("{path}/{}", e.name);
+                if e.kind == Kind::Dir {
+                    todo.push((e.ino, p.clone()));
+                }
+                out.insert(p, e.kind);
+            }
+        }
+        out
+    }
+
+    /// Directories in distinct shards, found by name (a sharded store puts
+    /// directories by hash): `n` directories under the root, each in a shard
+    /// of its own and none in the root's.
+    fn dirs_apart(m: &RedisMeta, n: usize) -> Vec<Attr> {
+        let mut out: Vec<Attr> = vec![];
+        for i in 0.. {
+            let name = format!("dir{i}");
+            let k = m.dir_shard(ROOT, &name);
+            if k != 0 && out.iter().all(|d| shard_of(d.ino) != k) {
+                out.push(m.create(ROOT, &name, Kind::Dir, 0o755, 0, 0, 1).unwrap());
+                if out.len() == n {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// A cross-slot change, failed after each of its steps in turn as if
+    /// its client died there, then a recovery pass by another client: the
+    /// namespace is whole (fsck) and is either all before or all after.
+    fn crash_at_every_step(
+        start: Start,
+        what: &str,
+        setup: impl Fn(&RedisMeta) -> Vec<u64>,
+        change: impl Fn(&RedisMeta, &[u64]) -> MetaResult<()>,
+    ) {
+        let (_dir, server) = start();
+        let mut completed_at = None;
+        for steps in 0..20 {
+            let fs = format!("{what}{steps}");
+            let m = server.meta(&fs).with_shards(8);
+            m.format(&FsParams { chunk_size: 1 << 20 }).unwrap();
+            let ids = setup(&m);
+            let before = tree(&m);
+            m.inject_crash_after(steps);
+            let r = change(&m, &ids);
+            let crashed = matches!(&r, Err(MetaError::Unavailable(e)) if e.contains("injected"));
+            if !crashed {
+                r.unwrap_or_else(|e| panic!("{what} with no crash: {e}"));
+                completed_at = Some(steps);
+            }
+            // Another client: a lookup may settle it, the recovery pass does.
+            let other = server.meta(&fs);
+            other.recover().unwrap();
+            assert_eq!(fsck(&other), Vec::<String>::new(), "{what} crashed after {steps} steps");
+            let after = tree(&other);
+            // What the change makes, done again from `before` without crash.
+            let fresh = format!("{what}{steps}ref");
+            let r2 = server.meta(&fresh).with_shards(8);
+            r2.format(&FsParams { chunk_size: 1 << 20 }).unwrap();
+            let ids2 = setup(&r2);
+            change(&r2, &ids2).unwrap();
+            let done = tree(&r2);
+            // Its intent was written before its first step: recovery
+            // carries it through, never loses it half-way.
+            assert_eq!(after, done, "{what} crashed after {steps} steps (before: {before:?})");
+            if completed_at.is_some() {
+                break;
+            }
+        }
+        assert!(completed_at.is_some_and(|s| s >= 2), "{what} never got past its injected failures: {completed_at:?}");
+    }
+
+    fn mkdir_in_another_shard_survives_a_crash_between_its_steps(start: Start) {
+        crash_at_every_step(start, "mkdir", |m| dirs_apart(m, 1).iter().map(|d| d.ino).collect(), |m, ids| {
+            // A name whose directory hashes away from the parent's shard.
+            let name = (0..).map(|i| format!("sub{i}")).find(|n| m.dir_shard(ids[0], n) != shard_of(ids[0])).unwrap();
+            m.create(ids[0], &name, Kind::Dir, 0o755, 0, 0, 2).map(|_| ())
+        });
+    }
+
+    fn rmdir_across_shards_survives_a_crash_between_its_steps(start: Start) {
+        crash_at_every_step(start, "rmdir", |m| dirs_apart(m, 1).iter().map(|d| d.ino).collect(), |m, ids| {
+            let name = m.getattr(ids[0]).unwrap().name;
+            m.rmdir(ROOT, &name, 2)
+        });
+    }
+
+    fn rename_of_a_file_across_shards_survives_a_crash_between_its_steps(start: Start) {
+        crash_at_every_step(
+            start,
+            "renf",
+            |m| {
+                let d = dirs_apart(m, 2);
+                m.create(d[0].ino, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
+                m.create(d[1].ino, "g", Kind::File, 0o644, 0, 0, 1).unwrap();
+                vec![d[0].ino, d[1].ino]
+            },
+            // Replacing g: the replaced file's inode goes too.
+            |m, ids| m.rename(ids[0], "f", ids[1], "g", 2).map(|_| ()),
+        );
+    }
+
+    fn rename_of_a_directory_over_an_empty_one_across_shards_survives_a_crash_between_its_steps(start: Start) {
+        crash_at_every_step(
+            start,
+            "rend",
+            |m| {
+                let d = dirs_apart(m, 3);
+                m.create(d[0].ino, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
+                // d0 moves into d1 over d1/x, an empty directory of d2's.
+                m.rename(ROOT, &d[2].name, d[1].ino, "x", 1).unwrap();
+                vec![d[0].ino, d[1].ino]
+            },
+            |m, ids| {
+                let name = m.getattr(ids[0]).unwrap().name;
+                m.rename(ROOT, &name, ids[1], "x", 2).map(|_| ())
+            },
+        );
+    }
+
+    /// Each cross-slot change's refusals: rmdir of a directory that is not
+    /// empty, a rename over a non-empty directory, a directory moved under
+    /// itself, a create in a directory being removed (closed).
+    fn cross_shard_changes_refuse_what_posix_refuses_and_leave_nothing_behind(start: Start) {
+        let (_dir, server) = start();
+        let m = server.meta("t").with_shards(8);
+        m.format(&FsParams { chunk_size: 1 << 20 }).unwrap();
+        let d = dirs_apart(&m, 3);
+        m.create(d[0].ino, "f", Kind::File, 0o644, 0, 0, 1).unwrap();
+        assert_eq!(m.rmdir(ROOT, &d[0].name, 2).unwrap_err(), MetaError::NotEmpty);
+        assert_eq!(m.rename(ROOT, &d[1].name, ROOT, &d[0].name, 2).unwrap_err(), MetaError::NotEmpty);
+        m.rename(ROOT, &d[1].name, d[0].ino, "inner", 2).unwrap();
+        assert_eq!(m.rename(ROOT, &d[0].name, d[1].ino, "loop", 3).unwrap_err(), MetaError::Invalid);
+        assert_eq!(m.rename(ROOT, &d[2].name, d[0].ino, "f", 3).unwrap_err(), MetaError::NotDir);
+        assert_eq!(m.unlink(d[0].ino, "inner", 3).unwrap_err(), MetaError::IsDir);
+        assert_eq!(m.rmdir(d[0].ino, "f", 3).unwrap_err(), MetaError::NotDir);
+        // A directory closed by an rmdir whose client died before it
+        // removed the entry: creates in it are refused, recovery completes it.
+        let e = m.create(d[2].ino, "gone", Kind::Dir, 0o755, 0, 0, 3).unwrap();
+        let crashed = (0..6).find(|&steps| {
+            m.inject_crash_after(steps);
+            let r = m.rmdir(d[2].ino, "gone", 4);
+            m.inject_crash_after(-1);
+            r.is_err() && m.getattr(e.ino).is_ok_and(|a| a.kind == Kind::Dir) && {
+                let closed: bool = m.with(|c| ::redis::cmd("HEXISTS").arg(m.ki(e.ino, &format!("i:{}", e.ino)).unwrap()).arg("cl").query(c)).unwrap();
+                closed
+            }
+        });
+        if crashed.is_some() {
+            assert_eq!(m.create(e.ino, "late", Kind::File, 0o644, 0, 0, 5).unwrap_err(), MetaError::NotFound);
+            // A lookup of the name settles the rmdir: gone.
+            assert_eq!(server.meta("t").lookup(d[2].ino, "gone").unwrap_err(), MetaError::NotFound);
+        } else {
+            assert!(shard_of(e.ino) == shard_of(d[2].ino), "a cross-shard rmdir never stopped closed");
+        }
+        assert_eq!(fsck(&m), Vec::<String>::new());
+        let t = tree(&m);
+        assert!(t.contains_key(&format!("/{}/inner", d[0].name)) && t.contains_key(&format!("/{}/f", d[0].name)), "{t:?}");
+    }
+
+    /// Many clients renaming, creating and removing across shards at once
+    /// (threads, each its own connection): the namespace stays whole and
+    /// every file is found under exactly one name.
+    fn concurrent_cross_shard_renames_keep_the_namespace_whole(start: Start) {
+        let (_dir, server) = start();
+        let m = server.meta("t").with_shards(8);
+        m.format(&FsParams { chunk_size: 1 << 20 }).unwrap();
+        let d = dirs_apart(&m, 4);
+        let dirs: Vec<Ino> = d.iter().map(|a| a.ino).collect();
+        for i in 0..8 {
+            m.create(dirs[i % 4], &format!("f{i}"), Kind::File, 0o644, 0, 0, 1).unwrap();
+        }
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (server, dirs) = (&server, &dirs);
+                s.spawn(move || {
+                    let c = server.meta("t");
+                    for round in 0..40u64 {
+                        let (from, to) = (dirs[((t + round) % 4) as usize], dirs[((t + round + 1) % 4) as usize]);
+                        for e in c.readdir(from).unwrap() {
+                            if e.kind == Kind::File {
+                                match c.rename(from, &e.name, to, &e.name, round as i64) {
+                                    Ok(_) | Err(MetaError::NotFound) => {}
+                                    Err(err) => panic!("rename {}: {err}", e.name),
+                                }
+                            }
+                        }
+                        let sub = format!("s{t}");
+                        match c.create(from, &sub, Kind::Dir, 0o755, 0, 0, 1) {
+                            Ok(_) | Err(MetaError::Exists) => {}
+                            Err(err) => panic!("mkdir: {err}"),
+                        }
+                        match c.rmdir(from, &sub, 2) {
+                            Ok(_) | Err(MetaError::NotFound) => {}
+                            Err(err) => panic!("rmdir: {err}"),
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(fsck(&m), Vec::<String>::new());
+        let files: Vec<String> = tree(&m).into_iter().filter(|(_, k)| *k == Kind::File).map(|(p, _)| p.rsplit('/').next().unwrap().to_string()).collect();
+        let mut names = files.clone();
+        names.sort();
+        assert_eq!(names, (0..8).map(|i| format!("f{i}")).collect::<Vec<_>>(), "{files:?}");
+    }
+
 }

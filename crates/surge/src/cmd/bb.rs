@@ -339,12 +339,19 @@ pub enum Action {
         /// metadata (owners and modes of every file included).
         #[arg(long)]
         no_auth: bool,
-        /// A Redis Cluster of N masters instead (N >= 3; no replicas), on
+        /// A Redis Cluster of N masters instead (N >= 1; no replicas), on
         /// ports PORT..PORT+N-1, cluster bus on each port + 10000, files in
         /// DIR/node-I. Prints the redis+cluster:// URL to give --redis.
         #[arg(long, value_name = "N")]
         cluster: Option<usize>,
     },
+    /// Measure file creates per second against Redis Cluster masters (local
+    /// clusters of each size, several creating client processes each in a
+    /// directory of its own, as mdtest -u): the paper's Fig. 10.
+    BenchMeta(super::bb_bench::BenchMetaArgs),
+    /// One creating client of `bench-meta`.
+    #[command(hide = true)]
+    BenchMetaClient(super::bb_bench::BenchMetaClientArgs),
 }
 
 /// `surge bb pool --nodes ec2` (docs/burst-buffer.md, "Pool nodes on EC2").
@@ -625,6 +632,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("imported {n} objects");
             Ok(())
         }
+        Action::BenchMeta(a) => super::bb_bench::run(&a).map(|_| ()),
+        Action::BenchMetaClient(a) => super::bb_bench::client(&a),
         Action::Redis { dir, port, bind, no_auth, cluster } => {
             let stop = stop_flag()?;
             // Either server stops with this process (Drop kills it).
@@ -660,7 +669,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// `surge bb redis --cluster N --port P`: masters on P..P+N-1, each with
 /// its cluster bus 10000 above (Redis's own convention).
 fn cluster_ports(port: u16, n: usize) -> anyhow::Result<Vec<(u16, u16)>> {
-    anyhow::ensure!(n >= 3, "--cluster {n}: a Redis Cluster needs at least 3 masters");
+    anyhow::ensure!(n >= 1, "--cluster {n}: a Redis Cluster needs at least 1 master");
     (0..n)
         .map(|i| {
             let p = (port as usize + i).try_into().ok().filter(|p: &u16| p.checked_add(10000).is_some());
@@ -682,10 +691,11 @@ mod tests {
     }
 
     #[test]
-    fn a_local_cluster_takes_consecutive_ports_with_buses_10000_above_and_at_least_3_masters() {
+    fn a_local_cluster_takes_consecutive_ports_with_buses_10000_above_and_at_least_1_master() {
         assert_eq!(cluster_ports(7000, 3).unwrap(), vec![(7000, 17000), (7001, 17001), (7002, 17002)]);
-        let e = cluster_ports(7000, 2).unwrap_err().to_string();
-        assert!(e.contains("at least 3 masters"), "{e}");
+        assert_eq!(cluster_ports(7000, 1).unwrap(), vec![(7000, 17000)]);
+        let e = cluster_ports(7000, 0).unwrap_err().to_string();
+        assert!(e.contains("at least 1 master"), "{e}");
         let e = cluster_ports(55_534, 3).unwrap_err().to_string();
         assert!(e.contains("past 65535"), "{e}");
     }

@@ -1,6 +1,7 @@
 //! Subcommands, one module each: `Args` (clap) and `run(args) -> anyhow::Result<()>`.
 
 pub mod bb;
+pub mod bb_bench;
 pub mod cloud;
 pub mod experiment;
 pub mod load;

@@ -177,15 +177,12 @@ impl Meta {
         }
     }
 
-    /// Kills (SIGKILL) and starts again the server, or on a cluster the
-    /// master holding file system `default`.
+    /// Kills (SIGKILL) and starts again the server, or on a cluster every
+    /// master in turn (a sharded file system is on all of them).
     pub fn restart(&mut self) -> Result<(), String> {
         match self {
             Meta::Single(r) => r.restart().map_err(|e| e.to_string()),
-            Meta::Cluster(c) => {
-                let owner = c.owner_of("bb:{default}:meta").ok_or("no master serves file system default")?;
-                c.restart(owner).map_err(|e| e.to_string())
-            }
+            Meta::Cluster(c) => (0..c.nodes.len()).try_for_each(|i| c.restart(i).map_err(|e| e.to_string())),
         }
     }
 }
