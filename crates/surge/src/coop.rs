@@ -155,6 +155,10 @@ struct State {
     peers: Mutex<Vec<(ListenAddr, PeerOut)>>,
     received: AtomicU64,
     rejected: AtomicU64,
+    /// Report rounds sent more than a period late (the sender ran late), and
+    /// the longest time between two rounds, in microseconds.
+    late_rounds: AtomicU64,
+    max_round_gap_us: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -177,6 +181,8 @@ impl Coop {
             peers: Mutex::new(peers),
             received: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            late_rounds: AtomicU64::new(0),
+            max_round_gap_us: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
@@ -326,14 +332,20 @@ fn send_loop(state: Arc<State>, queues: Queues) {
     let period = state.cfg.period;
     let mut seq = 0;
     let mut next = Instant::now();
+    let mut last: Option<Instant> = None;
     while !state.stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now < next {
             std::thread::sleep((next - now).min(Duration::from_millis(50)));
             continue;
         }
+        if let Some(l) = last {
+            state.max_round_gap_us.fetch_max((now - l).as_micros() as u64, Ordering::Relaxed);
+        }
+        last = Some(now);
         next += period;
         if next < now {
+            state.late_rounds.fetch_add(1, Ordering::Relaxed);
             next = now + period; // fell behind (machine busy): do not burst
         }
         seq += 1;
@@ -418,6 +430,8 @@ impl Controllable for CoopControl {
             "signed": s.cfg.key.is_some(),
             "received": s.received.load(Ordering::Relaxed),
             "rejected": s.rejected.load(Ordering::Relaxed),
+            "late_rounds": s.late_rounds.load(Ordering::Relaxed),
+            "max_round_gap_us": s.max_round_gap_us.load(Ordering::Relaxed),
             "peers": peers,
         })
     }
@@ -454,7 +468,7 @@ mod tests {
             peer_timeout: Duration::from_secs(5),
             key: key.map(|k| CoopKey::new(k).unwrap()),
         };
-        let state = Arc::new(State { cfg, incarnation: 1, peers: Mutex::new(vec![]), received: AtomicU64::new(0), rejected: AtomicU64::new(0), stop: AtomicBool::new(false) });
+        let state = Arc::new(State { cfg, incarnation: 1, peers: Mutex::new(vec![]), received: AtomicU64::new(0), rejected: AtomicU64::new(0), late_rounds: AtomicU64::new(0), max_round_gap_us: AtomicU64::new(0), stop: AtomicBool::new(false) });
         (state, ctx.fair_queues.clone(), ctx)
     }
 

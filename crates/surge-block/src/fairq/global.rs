@@ -209,6 +209,8 @@ pub struct Ledger {
     peers: BTreeMap<String, PeerView>,
     /// Reports ignored because `max_peers` others were live.
     refused: u64,
+    /// Reports taken as a new baseline only.
+    rebased: u64,
 }
 
 /// A peer as `surge status` shows it.
@@ -223,7 +225,7 @@ pub struct PeerStatus {
 
 impl Ledger {
     pub fn new(peer_timeout: Duration) -> Self {
-        Ledger { timeout: peer_timeout, max_peers: MAX_PEERS, peers: BTreeMap::new(), refused: 0 }
+        Ledger { timeout: peer_timeout, max_peers: MAX_PEERS, peers: BTreeMap::new(), refused: 0, rebased: 0 }
     }
 
     pub fn set_timeout(&mut self, peer_timeout: Duration) {
@@ -237,6 +239,11 @@ impl Ledger {
     /// Reports ignored so far because the ledger was full of live peers.
     pub fn refused(&self) -> u64 {
         self.refused
+    }
+
+    /// Reports taken only as a new baseline so far (see [`Ledger::apply`]).
+    pub fn rebased(&self) -> u64 {
+        self.rebased
     }
 
     /// Forgets peers silent for [`FORGET_AFTER_TIMEOUTS`] timeouts.
@@ -289,6 +296,7 @@ impl Ledger {
         let seen: HashMap<String, Seen> =
             r.tenants.iter().map(|t| (t.name.clone(), Seen { cost: t.cost, reserved: t.reserved, active: t.active })).collect();
         let mut credits = Vec::new();
+        self.rebased += rebase as u64;
         if !rebase {
             let before = &self.peers[&r.from].tenants;
             for t in &r.tenants {

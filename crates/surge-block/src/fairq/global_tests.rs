@@ -421,3 +421,26 @@ fn small_requests_get_their_targets_only_with_cooperation() {
         assert!((coop.0 - target as f64).abs() <= 0.03 * target as f64, "cooperative {:.3}:1 for {target}:1", coop.0);
     }
 }
+
+/// Exploration (issue 40): equal weights, 8 + 8 clients with one 1 MiB request
+/// each, the experiment's disks; coop vs local throughput as chunks and
+/// reports arrive later.
+#[test]
+#[ignore]
+fn explore_equal_weights_under_load() {
+    let (warm, end) = (secs(1), secs(10));
+    for (jit, rjit) in [(8, 0), (30, 0), (30, 100), (60, 200), (100, 400), (100, 800)] {
+        let run = |coop: bool| {
+            let clients = (0..16).map(|i| striper(i / 8, 0..8, 4, 1, (i * 3) % 8)).collect::<Vec<_>>();
+            let mut c = experiment_cluster([1, 1], coop, clients);
+            c.jitter(ms(jit), 17);
+            c.jitter_reports(ms(rjit));
+            c.run(end);
+            let b = c.bytes_between(warm, end);
+            let held: u64 = (0..8).map(|s| c.sched(s).counters(0).held + c.sched(s).counters(1).held).sum();
+            ((b[0] + b[1]) as f64 / 9.0 / 1e6, holds_expired(&c), held)
+        };
+        let (l, c) = (run(false), run(true));
+        eprintln!("chunk jitter {jit} ms, report jitter {rjit} ms: local {:.1} MB/s, coop {:.1} MB/s ({} expired, {} held)", l.0, c.0, c.1, c.2);
+    }
+}

@@ -187,6 +187,9 @@ pub struct Scheduler {
     mean_latency: Option<Duration>,
     /// Holds that ran out their bound and served a tenant that was ahead.
     holds_expired: u64,
+    /// Holds begun, and the time free slots were kept in all (ended holds).
+    holds_started: u64,
+    hold_time: Duration,
 }
 
 fn nanos(d: Duration) -> u128 {
@@ -214,6 +217,8 @@ impl Scheduler {
             hold_bound: Duration::ZERO,
             mean_latency: None,
             holds_expired: 0,
+            holds_started: 0,
+            hold_time: Duration::ZERO,
         }
     }
 
@@ -399,14 +404,14 @@ impl Scheduler {
             self.heads().filter(|(_, h)| h.l.is_none_or(|l| l <= n)).map(|(t, h)| (h.start, t)).collect();
         ready.sort_unstable();
         let Some(&(_, first)) = ready.first() else {
-            self.hold_since = None;
+            self.end_hold(now);
             return None;
         };
         let Some(g) = self.cfg.global.clone() else { return Some(first) };
         let mut held: Vec<TenantId> = Vec::new();
         for &(_, t) in &ready {
             if !self.owes(t, now, &g) {
-                self.hold_since = None;
+                self.end_hold(now);
                 for h in held {
                     self.tenants[h].counters.held += 1;
                 }
@@ -415,6 +420,7 @@ impl Scheduler {
             held.push(t);
         }
         if self.hold_since.is_none() {
+            self.holds_started += 1;
             for &t in &held {
                 self.tenants[t].counters.held += 1;
             }
@@ -422,11 +428,18 @@ impl Scheduler {
         let since = *self.hold_since.get_or_insert(now);
         self.hold_bound = self.hold_bound(&held, now, &g);
         if now >= since + self.hold_bound {
-            self.hold_since = None;
+            self.end_hold(now);
             self.holds_expired += 1;
             return Some(first);
         }
         None
+    }
+
+    /// A kept slot is given up (or used): count how long it was kept.
+    fn end_hold(&mut self, now: Duration) {
+        if let Some(since) = self.hold_since.take() {
+            self.hold_time += now.saturating_sub(since);
+        }
     }
 
     /// Whether `t` is more than the lag ahead of a tenant owed service that is
@@ -556,6 +569,11 @@ impl Scheduler {
     /// Holds that ran out their anticipation bound.
     pub fn holds_expired(&self) -> u64 {
         self.holds_expired
+    }
+
+    /// Holds begun, and how long slots were kept free in all (holds that ended).
+    pub fn holds(&self) -> (u64, Duration) {
+        (self.holds_started, self.hold_time)
     }
 
     fn heads(&self) -> impl Iterator<Item = (TenantId, Head)> + '_ {

@@ -537,6 +537,9 @@ fn sections(p: &Plan, c: &Cases, o: &[Vec<RunOutcome>]) -> Sections {
 /// None: the paper's 32, with `quick` 8, see `global::GlobalPlan::QUICK_CLIENTS`).
 pub fn run(out: &Path, quick: bool, servers: usize, clients: Option<usize>) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
+    if let Some(reps) = std::env::var("SURGE_FAIRSHARE_PROBE").ok().and_then(|v| v.parse().ok()) {
+        return global::probe(&global::GlobalPlan::new(quick, servers, clients), reps, out);
+    }
     let load0 = load_avg();
     let plan = Plan::new(quick);
     let mut batch = Batch::default();

@@ -373,6 +373,60 @@ impl Runner<'_> {
         Ok(Overhead { direct_mbps: median(&direct), proxied_mbps: median(&proxied), direct_runs: direct, proxied_runs: proxied })
     }
 
+    /// Investigation (issue 40): `reps` pairs of direct and proxied runs at
+    /// equal weights, every proxy's status sampled every 100 ms during the
+    /// proxied ones, written to `out/probe.jsonl`.
+    fn probe(&self, reps: usize, out: &Path) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let p = self.plan;
+        let mut f = std::fs::File::create(out.join("probe.jsonl"))?;
+        for rep in 0..reps {
+            for via in [false, true] {
+                let load = p.load(1, false, via, p.run_s);
+                if via {
+                    self.configure([1, 1], true)?;
+                }
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                let t0 = std::time::Instant::now();
+                let (c, samples) = super::procs::run_clients_with(&self.store, &load, || {
+                    let mut v = Vec::new();
+                    while via && t0.elapsed() < load.duration + Duration::from_millis(500) && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+                        let kb = |k: &str| meminfo.lines().find(|l| l.starts_with(k)).and_then(|l| l.split_whitespace().nth(1)).and_then(|x| x.parse::<u64>().ok());
+                        fn find(v: &serde_json::Value, key: &str) -> u64 {
+                            match v {
+                                serde_json::Value::Object(m) => m.iter().map(|(k, x)| if k == key { x.as_u64().unwrap_or(0) } else { find(x, key) }).sum(),
+                                serde_json::Value::Array(a) => a.iter().map(|x| find(x, key)).sum(),
+                                _ => 0,
+                            }
+                        }
+                        let flushes: Vec<u64> = self.store.statuses("server").into_iter().map(|s| s.map_or(0, |m| find(&serde_json::Value::Object(m), "flushes"))).collect();
+                        v.push(serde_json::json!({ "t": t0.elapsed().as_secs_f64(), "dirty_kb": kb("Dirty:"), "writeback_kb": kb("Writeback:"), "server_flushes": flushes, "proxies": self.store.proxy_statuses().into_iter().map(|s| s.map(|m| {
+                            let q = |n: &str| m.get(n).cloned().unwrap_or_default();
+                            let (a, b, coop, remote) = (q("qos/a"), q("qos/b"), q("coop"), q("pool/pfs/remote"));
+                            serde_json::json!({
+                                "a": { "g": a["tenant"]["global_service"], "q": a["tenant"]["queued"], "f": a["tenant"]["in_flight"], "held": a["tenant"]["held"], "bytes": a["tenant"]["bytes"] },
+                                "b": { "g": b["tenant"]["global_service"], "q": b["tenant"]["queued"], "f": b["tenant"]["in_flight"], "held": b["tenant"]["held"], "bytes": b["tenant"]["bytes"] },
+                                "holds": a["pool_holds_started"], "hold_us": a["pool_hold_time_us"], "expired": a["pool_holds_expired"], "rebased": a["pool_rebased"],
+                                "out": a["pool_outstanding"], "peer_age_us": a["pool_peers"].as_array().map(|v| v.iter().map(|p| p["age_us"].clone()).collect::<Vec<_>>()),
+                                "late_rounds": coop["late_rounds"], "max_gap_us": coop["max_round_gap_us"],
+                                "replay_mb": remote["replay_bytes"].as_u64().map(|b| b >> 20), "bounding": remote["bounding_flushes"], "waited": remote["waited_flushes"], "waited_us": remote["waited_flush_us"],
+                            })
+                        })).collect::<Vec<_>>() }));
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    v
+                })?;
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let m = self.measure(&c, p.run_s, Holds::default());
+                let total = m.mbps[0] + m.mbps[1];
+                step(&format!("probe {} (run {}): {total:.1} MB/s ({:.1} + {:.1}), load {}", if via { "through proxies" } else { "direct" }, rep + 1, m.mbps[0], m.mbps[1], std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()));
+                writeln!(f, "{}", serde_json::json!({ "rep": rep, "via": via, "mbps": total, "samples": samples }))?;
+            }
+        }
+        Ok(())
+    }
+
     fn counters(&self) -> serde_json::Value {
         let sum = |tenant: &str| -> u64 {
             self.store.tenant_status(tenant).iter().map(|s| s["tenant"]["remote_cost"].as_u64().unwrap_or(0)).sum()
@@ -394,6 +448,19 @@ pub fn run(plan: &GlobalPlan) -> anyhow::Result<GlobalResults> {
     let started = std::time::Instant::now();
     let dir = std::env::temp_dir().join(format!("surge-fairshare-global-{}", std::process::id()));
     let result = Store::start(&dir, &plan.servers, plan.backend).and_then(|store| measure(plan, store, started));
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Investigation only: see [`Runner::probe`].
+pub fn probe(plan: &GlobalPlan, reps: usize, out: &Path) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("surge-fairshare-probe-{}", std::process::id()));
+    let result = Store::start(&dir, &plan.servers, plan.backend).and_then(|store| Runner { plan, store }.probe(reps, out));
+    for k in 0..plan.servers.count {
+        for role in ["proxy", "server"] {
+            let _ = std::fs::copy(dir.join(format!("{role}{k}")).join("serve.log"), out.join(format!("{role}{k}.log")));
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
     result
 }

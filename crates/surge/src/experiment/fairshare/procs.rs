@@ -206,6 +206,22 @@ impl Store {
         Ok(())
     }
 
+    /// Every proxy's status targets by name (None for a proxy that did not answer).
+    pub fn proxy_statuses(&self) -> Vec<Option<serde_json::Map<String, serde_json::Value>>> {
+        self.statuses("proxy")
+    }
+
+    /// Every `role` (proxy, server) process's status targets by name.
+    pub fn statuses(&self, role: &str) -> Vec<Option<serde_json::Map<String, serde_json::Value>>> {
+        (0..self.proxies.len())
+            .map(|k| {
+                let sock = self.dir.join(format!("{role}{k}")).join("control.sock");
+                let r = control::call(&sock, &Request::Status).ok()?;
+                Some(r.targets?.into_iter().map(|t| (t.name, t.status)).collect())
+            })
+            .collect()
+    }
+
     /// Tenant status of every proxy (for the report: holds, credits).
     pub fn tenant_status(&self, tenant: &str) -> Vec<serde_json::Value> {
         (0..self.proxies.len())
@@ -265,6 +281,11 @@ pub struct ClientSpec {
 
 /// Run the clients of one run across the servers, every client its own process.
 pub fn run_clients(store: &Store, load: &LoadSpec) -> anyhow::Result<Completions> {
+    Ok(run_clients_with(store, load, || ())?.0)
+}
+
+/// [`run_clients`], running `during` beside the clients.
+pub fn run_clients_with<T: Send>(store: &Store, load: &LoadSpec, during: impl FnOnce() -> T + Send) -> anyhow::Result<(Completions, T)> {
     let spec = &store.spec;
     let total: usize = load.apps.iter().map(|a| a.clients).sum();
     // Each client writes its own region of its application's striped volume
@@ -302,7 +323,7 @@ pub fn run_clients(store: &Store, load: &LoadSpec) -> anyhow::Result<Completions
             n += 1;
         }
     }
-    Ok(run_client_procs(&clients, || ())?.0)
+    run_client_procs(&clients, during)
 }
 
 /// Start every client as its own process, wait until all are connected,
