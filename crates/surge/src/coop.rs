@@ -447,7 +447,7 @@ mod tests {
             from: "p1".into(),
             incarnation: 7,
             seq: 3,
-            pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost: 10, reserved: 2, active: true }])].into(),
+            pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost: 10, reserved: 2, active: true, global: None }])].into(),
         };
         let line = serde_json::to_vec(&m).unwrap();
         assert_eq!(serde_json::from_slice::<Message>(&line).unwrap(), m);
@@ -473,7 +473,7 @@ mod tests {
     }
 
     fn line(key: Option<&CoopKey>, from: &str, seq: u64, cost: u64) -> Vec<u8> {
-        let m = Message { from: from.into(), incarnation: 9, seq, pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost, reserved: 0, active: true }])].into() };
+        let m = Message { from: from.into(), incarnation: 9, seq, pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost, reserved: 0, active: true, global: None }])].into() };
         let json = serde_json::to_vec(&m).unwrap();
         let mut l = match key {
             Some(k) => [k.sign(&json).as_bytes(), b" ", &json].concat(),

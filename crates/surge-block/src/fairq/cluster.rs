@@ -180,6 +180,10 @@ impl Cluster {
         &self.servers[s].sched
     }
 
+    pub fn sched_mut(&mut self, s: usize) -> &mut Scheduler {
+        &mut self.servers[s].sched
+    }
+
     /// Bytes each tenant completed (client level) in (from, to].
     pub fn bytes_between(&self, from: Duration, to: Duration) -> Vec<u64> {
         self.done.iter().map(|d| d.iter().filter(|(t, _)| *t > from && *t <= to).map(|(_, b)| b).sum()).collect()

@@ -190,6 +190,9 @@ pub struct Scheduler {
     /// Holds begun, and the time free slots were kept in all (ended holds).
     holds_started: u64,
     hold_time: Duration,
+    /// Live peers' views of every tenant's global service tag (bytes per
+    /// unit of weight; by tenant id, None where a peer did not say).
+    peer_views: Vec<Vec<Option<u64>>>,
 }
 
 fn nanos(d: Duration) -> u128 {
@@ -219,6 +222,7 @@ impl Scheduler {
             holds_expired: 0,
             holds_started: 0,
             hold_time: Duration::ZERO,
+            peer_views: Vec::new(),
         }
     }
 
@@ -459,9 +463,38 @@ impl Scheduler {
                 && o.cfg.limit.is_none()
                 && o.remote_busy > 0
                 && o.last_arrival.is_some_and(|a| now.saturating_sub(a) <= recent)
-                && me.global > o.global.saturating_add(lag);
+                && me.global > o.global.saturating_add(lag)
+                && self.most_views_agree(t, u, lag / WSCALE);
             owed.then_some(u)
         })
+    }
+
+    /// Whether most views (this server's and its live peers' latest
+    /// reports) have `t` more than `lag` (bytes per weight) ahead of `u`.
+    ///
+    /// Each server's global tags are the same reported totals plus its own
+    /// catch-up raises (`catch_up`, taken when a tenant returns from idle, at
+    /// a moment that differs from server to server), so views drift apart
+    /// and never converge by themselves. Two servers whose views disagree
+    /// hold each other's tenants: one keeps its slot for a while the other
+    /// keeps its slot for b, every striped client waits at one of them, and
+    /// only expiring holds move (issue 40: 22.9 MB/s of 128). A lead most
+    /// views share is the one the total has; a lone view is drift.
+    fn most_views_agree(&self, t: TenantId, u: TenantId, lag: u128) -> bool {
+        let (mut ahead, mut views) = (1usize, 1usize);
+        for v in &self.peer_views {
+            if let (Some(Some(gt)), Some(Some(gu))) = (v.get(t), v.get(u)) {
+                views += 1;
+                ahead += (*gt as u128 > (*gu as u128).saturating_add(lag)) as usize;
+            }
+        }
+        ahead * 2 > views
+    }
+
+    /// The live peers' views of the tenants' global service tags (see
+    /// [`TenantReport::global`](super::global::TenantReport)), one per peer, by tenant id.
+    pub fn set_peer_views(&mut self, views: Vec<Vec<Option<u64>>>) {
+        self.peer_views = views;
     }
 
     /// How long a slot is kept for the tenants the `held` ones owe: the longest
