@@ -446,7 +446,7 @@ fn step(msg: &str) {
 
 pub fn run(plan: &GlobalPlan) -> anyhow::Result<GlobalResults> {
     let started = std::time::Instant::now();
-    let dir = std::env::temp_dir().join(format!("surge-fairshare-global-{}", std::process::id()));
+    let dir = super::rig::scratch().join(format!("surge-fairshare-global-{}", std::process::id()));
     let result = Store::start(&dir, &plan.servers, plan.backend).and_then(|store| measure(plan, store, started));
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -454,7 +454,7 @@ pub fn run(plan: &GlobalPlan) -> anyhow::Result<GlobalResults> {
 
 /// Investigation only: see [`Runner::probe`].
 pub fn probe(plan: &GlobalPlan, reps: usize, out: &Path) -> anyhow::Result<()> {
-    let dir = std::env::temp_dir().join(format!("surge-fairshare-probe-{}", std::process::id()));
+    let dir = super::rig::scratch().join(format!("surge-fairshare-probe-{}", std::process::id()));
     let result = Store::start(&dir, &plan.servers, plan.backend).and_then(|store| Runner { plan, store }.probe(reps, out));
     for k in 0..plan.servers.count {
         for role in ["proxy", "server"] {

@@ -95,7 +95,25 @@ static RUN_SEQ: AtomicUsize = AtomicUsize::new(0);
 
 fn run_dir() -> PathBuf {
     let n = RUN_SEQ.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("surge-fairshare-{}-{n}", std::process::id()))
+    scratch().join(format!("surge-fairshare-{}-{n}", std::process::id()))
+}
+
+/// Where the servers' data directories go: /dev/shm (tmpfs) when there is
+/// one, else the temp dir. The emulated volumes are files in the data
+/// directory; their model charges nothing for FLUSH and knows nothing of the
+/// host's disk, but on a disk shared with other work (the README's test
+/// command runs `cargo test` beside this step) page-cache writeback and other
+/// processes' fsyncs stall the servers' writes, a latency no modelled volume
+/// has, and the proxies' FLUSHes (every 64 MiB, `remote:`) made the host sync
+/// what the direct clients never do.
+pub fn scratch() -> PathBuf {
+    let shm = std::path::Path::new("/dev/shm");
+    let writable = shm.is_dir() && tempfile::Builder::new().prefix("surge-probe").tempfile_in(shm).is_ok();
+    if writable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
 }
 
 pub fn run(dev: &DeviceSpec, spec: &RunSpec) -> anyhow::Result<RunOutcome> {
