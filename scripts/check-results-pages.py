@@ -34,7 +34,7 @@ NAMING = re.compile(r"(issues?|items?|Fig\.|Figs\.|Figures?|Tables?|§|stop|roun
 SCALES = (1, 100, 1e-3, 1e-6, 1e-9, 2**-10, 2**-20, 2**-30, 1e3, 1e6)
 
 
-UNKEPT = "(records not kept)"
+UNKEPT = "records not kept"
 
 
 def blank(m):
