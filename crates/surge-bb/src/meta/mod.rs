@@ -254,6 +254,20 @@ impl DrainProgress {
     }
 }
 
+/// [`MetaStore::getattr_with_ancestors`] by one `getattr` per directory
+/// level: for stores (or layouts) without a transaction over the path.
+pub fn ancestors_one_by_one<S: MetaStore + ?Sized>(store: &S, ino: Ino) -> MetaResult<(Attr, Vec<Placement>)> {
+    let a = store.getattr(ino)?;
+    let mut up = Vec::new();
+    let mut dir = a.parent;
+    while dir != ROOT && dir != 0 && up.len() < MAX_DEPTH {
+        let d = store.getattr(dir)?;
+        up.push(Placement { ino: dir, parent: d.parent, name: d.name });
+        dir = d.parent;
+    }
+    Ok((a, up))
+}
+
 pub trait MetaStore: Send + Sync {
     /// Creates the root and parameters if absent; returns the parameters in force.
     fn format(&self, params: &FsParams) -> MetaResult<FsParams>;
@@ -268,15 +282,7 @@ pub trait MetaStore: Send + Sync {
     /// its kernel has cached against. Stores with transactions across keys
     /// should answer in one round trip.
     fn getattr_with_ancestors(&self, ino: Ino) -> MetaResult<(Attr, Vec<Placement>)> {
-        let a = self.getattr(ino)?;
-        let mut up = Vec::new();
-        let mut dir = a.parent;
-        while dir != ROOT && dir != 0 && up.len() < MAX_DEPTH {
-            let d = self.getattr(dir)?;
-            up.push(Placement { ino: dir, parent: d.parent, name: d.name });
-            dir = d.parent;
-        }
-        Ok((a, up))
+        ancestors_one_by_one(self, ino)
     }
     fn setattr(&self, ino: Ino, set: &SetAttr, now_ns: i64) -> MetaResult<Attr>;
     #[allow(clippy::too_many_arguments)]

@@ -1395,15 +1395,7 @@ impl MetaStore for RedisMeta {
     fn getattr_with_ancestors(&self, ino: Ino) -> MetaResult<(Attr, Vec<Placement>)> {
         if self.shard_count() > 1 {
             // The directories above are in other shards: one read each.
-            let a = self.getattr(ino)?;
-            let mut up = Vec::new();
-            let mut dir = a.parent;
-            while dir != ROOT && dir != 0 && up.len() < MAX_DEPTH {
-                let d = self.getattr(dir)?;
-                up.push(Placement { ino: dir, parent: d.parent, name: d.name });
-                dir = d.parent;
-            }
-            return Ok((a, up));
+            return ancestors_one_by_one(self, ino);
         }
         let v: Vec<Value> = self.run(&GETATTR_WITH_ANCESTORS, &[ino.to_string(), MAX_DEPTH.to_string()])?;
         let mut it = v.into_iter();
