@@ -87,6 +87,10 @@ if "points" in sc:
     if lin:
         check(f"scaling: {lin['pairs']} pairs at least 0.8x linear", min(lin["write"], lin["read"]) >= 0.8, f"write {lin['write']:.2f}, read {lin['read']:.2f} of linear", target=True)
     check("scaling: the CPU is not what limits (busy < 90 %)", all(p["cpu_pct"]["median"] < 90 for p in pts), desc, target=True)
+    cb = sc.get("creates_by_shards", {}).get("points", [])
+    cdesc = "; ".join(f"{c['masters']} masters: {c['creates_per_s']['median']:.0f}/s ({c['vs_one']:.2f}x)" for c in cb)
+    check("creates by metadata masters: every point measured", len(cb) >= 2 and all(c["creates_per_s"]["median"] > 0 for c in cb), cdesc)
+    check("creates grow with metadata masters", len(cb) >= 2 and all(b["creates_per_s"]["median"] > a["creates_per_s"]["median"] for a, b in zip(cb, cb[1:])), cdesc, target=True)
 else:
     print(f"  scaling: NOT MEASURED ({sc.get('not_measured', 'no scaling key')})")
 check("quick run under 4 minutes", took < 240, f"{took} s", gate=False)

@@ -348,10 +348,10 @@ pub enum Action {
     /// Measure file creates per second against Redis Cluster masters (local
     /// clusters of each size, several creating client processes each in a
     /// directory of its own, as mdtest -u): the paper's Fig. 10.
-    BenchMeta(super::bb_bench::BenchMetaArgs),
+    BenchMeta(crate::experiment::burstbuffer::meta_bench::BenchMetaArgs),
     /// One creating client of `bench-meta`.
     #[command(hide = true)]
-    BenchMetaClient(super::bb_bench::BenchMetaClientArgs),
+    BenchMetaClient(crate::experiment::burstbuffer::meta_bench::BenchMetaClientArgs),
 }
 
 /// `surge bb pool --nodes ec2` (docs/burst-buffer.md, "Pool nodes on EC2").
@@ -632,8 +632,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("imported {n} objects");
             Ok(())
         }
-        Action::BenchMeta(a) => super::bb_bench::run(&a).map(|_| ()),
-        Action::BenchMetaClient(a) => super::bb_bench::client(&a),
+        Action::BenchMeta(a) => crate::experiment::burstbuffer::meta_bench::run(&a).map(|_| ()),
+        Action::BenchMetaClient(a) => crate::experiment::burstbuffer::meta_bench::client(&a),
         Action::Redis { dir, port, bind, no_auth, cluster } => {
             let stop = stop_flag()?;
             // Either server stops with this process (Drop kills it).

@@ -1,7 +1,6 @@
 //! Subcommands, one module each: `Args` (clap) and `run(args) -> anyhow::Result<()>`.
 
 pub mod bb;
-pub mod bb_bench;
 pub mod cloud;
 pub mod experiment;
 pub mod load;

@@ -21,6 +21,7 @@
 
 mod fs;
 mod machines;
+pub mod meta_bench;
 mod pool;
 mod report;
 mod s3;
@@ -66,6 +67,8 @@ pub struct Plan {
     pub topology: bool,
     /// The paper's Figs. 8-9 (across machines only).
     pub scaling: scaling::ScalePlan,
+    /// The paper's Fig. 10: creates against metadata masters (with the scaling part).
+    pub creates: meta_bench::BenchMetaArgs,
 }
 
 /// The paper's topology unless switched off; it needs root (namespaces).
@@ -107,6 +110,7 @@ impl Plan {
             loss_file_mib: if quick { 16 } else { 64 },
             topology: topology()?,
             scaling: scaling::ScalePlan::new(quick),
+            creates: meta_bench::BenchMetaArgs::experiment(quick),
         })
     }
 }
@@ -368,7 +372,7 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     if !work::drop_caches() {
         deviations.push("the page cache could not be dropped between write and read (not root): reads may be served from memory".to_string());
     }
-    let scaling_steps = if plan.topology { plan.scaling.reps * plan.scaling.points.len() } else { 0 };
+    let scaling_steps = if plan.topology { plan.scaling.reps * plan.scaling.points.len() + 1 } else { 0 };
     progress::set_steps((plan.reps * Kind::ALL.len() + 2 + scaling_steps) as u64);
     progress::step("generating the Montage images", false);
     let fits = work.join("fits");
@@ -408,8 +412,14 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     rig.consistency(&mut checks)?;
     rig.node_loss(&mut checks)?;
     let scaling = if plan.topology { Some(scaling::run(&rig.surge, &work, &plan.scaling)?) } else { None };
+    let creates = if plan.topology {
+        progress::step("creates against metadata masters", false);
+        Some(meta_bench::run(&plan.creates)?)
+    } else {
+        None
+    };
     let topology = machines.topology().map(|t| report::TopologyReport { roles: t.roles().to_vec(), switch: t.counters() });
-    let setup = report::Setup { images, fits_bytes: rig.fits_bytes, total_s: started.elapsed().as_secs_f64(), deviations, topology, scaling };
+    let setup = report::Setup { images, fits_bytes: rig.fits_bytes, total_s: started.elapsed().as_secs_f64(), deviations, topology, scaling, creates };
     let by: BTreeMap<&str, Vec<Sample>> = Kind::ALL.iter().map(|k| (k.name(), samples.iter().filter(|s| s.approach == k.name()).cloned().collect())).collect();
     report::write(out, &plan, &rig.prices, &by, &checks, &setup)?;
     drop(rig);

@@ -16,7 +16,12 @@ pub struct Setup {
     pub topology: Option<TopologyReport>,
     /// The scaling points (None: not measured, on loopback).
     pub scaling: Option<Vec<super::scaling::Point>>,
+    /// Creates against metadata masters (None: not measured, on loopback).
+    pub creates: Option<Vec<super::meta_bench::Point>>,
 }
+
+/// Where the creates part runs: not yet in the machines' topology.
+const CREATES_SETTING: &str = "`surge bb bench-meta`'s points (Redis Cluster masters started locally, on loopback, not behind the links: a master on a machine of its own is not built yet)";
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TopologyReport {
@@ -125,7 +130,14 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
     root.insert(
         "scaling".into(),
         match &setup.scaling {
-            Some(p) => super::scaling::summary(p),
+            Some(p) => {
+                let mut v = super::scaling::summary(p);
+                if let Some(c) = &setup.creates {
+                    v["creates_by_shards"] = super::meta_bench::summary(c);
+                    v["creates_by_shards"]["setting"] = json!(CREATES_SETTING);
+                }
+                v
+            }
             None => json!({"not_measured": "everything on loopback (SURGE_BB_TOPOLOGY=off): no links to scale across"}),
         },
     );
@@ -342,7 +354,15 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
                 let _ = writeln!(s, "\nNo balanced point above one pair: linearity not measured.");
             }
         }
-        let _ = writeln!(s, "\nCreates against metadata shards (Fig. 10): {}.", v["creates_by_shards"].as_str().unwrap_or(""));
+        if let Some(c) = &setup.creates {
+            let v = super::meta_bench::summary(c);
+            let a = &plan.creates;
+            let _ = writeln!(s, "\n### Creates against metadata masters (the paper's Fig. 10)\n\n{CREATES_SETTING}. {} client processes create empty files, each in a directory of its own, for {} s per point, on one file system of {} shards spread over the masters, each master capped at {} of a core; median (min-max) of {} round(s), points interleaved.\n\n| masters | creates/s | vs 1 master | host CPU busy |\n|---|---|---|---|", a.clients, a.seconds, a.shards, a.master_cpu, a.reps);
+            for r in v["points"].as_array().into_iter().flatten() {
+                let c = &r["creates_per_s"];
+                let _ = writeln!(s, "| {} | {} ({}-{}) | {:.2}x | {:.0} % |", r["masters"], fmt(c["median"].as_f64().unwrap_or(f64::NAN)), fmt(c["min"].as_f64().unwrap_or(f64::NAN)), fmt(c["max"].as_f64().unwrap_or(f64::NAN)), r["vs_one"].as_f64().unwrap_or(f64::NAN), 100.0 * r["cpu_busy"].as_f64().unwrap_or(f64::NAN));
+            }
+        }
     }
     let _ = writeln!(s, "\n## surge only\n");
     let _ = writeln!(

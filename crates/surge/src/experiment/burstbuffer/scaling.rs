@@ -185,8 +185,7 @@ pub fn summary(points: &[Point]) -> serde_json::Value {
             "write": med(t, |p| p.write_mbps) / (pairs * med((1, 1), |p| p.write_mbps)),
             "read": med(t, |p| p.read_mbps) / (pairs * med((1, 1), |p| p.read_mbps))})
     });
-    serde_json::json!({"link": LINK, "points": rows, "samples": points, "linearity": linear,
-        "creates_by_shards": "measured on its own by `surge bb bench-meta` (local clusters of 1, 2, 4, 8 masters, one file system sharded over them; docs/results/burstbuffer.md, Creates against metadata masters), not in this topology"})
+    serde_json::json!({"link": LINK, "points": rows, "samples": points, "linearity": linear})
 }
 
 #[cfg(test)]

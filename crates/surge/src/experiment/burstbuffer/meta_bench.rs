@@ -2,7 +2,8 @@
 //! Redis Cluster masters (the paper's Fig. 10), as mdtest -u runs it: each
 //! client a process of its own creating empty files in a directory of its
 //! own, on a sharded file system (`surge_bb::meta::redis`, shards spread
-//! evenly over the masters).
+//! evenly over the masters). The burst-buffer experiment runs it too
+//! ([`BenchMetaArgs::experiment`]), for `scaling.creates_by_shards`.
 
 use anyhow::Context as _;
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use surge_bb::meta::{Kind, MetaStore, FsParams, ROOT};
 use surge_bb::meta::redis::RedisMeta;
 
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize)]
 pub struct BenchMetaArgs {
     /// Masters per point, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
@@ -39,6 +40,16 @@ pub struct BenchMetaArgs {
     /// share and not the host. 0: no cap.
     #[arg(long, default_value_t = 0.0)]
     pub master_cpu: f64,
+}
+
+impl BenchMetaArgs {
+    /// The experiment's points: the recorded run's settings (32 clients, each
+    /// master capped at a tenth of a core so that this 2-core host is not what
+    /// limits up to 8 masters), or 1 and 2 masters briefly for CI.
+    pub fn experiment(quick: bool) -> BenchMetaArgs {
+        let (masters, clients, seconds, reps) = if quick { (vec![1, 2], 8, 2.0, 1) } else { (vec![1, 2, 4, 8], 32, 5.0, 3) };
+        BenchMetaArgs { masters, clients, seconds, reps, shards: surge_bb::meta::redis::CLUSTER_SHARDS, dir: None, out: None, master_cpu: 0.1 }
+    }
 }
 
 /// A cgroup capping one process at `share` of a core (cgroup v2 `cpu.max`,
@@ -192,14 +203,54 @@ pub fn run(a: &BenchMetaArgs) -> anyhow::Result<Vec<Point>> {
         }
     }
     println!("masters median_creates/s min max");
-    for &masters in &a.masters {
-        let mut v: Vec<f64> = points.iter().filter(|p| p.masters == masters).map(|p| p.creates_per_s).collect();
-        v.sort_by(f64::total_cmp);
-        println!("{masters} {:.0} {:.0} {:.0}", v[v.len() / 2], v[0], v[v.len() - 1]);
+    for r in summary(&points)["points"].as_array().into_iter().flatten() {
+        println!("{} {:.0} {:.0} {:.0}", r["masters"], r["creates_per_s"]["median"].as_f64().unwrap_or(f64::NAN), r["creates_per_s"]["min"].as_f64().unwrap_or(f64::NAN), r["creates_per_s"]["max"].as_f64().unwrap_or(f64::NAN));
     }
     if let Some(out) = &a.out {
         let j = serde_json::json!({"clients": a.clients, "seconds": a.seconds, "shards": a.shards, "reps": a.reps, "master_cpu": a.master_cpu, "points": points});
         std::fs::write(out, serde_json::to_string_pretty(&j)?)?;
     }
     Ok(points)
+}
+
+/// Median, min and max creates/s per number of masters, each against one
+/// master's median (`vs_one`; linear growth would be the masters' count).
+pub fn summary(points: &[Point]) -> serde_json::Value {
+    use super::report::stats;
+    let mut masters: Vec<usize> = points.iter().map(|p| p.masters).collect();
+    masters.sort();
+    masters.dedup();
+    let at = |m: usize| points.iter().filter(move |p| p.masters == m);
+    let one = stats(at(1).map(|p| p.creates_per_s)).0;
+    let rows: Vec<serde_json::Value> = masters
+        .iter()
+        .map(|&m| {
+            let (med, lo, hi) = stats(at(m).map(|p| p.creates_per_s));
+            let cpu = stats(at(m).map(|p| p.cpu_busy)).0;
+            serde_json::json!({"masters": m, "n": at(m).count(), "creates_per_s": {"median": med, "min": lo, "max": hi}, "vs_one": med / one, "cpu_busy": cpu})
+        })
+        .collect();
+    serde_json::json!({"points": rows, "samples": points})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(masters: usize, round: usize, creates_per_s: f64) -> Point {
+        Point { masters, round, clients: 8, creates: 0, seconds: 1.0, creates_per_s, cpu_busy: 0.5 }
+    }
+
+    #[test]
+    fn summary_gives_each_masters_count_its_median_and_growth_over_one() {
+        let v = summary(&[p(2, 0, 300.0), p(1, 0, 100.0), p(1, 1, 140.0), p(1, 2, 120.0), p(2, 1, 200.0)]);
+        let rows = v["points"].as_array().unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0]["masters"], 1);
+        assert_eq!(rows[0]["creates_per_s"]["median"], 120.0);
+        assert_eq!(rows[0]["creates_per_s"]["min"], 100.0);
+        // Two samples at 2 masters: their mean is the median, 250 against 120.
+        assert!((rows[1]["vs_one"].as_f64().unwrap() - 250.0 / 120.0).abs() < 1e-9, "{v}");
+        assert_eq!(rows[1]["n"], 2);
+    }
 }
