@@ -181,6 +181,8 @@ pub struct BurstableVolume {
     /// The last swap that could not start (the cloud refused a fresh member),
     /// while no swap has started since: the policy's swaps wait out its backoff.
     swap_failure: Mutex<Option<SwapFailure>>,
+    /// Controller steps that panicked (each logged; the next tick ran again).
+    step_panics: AtomicU64,
 }
 
 /// A swap the cloud refused (InsufficientVolumeCapacity, VolumeLimitExceeded,
@@ -396,6 +398,7 @@ impl BurstableVolume {
             credits,
             slots_source,
             swap_failure: Mutex::new(None),
+            step_panics: AtomicU64::new(0),
             p,
             provider,
             clock,
@@ -434,31 +437,46 @@ impl BurstableVolume {
     }
 
     /// Start the controller thread.
-    pub fn start(self: &Arc<Self>) {
+    pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
         let me = self.clone();
-        let t = std::thread::Builder::new()
-            .name(format!("burstable-{}", self.p.name))
-            .spawn(move || {
-                let _t = ClockThread::enter(me.clock.clone());
-                let mut next = me.clock.now();
-                while !me.stop.load(Relaxed) {
-                    if let Err(e) = me.step() {
-                        tracing::error!(volume = %me.p.name, "burstable controller: {e:#}");
-                    }
-                    next += me.p.tick;
-                    next = next.max(me.clock.now());
-                    me.clock.sleep_until(next);
-                }
-            })
-            .expect("spawn burstable controller");
+        let t = std::thread::Builder::new().name(format!("burstable-{}", self.p.name)).spawn(move || {
+            let _t = ClockThread::enter(me.clock.clone());
+            let mut next = me.clock.now();
+            while !me.stop.load(Relaxed) {
+                me.guarded_step();
+                next += me.p.tick;
+                next = next.max(me.clock.now());
+                me.clock.sleep_until(next);
+            }
+        })?;
         self.threads.lock().push(t);
+        Ok(())
+    }
+
+    /// One controller step whose failure, even a panic, costs that tick only
+    /// (what the controller thread runs each tick):
+    /// a controller thread that died would leave every member unswapped for
+    /// good, and silently. Panics are counted (`controller_panics` in status);
+    /// the locks are parking_lot's, released and not poisoned by the unwind.
+    pub fn guarded_step(&self) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step())) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(volume = %self.p.name, "burstable controller: {e:#}"),
+            Err(panic) => {
+                self.step_panics.fetch_add(1, Relaxed);
+                let msg = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                tracing::error!(volume = %self.p.name, "burstable controller: a step panicked ({msg}); the next tick tries again");
+            }
+        }
     }
 
     /// Stop the controller and the rebuilds (state stays as it is; a restart resumes).
     pub fn stop(&self) {
         self.stop.store(true, Relaxed);
         for t in self.threads.lock().drain(..) {
-            let _ = t.join();
+            if t.join().is_err() {
+                tracing::error!(volume = %self.p.name, "burstable controller thread panicked");
+            }
         }
         for s in self.slots.lock().iter_mut() {
             if let Some(w) = &mut s.swap {
@@ -1127,6 +1145,7 @@ impl Controllable for BurstableVolume {
         let saved = self.saved.lock();
         serde_json::json!({
             "mode": self.p.mode,
+            "controller_panics": self.step_panics.load(Relaxed),
             "strategy": self.p.policy.strategy,
             "member": self.p.member.to_string(),
             "size_bytes": self.size,

@@ -29,7 +29,7 @@ pub fn build_burstable(name: &str, args: &str, ctx: &crate::stack::BuildContext)
         }
     };
     let vol = BurstableVolume::open(p.clone(), provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
-    vol.start();
+    vol.start().map_err(|e| err(format!("starting the controller thread: {e}")))?;
     let (extra, usd) = rounding_cost(&p);
     let rounding = if extra > 0 && p.mode != Mode::Cache {
         tracing::warn!(
@@ -588,5 +588,60 @@ mod tests {
         let v = BurstableVolume::open(params(dir.path(), "persistent,size=4GiB,members=4,strategy=one"), prov.clone(), clock.clone()).unwrap();
         assert_eq!(v.params().policy.attach_limit, 6, "the policy swaps within what is free");
         assert_eq!(v.status()["attach_limit_source"], "test instance");
+    }
+
+    /// A local cloud whose credit reads panic while `panics` is above zero.
+    struct PanickyCredits(Arc<LocalProvider>, std::sync::atomic::AtomicU32);
+
+    impl Provider for PanickyCredits {
+        fn create(&self, r: CreateRequest) -> Result<surge_cloud::VolumeInfo, surge_cloud::CloudError> {
+            self.0.create(r)
+        }
+        fn attach(&self, id: &str) -> Result<Arc<dyn BlockDev>, surge_cloud::CloudError> {
+            self.0.attach(id)
+        }
+        fn detach(&self, id: &str) -> Result<(), surge_cloud::CloudError> {
+            self.0.detach(id)
+        }
+        fn delete(&self, id: &str) -> Result<(), surge_cloud::CloudError> {
+            self.0.delete(id)
+        }
+        fn list(&self) -> Result<Vec<surge_cloud::VolumeInfo>, surge_cloud::CloudError> {
+            self.0.list()
+        }
+        fn describe(&self, id: &str) -> Result<surge_cloud::VolumeInfo, surge_cloud::CloudError> {
+            self.0.describe(id)
+        }
+        fn cost(&self) -> Result<surge_cloud::CostReport, surge_cloud::CloudError> {
+            self.0.cost()
+        }
+        fn credits(&self, id: &str) -> Result<surge_block::model::CreditBalance, surge_cloud::CloudError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.1.load(SeqCst) > 0 {
+                self.1.fetch_sub(1, SeqCst);
+                panic!("credit read panicked (test)");
+            }
+            self.0.credits(id)
+        }
+    }
+
+    #[test]
+    fn a_controller_step_that_panics_costs_that_tick_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let prov = Arc::new(PanickyCredits(provider(dir.path(), clock.clone()), std::sync::atomic::AtomicU32::new(0)));
+        let v = BurstableVolume::open(params(dir.path(), "persistent,size=256MiB,members=2"), prov.clone(), clock.clone()).unwrap();
+        v.guarded_step();
+        assert_eq!(v.status()["controller_panics"], 0);
+        prov.1.store(1, std::sync::atomic::Ordering::SeqCst);
+        v.guarded_step();
+        assert_eq!(v.status()["controller_panics"], 1, "the panic was caught and counted");
+        // The next step runs (the volume's locks were not left held) and serves I/O.
+        v.guarded_step();
+        assert_eq!(v.status()["controller_panics"], 1);
+        v.write_at(&[7u8; 4096], 0, false).unwrap();
+        let mut b = [0u8; 4096];
+        v.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [7u8; 4096]);
     }
 }

@@ -12,6 +12,7 @@
 use surge_sim::threaded::{self as sim, stamp};
 use super::{fresh_dir, open_under_test, Setting, UnderTest, TAG};
 use crate::stack::burstable::SwapRecord;
+use anyhow::Context as _;
 use serde::Serialize;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -160,7 +161,7 @@ pub fn run(s: &Setting, striped: bool, run: usize, dir: &Path) -> anyhow::Result
     let cost0 = prov.cost()?;
     let hold = clock.hold();
     if let Some(v) = &vol {
-        v.start();
+        v.start().context("starting the burstable controller")?;
     }
     let until = clock.now() + s.t(s.ephemeral_window_s);
     let seen = run_stages(&dev, &clock, &load, until, hold);

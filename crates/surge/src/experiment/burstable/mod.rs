@@ -292,7 +292,7 @@ fn measure(
     let cost0 = prov.cost()?;
     let hold = clock.hold();
     if let Some(v) = vol {
-        v.start();
+        v.start().context("starting the burstable controller")?;
     }
     let tally = Arc::new(Tally::default());
     let bill: Arc<parking_lot::Mutex<Option<surge_cloud::CostReport>>> = Default::default();
