@@ -61,7 +61,17 @@ pub struct LocalRedis {
     password: Option<String>,
     /// A Redis Cluster master ([`LocalCluster`]), its cluster bus on this port.
     cluster_bus: Option<u16>,
+    /// The network namespace it runs in (`nsenter --net=`; None: this one).
+    netns: Option<PathBuf>,
     child: Option<Child>,
+}
+
+/// Where a master of [`LocalCluster::start_on`] runs: the address it listens
+/// on, in the network namespace it runs in (an experiment's machine).
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub bind: std::net::IpAddr,
+    pub netns: Option<PathBuf>,
 }
 
 /// The ACL user [`LocalRedis::start_secured`] makes (the default user is off).
@@ -80,7 +90,7 @@ impl LocalRedis {
     /// the metadata (tests, and `surge bb redis --no-auth`).
     pub fn start(dir: &Path, port: u16) -> Result<LocalRedis, LocalRedisError> {
         std::fs::create_dir_all(dir).map_err(LocalRedisError::Spawn)?;
-        let mut r = LocalRedis { port, bind: LOOPBACK, dir: dir.to_path_buf(), password: None, cluster_bus: None, child: None };
+        let mut r = LocalRedis { port, bind: LOOPBACK, dir: dir.to_path_buf(), password: None, cluster_bus: None, netns: None, child: None };
         r.spawn()?;
         Ok(r)
     }
@@ -119,7 +129,7 @@ impl LocalRedis {
         // default user without them drops every script's writes (a
         // MULTI/EXEC in the file) at a restart.
         write_private(&dir.join("users.acl"), format!("user default off ~* &* +@all\nuser {ACL_USER} on #{hex} ~* &* +@all\n").as_bytes()).map_err(LocalRedisError::Spawn)?;
-        Ok(LocalRedis { port, bind: LOOPBACK, dir: dir.to_path_buf(), password: Some(password), cluster_bus: None, child: None })
+        Ok(LocalRedis { port, bind: LOOPBACK, dir: dir.to_path_buf(), password: Some(password), cluster_bus: None, netns: None, child: None })
     }
 
     /// How clients log in (nothing for an open server).
@@ -133,7 +143,14 @@ impl LocalRedis {
 
     fn spawn(&mut self) -> Result<(), LocalRedisError> {
         let log = self.dir.join("redis.log");
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", ns.display())).arg("--").arg("redis-server");
+                c
+            }
+            None => Command::new("redis-server"),
+        };
         cmd.args(["--bind", &self.bind.to_string(), "--port", &self.port.to_string(), "--appendonly", "yes", "--appendfsync", "always"]);
         match self.password {
             Some(_) => cmd.args(["--save", "", "--protected-mode", "yes", "--daemonize", "no", "--aclfile"]).arg(self.dir.join("users.acl")),
@@ -254,6 +271,18 @@ impl LocalCluster {
     /// them a cluster (slots spread evenly), or, when `dir` holds one made
     /// before on the same ports, starts it again as it was.
     pub fn start(dir: &Path, ports: &[(u16, u16)], secured: bool) -> Result<LocalCluster, LocalClusterError> {
+        let local = Host { bind: LOOPBACK, netns: None };
+        Self::start_at(dir, &ports.iter().map(|&(p, b)| (local.clone(), p, b)).collect::<Vec<_>>(), secured)
+    }
+
+    /// A fresh cluster of one open master per host (a benchmark's masters
+    /// on machines of their own), each on ports of its own namespace.
+    pub fn start_on(dir: &Path, hosts: &[Host]) -> Result<LocalCluster, LocalClusterError> {
+        let at = hosts.iter().map(|h| Ok((h.clone(), free_port()?, free_port()?))).collect::<std::io::Result<Vec<_>>>().map_err(LocalRedisError::Spawn)?;
+        Self::start_at(dir, &at, false)
+    }
+
+    fn start_at(dir: &Path, ports: &[(Host, u16, u16)], secured: bool) -> Result<LocalCluster, LocalClusterError> {
         if ports.is_empty() {
             return Err(LocalClusterError::TooFew(0));
         }
@@ -271,7 +300,8 @@ impl LocalCluster {
         // (Fields 9 on are a master's slots: none yet, a start that never made the cluster.)
         let made_before = masters.iter().any(|l| l.split_whitespace().count() > 8);
         let mut nodes = Vec::new();
-        for (i, &(port, bus)) in ports.iter().enumerate() {
+        for (i, (host, port, bus)) in ports.iter().enumerate() {
+            let (port, bus) = (*port, *bus);
             let ndir = dir.join(format!("node-{i}"));
             std::fs::create_dir_all(&ndir).map_err(LocalRedisError::Spawn)?;
             let mut r = match &password {
@@ -279,15 +309,17 @@ impl LocalCluster {
                     write_private(&password_file(&ndir), format!("{p}\n").as_bytes()).map_err(LocalRedisError::Spawn)?;
                     LocalRedis::secured(&ndir, port)?
                 }
-                None => LocalRedis { port, bind: LOOPBACK, dir: ndir, password: None, cluster_bus: None, child: None },
+                None => LocalRedis { port, bind: LOOPBACK, dir: ndir, password: None, cluster_bus: None, netns: None, child: None },
             };
             r.cluster_bus = Some(bus);
+            r.bind = host.bind;
+            r.netns = host.netns.clone();
             nodes.push(r);
         }
         if made_before {
             // Peers find each other at the addresses in nodes.conf: other
             // ports would leave the cluster down for good.
-            let mut now: Vec<String> = ports.iter().map(|(p, b)| format!("127.0.0.1:{p}@{b}")).collect();
+            let mut now: Vec<String> = ports.iter().map(|(h, p, b)| format!("{}:{p}@{b}", h.bind)).collect();
             was.sort();
             now.sort();
             if was != now {
@@ -310,7 +342,7 @@ impl LocalCluster {
         let mut cli = c.cli();
         cli.arg("--cluster").arg("create");
         for r in &c.nodes {
-            cli.arg(format!("127.0.0.1:{}", r.port));
+            cli.arg(format!("{}:{}", r.bind, r.port));
         }
         let out = cli.arg("--cluster-yes").output().map_err(|e| LocalClusterError::Create(e.to_string()))?;
         if !out.status.success() {
@@ -338,7 +370,7 @@ impl LocalCluster {
         }
         let (p0, bus0) = (self.nodes[0].port.to_string(), self.nodes[0].cluster_bus.unwrap_or(0).to_string());
         for i in 1..n {
-            want_ok(i, &["cluster", "meet", "127.0.0.1", &p0, &bus0])?;
+            want_ok(i, &["cluster", "meet", &self.nodes[0].bind.to_string(), &p0, &bus0])?;
         }
         Ok(())
     }
@@ -360,9 +392,9 @@ impl LocalCluster {
         cli
     }
 
-    /// `redis-cli -p PORT-of-master-i args...`'s output.
+    /// `redis-cli -h HOST -p PORT-of-master-i args...`'s output.
     fn ask(&self, i: usize, args: &[&str]) -> Option<String> {
-        let out = self.cli().args(["-p", &self.nodes[i].port.to_string()]).args(args).output().ok()?;
+        let out = self.cli().args(["-h", &self.nodes[i].bind.to_string(), "-p", &self.nodes[i].port.to_string()]).args(args).output().ok()?;
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).to_string())
     }
 
@@ -385,7 +417,7 @@ impl LocalCluster {
 
     /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,.../`
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.nodes.iter().map(|r| format!("127.0.0.1:{}", r.port)).collect();
+        let hosts: Vec<String> = self.nodes.iter().map(|r| format!("{}:{}", r.bind, r.port)).collect();
         format!("{}{}/", crate::meta::redis::CLUSTER_SCHEME, hosts.join(","))
     }
 

@@ -366,6 +366,14 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         eprintln!("SURGE_BB_SCALING_ONLY=1: a diagnostic run of the scaling part alone, no report");
         return Ok(());
     }
+    if std::env::var("SURGE_BB_CREATES_ONLY").is_ok_and(|v| v == "1") {
+        anyhow::ensure!(plan.topology, "SURGE_BB_CREATES_ONLY=1 needs the topology (root, SURGE_BB_TOPOLOGY on)");
+        let m = meta_bench::machines(&work, &plan.creates, machines::CLUSTER_LINK)?;
+        let points = meta_bench::run_on(&plan.creates, &m)?;
+        println!("{}", serde_json::to_string_pretty(&meta_bench::summary(&points)["points"])?);
+        eprintln!("SURGE_BB_CREATES_ONLY=1: a diagnostic run of the creates part alone, no report");
+        return Ok(());
+    }
     let s3 = s3::S3Server::start(&work, &machines)?;
     let tool = work::Tool::install(&work, s3.client_env())?;
     let mut deviations = Vec::new();
@@ -414,7 +422,8 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     let scaling = if plan.topology { Some(scaling::run(&rig.surge, &work, &plan.scaling)?) } else { None };
     let creates = if plan.topology {
         progress::step("creates against metadata masters", false);
-        Some(meta_bench::run(&plan.creates)?)
+        let m = meta_bench::machines(&work, &plan.creates, machines::CLUSTER_LINK)?;
+        Some(meta_bench::run_on(&plan.creates, &m)?)
     } else {
         None
     };

@@ -77,6 +77,14 @@ impl Machines {
         }
     }
 
+    /// Where a server of machine `role` listens and runs (here: loopback).
+    pub fn host(&self, role: &str) -> surge_bb::local::Host {
+        match &self.topo {
+            Some(t) => surge_bb::local::Host { bind: t.ip(role).into(), netns: Some(t.netns(role)) },
+            None => surge_bb::local::Host { bind: std::net::Ipv4Addr::LOCALHOST.into(), netns: None },
+        }
+    }
+
     /// The address servers on `role` listen on.
     pub fn ip(&self, role: &str) -> String {
         match &self.topo {

@@ -5,8 +5,10 @@
 //! evenly over the masters). The burst-buffer experiment runs it too
 //! ([`BenchMetaArgs::experiment`]), for `scaling.creates_by_shards`.
 
+use super::machines::Machines;
+use crate::experiment::topology::PortSpec;
 use anyhow::Context as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use surge_bb::meta::{Kind, MetaStore, FsParams, ROOT};
 use surge_bb::meta::redis::RedisMeta;
@@ -142,7 +144,36 @@ pub fn client(a: &BenchMetaClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Machine names of the experiment's creates part.
+pub fn master(i: usize) -> String {
+    format!("master-{i}")
+}
+
+pub fn client_machine(k: usize) -> String {
+    format!("mdclient-{k}")
+}
+
+/// Client machines of the experiment's creates part (the paper's 8, fewer
+/// when there are fewer client processes); processes are dealt over them.
+pub fn client_machines(a: &BenchMetaArgs) -> usize {
+    a.clients.min(8)
+}
+
+/// Every master and client a machine of its own behind `link` (the
+/// experiment), or all here on loopback (`surge bb bench-meta`).
+pub fn machines(work: &Path, a: &BenchMetaArgs, link: PortSpec) -> anyhow::Result<Machines> {
+    let masters = a.masters.iter().copied().max().unwrap_or(1);
+    let mut roles: Vec<(String, PortSpec)> = (0..masters).map(|i| (master(i), link)).collect();
+    roles.extend((0..client_machines(a)).map(|k| (client_machine(k), link)));
+    Machines::with_roles(work, std::process::id() + 2, &roles)
+}
+
 pub fn run(a: &BenchMetaArgs) -> anyhow::Result<Vec<Point>> {
+    run_on(a, &Machines::loopback())
+}
+
+/// The points, with masters and clients on `m`'s machines.
+pub fn run_on(a: &BenchMetaArgs, on: &Machines) -> anyhow::Result<Vec<Point>> {
     anyhow::ensure!(a.clients > 0 && a.reps > 0 && !a.masters.is_empty(), "--clients, --reps and --masters must not be empty");
     let tmp = tempfile::tempdir()?;
     let base = a.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
@@ -153,7 +184,8 @@ pub fn run(a: &BenchMetaArgs) -> anyhow::Result<Vec<Point>> {
         for &masters in &a.masters {
             let dir = base.join(format!("m{masters}-r{round}"));
             let _ = std::fs::remove_dir_all(&dir);
-            let mut c = surge_bb::local::LocalCluster::start_free(&dir, masters, false).with_context(|| format!("a cluster of {masters}"))?;
+            let hosts: Vec<_> = (0..masters).map(|i| on.host(&master(i))).collect();
+            let mut c = surge_bb::local::LocalCluster::start_on(&dir, &hosts).with_context(|| format!("a cluster of {masters}"))?;
             let caps = if a.master_cpu > 0.0 {
                 c.nodes.iter().enumerate().map(|(i, r)| CpuCap::new(&format!("surge-bench-meta-{}-{i}", std::process::id()), r.pid().unwrap_or(0), a.master_cpu)).collect::<anyhow::Result<Vec<_>>>()?
             } else {
@@ -164,7 +196,7 @@ pub fn run(a: &BenchMetaArgs) -> anyhow::Result<Vec<Point>> {
             let start_ms = now_ms() + 1500;
             let children = (0..a.clients)
                 .map(|i| {
-                    std::process::Command::new(&exe)
+                    on.command(&client_machine(i % client_machines(a)), &exe)
                         .args(["bb", "bench-meta-client", "--redis", &c.url(), "--fs", "bench", "--name", &format!("c{i}")])
                         .args(["--start-ms", &start_ms.to_string(), "--seconds", &a.seconds.to_string()])
                         .stdout(std::process::Stdio::piped())

@@ -20,8 +20,8 @@ pub struct Setup {
     pub creates: Option<Vec<super::meta_bench::Point>>,
 }
 
-/// Where the creates part runs: not yet in the machines' topology.
-const CREATES_SETTING: &str = "`surge bb bench-meta`'s points (Redis Cluster masters started locally, on loopback, not behind the links: a master on a machine of its own is not built yet)";
+/// Where the creates part runs.
+const CREATES_SETTING: &str = "`surge bb bench-meta`'s points, every Redis Cluster master and every client machine a network namespace of its own behind the cluster link (2,500 Mbit/s, 50 µs each end), client processes dealt over up to 8 client machines";
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TopologyReport {

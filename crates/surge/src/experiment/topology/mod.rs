@@ -150,8 +150,13 @@ impl Topology {
     /// its files and mounts are this host's.
     pub fn command(&self, name: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", self.role(name).ns)).arg("--").arg(program);
+        c.arg(format!("--net={}", self.netns(name).display())).arg("--").arg(program);
         c
+    }
+
+    /// Machine `name`'s network namespace.
+    pub fn netns(&self, name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/run/netns/{}", self.role(name).ns))
     }
 
     pub fn counters(&self) -> Counters {
