@@ -745,8 +745,10 @@ impl Provider for AwsProvider {
                 let refused = crate::error::kind_of_code(aws_sdk_ec2::error::ProvideErrorMetadata::code(&e)) == crate::error::Kind::ModifyRefused;
                 let e = map(a, &id, "ModifyVolume", self.attempts(), e);
                 if refused {
-                    // Logged here once; the next attempts are refused without a call until modify_retry passed.
-                    tracing::warn!(volume = %id, "{e}");
+                    // The caller reports the refusal (the modify controller warns once per
+                    // distinct error); the next attempts are refused without a call until
+                    // modify_retry passed.
+                    tracing::debug!(volume = %id, "{e}");
                     self.modified.lock().entry(id.clone()).or_default().refused(now);
                 }
                 return Err(e);
