@@ -229,16 +229,21 @@ pub struct ElasticVolume {
 /// discrete-event clock (`SimClock`) cannot move time on before it starts,
 /// nor while it works between its sleeps (a no-op for the system clock).
 fn spawn_registered(name: String, clock: Arc<dyn Clock>, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
-    let (tx, rx) = std::sync::mpsc::sync_channel(0);
+    // The caller waits spinning, not blocked in the kernel: a discrete-event
+    // clock would take a blocked caller as waiting for time and move it on.
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
     let t = std::thread::Builder::new()
         .name(name)
         .spawn(move || {
             let _t = ClockThread::enter(clock);
-            let _ = tx.send(());
+            s.store(true, std::sync::atomic::Ordering::Release);
             f()
         })
         .expect("spawn a controller thread");
-    let _ = rx.recv();
+    while !started.load(std::sync::atomic::Ordering::Acquire) {
+        std::thread::yield_now();
+    }
     t
 }
 

@@ -1276,12 +1276,15 @@ impl Flusher {
     fn start(cache: Arc<ElasticCache>, poll: Duration, clock: Option<Arc<dyn Clock>>) -> Flusher {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
-        let (tx, rx) = std::sync::mpsc::sync_channel(0);
+        // The caller waits spinning, not blocked in the kernel: a discrete-event
+        // clock would take a blocked caller as waiting for time and move it on.
+        let started = Arc::new(AtomicBool::new(false));
+        let st = started.clone();
         let thread = std::thread::Builder::new()
             .name("cache-flusher".into())
             .spawn(move || {
                 let _t = clock.clone().map(crate::clock::ClockThread::enter);
-                let _ = tx.send(());
+                st.store(true, std::sync::atomic::Ordering::Release);
                 while !s.load(Relaxed) {
                     let may = cache.phase() == Phase::Drain || cache.idle_for() >= cache.cfg.idle_gap;
                     let n = if may {
@@ -1304,7 +1307,9 @@ impl Flusher {
                 }
             })
             .expect("spawn flusher");
-        let _ = rx.recv();
+        while !started.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::yield_now();
+        }
         Flusher { stop, thread: Some(thread) }
     }
 }
