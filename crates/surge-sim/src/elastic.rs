@@ -47,7 +47,9 @@ pub fn export_args(backing: &VolumeSpec, usd_hour: f64) -> String {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct CacheVolume {
-    pub spec: String,
+    pub id: String,
+    /// Its specs in order (`cache=auto` lowers a cache for the drain: billed per spec).
+    pub specs: Vec<String>,
     /// Seconds it existed (from its creation to its deletion or the run's end).
     pub seconds: f64,
     pub deleted: bool,
@@ -55,6 +57,8 @@ pub struct CacheVolume {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ElasticRun {
+    /// The row's `replay` (not repeated in its `elastic`).
+    #[serde(skip)]
     pub replay: ReplayResult,
     /// Seconds from the replay's start until the cache was clean after the
     /// application completed (the instance is billed until then).
@@ -134,12 +138,17 @@ pub fn run(t: &Trace, args: &str, instance: &str, prices: &PriceTable, qd: usize
     let storage_usd = crate::threaded::usd_between(prices, &before, &end, &format!("{NAME}-"), 1.0);
     let instance_ns = (drained - t0).as_nanos() as u64;
     let compute_usd = prices.billed_seconds(instance_ns.max(1), prices.minimum_seconds) as f64 / 3600.0 * usd_hour;
-    let cache_volumes = end
-        .volumes
-        .iter()
-        .filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with("app-cache-")))
-        .map(|v| CacheVolume { spec: v.spec.clone(), seconds: v.seconds, deleted: v.deleted })
-        .collect();
+    let mut cache_volumes: Vec<CacheVolume> = Vec::new();
+    for v in end.volumes.iter().filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with("app-cache-"))) {
+        match cache_volumes.iter_mut().find(|c| c.id == v.id) {
+            Some(c) => {
+                c.specs.push(v.spec.clone());
+                c.seconds += v.seconds;
+                c.deleted |= v.deleted;
+            }
+            None => cache_volumes.push(CacheVolume { id: v.id.clone(), specs: vec![v.spec.clone()], seconds: v.seconds, deleted: v.deleted }),
+        }
+    }
     let forced_advances = clock.forced_advances();
     drop(vol);
     Ok(ElasticRun {

@@ -319,7 +319,7 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
 fn elastic_row(t: &Trace, name: &'static str, backing: &surge_cloud::VolumeSpec, qd: usize, usd_hour: f64, prices: &PriceTable, o: &PlanOptions) -> Result<Row, PlanError> {
     let args = crate::elastic::export_args(backing, usd_hour + o.value_per_hour.unwrap_or(0.0));
     let run = crate::elastic::run(t, &args, &o.instance, prices, qd).map_err(|why| PlanError::Candidate { name: name.into(), why })?;
-    let caches: Vec<&str> = run.cache_volumes.iter().map(|c| c.spec.as_str()).collect();
+    let caches: Vec<String> = run.cache_volumes.iter().map(|c| format!("{} for {:.1} s", c.specs.join(" then "), c.seconds)).collect();
     let mut sized = format!(
         "threaded harness (the daemon's ElasticVolume, its writeback and controller threads on a SimClock): backing {backing}; {} cache volume(s){}; clean {:.1} s after the start (the instance is billed until then), last cache deleted at {:.1} s",
         caches.len(),

@@ -8,10 +8,9 @@ pub use surge_controller::elastic::*;
 use std::sync::Arc;
 use std::time::Duration;
 use crate::control::Controllable;
-use surge_block::cache::CacheConfig;
 use surge_block::fault::FaultRules;
 use surge_block::BlockDev;
-use surge_cloud::{Provider, VolumeSpec};
+use surge_cloud::Provider;
 use surge_policy::ElasticConfig;
 
 /// The policy of a full-scale spec on a local cloud at `local`'s scale
@@ -76,6 +75,7 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use surge_block::cache::CacheConfig;
     use surge_block::VirtualClock;
 
     fn ctx(dir: &std::path::Path) -> crate::stack::BuildContext {
