@@ -202,6 +202,13 @@ mod tests {
         trace(recs, "bursty")
     }
 
+    /// What happens (`elastic.decisions`): the first burst's cache is
+    /// provisioned after the 5 s window and attached 3 s later, as the burst
+    /// ends; the planner then declines one for the second burst (it ends
+    /// before a cache could be attached). So the run is nearly gp3's own, a
+    /// few seconds late, and it wins by not paying gp3 provisioned's IOPS for
+    /// 20 minutes. (A 30 s burst, `scripts/bench/plan-elastic.sh` "long", is
+    /// where the cache serves the burst.)
     #[test]
     fn bursts_of_writes_with_think_time_are_cheaper_on_the_elastic_cache_than_on_gp3_provisioned_for_the_peak() {
         let o = PlanOptions { threaded: true, ..opts() };
