@@ -18,7 +18,9 @@
 //! record (`DATA/elastic/NAME.fences.json`) makes a restart honour all of it.
 
 mod boost;
+mod spec;
 pub use boost::BoostSettings;
+pub use spec::{scaled_bytes, scaled_policy, Cloud, ElasticSpec};
 
 use crate::Controllable;
 use parking_lot::Mutex;
@@ -32,7 +34,7 @@ use surge_block::cache::fence::{FenceStore, FileFences, MemoryFences};
 use surge_block::cache::{CacheConfig, CacheError, CacheMode, ElasticCache, Flusher, Phase};
 use surge_block::fault::{FaultDev, FaultRules};
 use surge_block::model::VolumeModel;
-use surge_block::{BlockDev, Caps, Clock, Counted, ZeroMode};
+use surge_block::{BlockDev, Caps, Clock, ClockThread, Counted, ZeroMode};
 use surge_cloud::{CreateRequest, Provider, VolumeSpec};
 use surge_policy::{Action, CacheObs, Decision, ElasticConfig, ElasticPolicy, State};
 
@@ -223,6 +225,28 @@ pub struct ElasticVolume {
     reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
+/// Spawn a thread registered on `clock` before this returns, so that a
+/// discrete-event clock (`SimClock`) cannot move time on before it starts,
+/// nor while it works between its sleeps (a no-op for the system clock).
+fn spawn_registered(name: String, clock: Arc<dyn Clock>, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
+    // The caller waits spinning, not blocked in the kernel: a discrete-event
+    // clock would take a blocked caller as waiting for time and move it on.
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let t = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let _t = ClockThread::enter(clock);
+            s.store(true, std::sync::atomic::Ordering::Release);
+            f()
+        })
+        .expect("spawn a controller thread");
+    while !started.load(std::sync::atomic::Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    t
+}
+
 fn io_total(c: &Counted) -> u64 {
     let s = c.stats();
     s.read_bytes + s.write_bytes
@@ -355,11 +379,9 @@ impl ElasticVolume {
 
     /// Start the controller and the background flusher.
     pub fn start(self: &Arc<Self>) {
-        *self.flusher.lock() = Some(Flusher::spawn(self.cache.clone(), self.p.flusher_poll));
+        *self.flusher.lock() = Some(Flusher::spawn_on(self.cache.clone(), self.p.flusher_poll, self.clock.clone()));
         let me = self.clone();
-        let t = std::thread::Builder::new()
-            .name(format!("elastic-{}", self.p.name))
-            .spawn(move || {
+        let t = spawn_registered(format!("elastic-{}", self.p.name), self.clock.clone(), move || {
                 let mut next = me.clock.now();
                 while !me.stop.load(Relaxed) {
                     if let Err(e) = me.step() {
@@ -372,8 +394,7 @@ impl ElasticVolume {
                     }
                     me.clock.sleep_until(next);
                 }
-            })
-            .expect("spawn controller");
+            });
         self.threads.lock().push(t);
     }
 
@@ -561,10 +582,7 @@ impl ElasticVolume {
         };
         let result = Arc::new(Mutex::new(None));
         let (r2, prov) = (result.clone(), self.provider.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("provision-{}", self.p.name))
-            .spawn(move || *r2.lock() = Some(provision_job(prov.as_ref(), spec, name)))
-            .expect("spawn provisioning");
+        let thread = spawn_registered(format!("provision-{}", self.p.name), self.clock.clone(), move || *r2.lock() = Some(provision_job(prov.as_ref(), spec, name)));
         *self.pending.lock() = Some(Pending { size, started: now, cancelled: false, result, thread: Some(thread) });
         Ok(())
     }
@@ -770,7 +788,7 @@ impl ElasticVolume {
             let _ = t.join();
         }
         let me = self.clone();
-        *reaper = Some(std::thread::Builder::new().name(format!("reap-{}", self.p.name)).spawn(move || me.delete_doomed()).expect("spawn reaper"));
+        *reaper = Some(spawn_registered(format!("reap-{}", self.p.name), self.clock.clone(), move || me.delete_doomed()));
     }
 
     /// Delete every doomed volume the provider lets us; a deleted failed

@@ -19,16 +19,24 @@
 //!   offsets on one account: each candidate's cost per VM and per run, the
 //!   volumes attached at once, and the EC2 API calls against the account's
 //!   request buckets and storage quotas (event driven).
+//! - [`elastic`]: the elastic-cache candidate: the daemon's `ElasticVolume`
+//!   (surge-controller) with the daemon's defaults for its `elastic:` spec,
+//!   over gp3 (or st1), replayed on the threaded harness.
+//! - [`threaded_replay`]: a trace replayed with [`replay::drive`]'s
+//!   application model on any device whose layers have threads, every thread
+//!   on one `SimClock`.
 //! - [`plot`]: the recommended candidate's timeline as SVG.
 //! - [`threaded`]: the other engine, for layers with threads of their own
 //!   (mirror rebuilds, cache writeback, controllers): every thread on one
 //!   `SimClock`, closed-loop workers, a sampler, the scaled local cloud; the
 //!   burstable experiment's virtual-time figures run on it.
 //!
-//! It depends on no network code and not on the `surge` binary.
+//! It depends on no network code and not on the `surge` binary (the
+//! controllers come from the library crate `surge-controller`).
 
 pub mod candidates;
 pub mod clock;
+pub mod elastic;
 pub mod fleet;
 pub mod modify;
 pub mod plan;
@@ -36,6 +44,7 @@ pub mod plot;
 pub mod replay;
 pub mod stripe;
 pub mod threaded;
+pub mod threaded_replay;
 
 pub use plan::{plan_workload, Objective, PlanOptions, WorkloadPlan};
 pub use replay::{replay, replay_observed, Observer, ReplayOptions, ReplayResult};

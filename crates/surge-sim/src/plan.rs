@@ -69,7 +69,15 @@ pub struct PlanOptions {
     pub capacity: u64,
     /// The export name in the spec printed for the recommendation.
     pub export: String,
+    /// Also run the candidates of the threaded harness (the elastic cache):
+    /// the daemon's threads on a `SimClock`, real I/O on tmpfs, slower than
+    /// the event replay (bounded by [`THREADED_MAX_BYTES`]).
+    pub threaded: bool,
 }
+
+/// Most bytes a trace may move for the threaded candidates to be run (their
+/// layers do the I/O, on tmpfs files); larger traces list them as not run.
+pub const THREADED_MAX_BYTES: u64 = 8 << 30;
 
 #[derive(Debug, Clone, Serialize)]
 pub enum Objective {
@@ -85,6 +93,10 @@ pub struct Row {
     pub spec: Option<String>,
     pub sized: String,
     pub simulated: bool,
+    /// Which engine ran it: `event replay` (`ReplayClock`, one thread) or
+    /// `threaded` (every thread of the layers on a `SimClock`); both on virtual time.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub engine: &'static str,
     pub completion_s: Option<f64>,
     pub storage_usd: Option<f64>,
     pub compute_usd: Option<f64>,
@@ -113,6 +125,9 @@ pub struct Row {
     /// balance at the run's end, in percent of a fresh volume's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credits_end_pct: Option<f64>,
+    /// The elastic cache: its drain, cache volumes and the controller's decisions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<crate::elastic::ElasticRun>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -181,6 +196,7 @@ fn simulated_row(name: String, spec: String, sized: String, replay: ReplayResult
         spec: Some(spec),
         sized,
         simulated: true,
+        engine: "event replay",
         completion_s: Some(ns as f64 / 1e9),
         storage_usd: Some(storage),
         compute_usd: Some(compute),
@@ -193,6 +209,7 @@ fn simulated_row(name: String, spec: String, sized: String, replay: ReplayResult
         modifications: None,
         volumes,
         credits_end_pct: None,
+        elastic: None,
     }
 }
 
@@ -231,6 +248,16 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
             rows.push(row);
         }
         None => rows.push(not_simulated(&NotSimulated { name: MODIFY, why: "not run: the trace is untimed, or the base gp3 (3,000 IOPS, 125 MiB/s) already serves its peak second, so there is nothing to raise" })),
+    }
+    if o.threaded {
+        let moved: u64 = t.records.iter().filter(|r| r.op.moves_data()).map(|r| r.len).sum();
+        for (name, backing) in candidates::elastic_backings(&demand, t) {
+            if moved > THREADED_MAX_BYTES {
+                rows.push(not_run(name, format!("not run: the trace moves {:.1} GiB, over the threaded harness's {} GiB (its layers do the I/O on tmpfs)", moved as f64 / (1u64 << 30) as f64, THREADED_MAX_BYTES >> 30)));
+                continue;
+            }
+            rows.push(elastic_row(t, name, &backing, qd, usd_hour, prices, o)?);
+        }
     }
     let fastest = rows.iter().filter_map(|r| r.completion_s).fold(f64::INFINITY, f64::min);
     let mut skipped: Vec<Row> = Vec::new();
@@ -286,6 +313,29 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
     })
 }
 
+/// The elastic cache over `backing`: the daemon's `ElasticVolume` on the
+/// threaded harness (`crate::elastic`), `cache=auto` valuing an hour at the
+/// instance's price plus `--value-per-hour`.
+fn elastic_row(t: &Trace, name: &'static str, backing: &surge_cloud::VolumeSpec, qd: usize, usd_hour: f64, prices: &PriceTable, o: &PlanOptions) -> Result<Row, PlanError> {
+    let args = crate::elastic::export_args(backing, usd_hour + o.value_per_hour.unwrap_or(0.0));
+    let run = crate::elastic::run(t, &args, &o.instance, prices, qd).map_err(|why| PlanError::Candidate { name: name.into(), why })?;
+    let caches: Vec<String> = run.cache_volumes.iter().map(|c| format!("{} for {:.1} s", c.specs.join(" then "), c.seconds)).collect();
+    let mut sized = format!(
+        "threaded harness (the daemon's ElasticVolume, its writeback and controller threads on a SimClock): backing {backing}; {} cache volume(s){}; clean {:.1} s after the start (the instance is billed until then), last cache deleted at {:.1} s",
+        caches.len(),
+        if caches.is_empty() { String::new() } else { format!(" ({})", caches.join(", ")) },
+        run.drained_s,
+        run.end_s
+    );
+    if run.cut {
+        sized.push_str(&format!("; the drain did not finish within {} s of the end: the figures stop there", crate::elastic::DRAIN_LIMIT.as_secs()));
+    }
+    let mut row = simulated_row(name.into(), format!("elastic:{args}"), sized, run.replay.clone(), run.storage_usd, run.compute_usd, o, vec![backing.clone()]);
+    row.engine = "threaded";
+    row.elastic = Some(run);
+    Ok(row)
+}
+
 /// The burstable stripe's row: every member billed for the run.
 fn stripe_row(t: &Trace, c: &crate::stripe::StripeCandidate, link: surge_block::model::Shape, qd: usize, usd_hour: f64, prices: &PriceTable, o: &PlanOptions) -> Result<Row, PlanError> {
     let run = crate::stripe::run(t, c, link, qd).map_err(|why| PlanError::Candidate { name: STRIPE.into(), why })?;
@@ -320,12 +370,21 @@ fn explain(rows: &mut [Row], rec: Option<usize>, deadline_s: Option<f64>) {
     }
 }
 
+/// A candidate that is simulated in general but was not run for this trace.
+fn not_run(name: &str, why: String) -> Row {
+    let mut r = not_simulated(&NotSimulated { name: "", why: "" });
+    r.name = name.to_string();
+    r.why_lost = Some(why);
+    r
+}
+
 fn not_simulated(n: &NotSimulated) -> Row {
     Row {
         name: n.name.to_string(),
         spec: None,
         sized: String::new(),
         simulated: false,
+        engine: "",
         completion_s: None,
         storage_usd: None,
         compute_usd: None,
@@ -339,6 +398,7 @@ fn not_simulated(n: &NotSimulated) -> Row {
         export: None,
         volumes: Vec::new(),
         credits_end_pct: None,
+        elastic: None,
     }
 }
 
@@ -352,7 +412,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn opts() -> PlanOptions {
-        PlanOptions { instance: "m5.2xlarge".into(), deadline: Some(Deadline::Relative(1.05)), value_per_hour: None, qd: Some(32), capacity: 0, export: "app".into() }
+        PlanOptions { instance: "m5.2xlarge".into(), deadline: Some(Deadline::Relative(1.05)), value_per_hour: None, qd: Some(32), capacity: 0, export: "app".into(), threaded: false }
     }
 
     fn recommended(p: &WorkloadPlan) -> &Row {

@@ -127,6 +127,62 @@ pub fn replay(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &Replay
     replay_observed(trace, dev, clock, o, &mut Nobody)
 }
 
+/// What a replay's completions add up to (both engines: [`replay`] here,
+/// `crate::threaded_replay` on the threaded harness).
+#[derive(Debug, Default)]
+pub(crate) struct Timeline {
+    pub(crate) latest: u64,
+    lat_sum: u128,
+    per_s: Vec<u64>,
+}
+
+impl Timeline {
+    /// Request `r` submitted at `issue` completed at `done` (ns since the replay's start).
+    pub(crate) fn completed(&mut self, r: &Rec, issue: u64, done: u64) {
+        self.latest = self.latest.max(done);
+        self.lat_sum += done.saturating_sub(issue) as u128;
+        if r.op.moves_data() {
+            let s = (done / 1_000_000_000) as usize;
+            if self.per_s.len() <= s {
+                self.per_s.resize(s + 1, 0);
+            }
+            self.per_s[s] += r.len;
+        }
+    }
+
+    pub(crate) fn result(self, d: Driven) -> ReplayResult {
+        let n = d.requests;
+        ReplayResult {
+            completion_ns: self.latest,
+            requests: n,
+            mean_latency_us: if n == 0 { 0.0 } else { self.lat_sum as f64 / n as f64 / 1e3 },
+            final_lag_ns: d.final_lag_ns,
+            bytes_per_second: self.per_s,
+        }
+    }
+}
+
+/// Run one trace record on `dev` (reads and writes from/into `buf`).
+pub(crate) fn issue(dev: &dyn BlockDev, r: &Rec, buf: &mut Vec<u8>) -> Result<(), BlockError> {
+    match r.op {
+        Op::Read | Op::Write => {
+            let len = usize::try_from(r.len).map_err(|_| BlockError::OutOfRange { offset: r.offset, len: r.len, size: dev.size() })?;
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            if r.op == Op::Read {
+                dev.read_at(&mut buf[..len], r.offset)
+            } else {
+                dev.write_at(&buf[..len], r.offset, r.fua)
+            }
+        }
+        Op::Zero => dev.write_zeroes(r.offset, r.len, ZeroMode::default()),
+        Op::Trim => dev.discard(r.offset, r.len),
+        Op::Flush => dev.flush(),
+        Op::Dropped => Ok(()),
+    }
+}
+
 /// [`drive`] on virtual time: each request is run on the layers when it is
 /// submitted, and its completion is the deadline the layers booked.
 struct Virtual<'a> {
@@ -134,10 +190,8 @@ struct Virtual<'a> {
     clock: &'a ReplayClock,
     obs: &'a mut dyn Observer,
     inflight: BinaryHeap<Reverse<u64>>,
-    latest: u64,
-    lat_sum: u128,
+    tl: Timeline,
     buf: Vec<u8>,
-    per_s: Vec<u64>,
 }
 
 impl Executor for Virtual<'_> {
@@ -153,59 +207,30 @@ impl Executor for Virtual<'_> {
     }
     fn retire_all(&mut self) -> Result<u64, BlockError> {
         self.inflight.clear();
-        Ok(self.latest)
+        Ok(self.tl.latest)
     }
-    fn submit(&mut self, r: &Rec, issue: u64) -> Result<(), BlockError> {
-        let dev = self.dev;
-        self.obs.before(issue);
-        self.clock.submit_at(issue);
-        match r.op {
-            Op::Read | Op::Write => {
-                let len = usize::try_from(r.len).map_err(|_| BlockError::OutOfRange { offset: r.offset, len: r.len, size: dev.size() })?;
-                if self.buf.len() < len {
-                    self.buf.resize(len, 0);
-                }
-                if r.op == Op::Read {
-                    dev.read_at(&mut self.buf[..len], r.offset)?
-                } else {
-                    dev.write_at(&self.buf[..len], r.offset, r.fua)?
-                }
-            }
-            Op::Zero => dev.write_zeroes(r.offset, r.len, ZeroMode::default())?,
-            Op::Trim => dev.discard(r.offset, r.len)?,
-            Op::Flush => dev.flush()?,
-            Op::Dropped => return Ok(()),
+    fn submit(&mut self, r: &Rec, issue_ns: u64) -> Result<(), BlockError> {
+        if r.op == Op::Dropped {
+            return Ok(());
         }
+        self.obs.before(issue_ns);
+        self.clock.submit_at(issue_ns);
+        issue(self.dev, r, &mut self.buf)?;
         let done = self.clock.completion_ns();
-        self.obs.completed(r, issue, done);
-        self.latest = self.latest.max(done);
+        self.obs.completed(r, issue_ns, done);
         if r.op != Op::Flush {
             self.inflight.push(Reverse(done));
         }
-        self.lat_sum += (done - issue) as u128;
-        if r.op.moves_data() {
-            let s = (done / 1_000_000_000) as usize;
-            if self.per_s.len() <= s {
-                self.per_s.resize(s + 1, 0);
-            }
-            self.per_s[s] += r.len;
-        }
+        self.tl.completed(r, issue_ns, done);
         Ok(())
     }
 }
 
 /// [`replay`], with `obs` told of every submission and completion.
 pub fn replay_observed(trace: &Trace, dev: &dyn BlockDev, clock: &ReplayClock, o: &ReplayOptions, obs: &mut dyn Observer) -> Result<ReplayResult, BlockError> {
-    let mut v = Virtual { dev, clock, obs, inflight: BinaryHeap::new(), latest: 0, lat_sum: 0, buf: Vec::new(), per_s: Vec::new() };
+    let mut v = Virtual { dev, clock, obs, inflight: BinaryHeap::new(), tl: Timeline::default(), buf: Vec::new() };
     let d = drive(trace, o.qd, &mut v)?;
-    let n = d.requests;
-    Ok(ReplayResult {
-        completion_ns: v.latest,
-        requests: n,
-        mean_latency_us: if n == 0 { 0.0 } else { v.lat_sum as f64 / n as f64 / 1e3 },
-        final_lag_ns: d.final_lag_ns,
-        bytes_per_second: v.per_s,
-    })
+    Ok(v.tl.result(d))
 }
 
 #[cfg(test)]

@@ -1260,12 +1260,31 @@ pub struct Flusher {
 }
 
 impl Flusher {
+    /// Polls in real time (`std::thread::sleep`), whatever the cache's clock.
     pub fn spawn(cache: Arc<ElasticCache>, poll: Duration) -> Flusher {
+        Self::start(cache, poll, None)
+    }
+
+    /// Polls by sleeping on `clock`, on which the thread is registered before
+    /// this returns: on a discrete-event clock (`SimClock`) the flusher then
+    /// runs on virtual time with everything else; on the system clock it is
+    /// [`Flusher::spawn`]. Not for a `VirtualClock`, whose sleeps jump time.
+    pub fn spawn_on(cache: Arc<ElasticCache>, poll: Duration, clock: Arc<dyn Clock>) -> Flusher {
+        Self::start(cache, poll, Some(clock))
+    }
+
+    fn start(cache: Arc<ElasticCache>, poll: Duration, clock: Option<Arc<dyn Clock>>) -> Flusher {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
+        // The caller waits spinning, not blocked in the kernel: a discrete-event
+        // clock would take a blocked caller as waiting for time and move it on.
+        let started = Arc::new(AtomicBool::new(false));
+        let st = started.clone();
         let thread = std::thread::Builder::new()
             .name("cache-flusher".into())
             .spawn(move || {
+                let _t = clock.clone().map(crate::clock::ClockThread::enter);
+                st.store(true, std::sync::atomic::Ordering::Release);
                 while !s.load(Relaxed) {
                     let may = cache.phase() == Phase::Drain || cache.idle_for() >= cache.cfg.idle_gap;
                     let n = if may {
@@ -1280,11 +1299,17 @@ impl Flusher {
                         0
                     };
                     if n == 0 {
-                        std::thread::sleep(poll);
+                        match &clock {
+                            Some(c) => c.sleep_until(c.now() + poll),
+                            None => std::thread::sleep(poll),
+                        }
                     }
                 }
             })
             .expect("spawn flusher");
+        while !started.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::yield_now();
+        }
         Flusher { stop, thread: Some(thread) }
     }
 }

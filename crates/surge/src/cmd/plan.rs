@@ -204,7 +204,7 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
         anyhow::ensure!(v.is_finite() && v >= 0.0, "--value-per-hour must be a non-negative number of USD");
     }
     let capacity = a.capacity.as_deref().map(surge_block::units::parse_size).transpose().map_err(|e| anyhow::anyhow!("--capacity: {e}"))?.unwrap_or(0);
-    let opts = surge_sim::PlanOptions { instance: a.instance, deadline, value_per_hour: a.value_per_hour, qd: a.qd, capacity, export: a.export };
+    let opts = surge_sim::PlanOptions { instance: a.instance, deadline, value_per_hour: a.value_per_hour, qd: a.qd, capacity, export: a.export, threaded: true };
     let p = surge_sim::plan_workload(&trace, &opts, &prices(&a.prices)?)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&p)?);
@@ -250,7 +250,7 @@ fn render_workload(p: &surge_sim::WorkloadPlan) -> String {
             usd(r.compute_usd),
             usd(r.total_usd)
         );
-        if r.peak_spec.is_some() || r.name == surge_sim::plan::STRIPE {
+        if r.peak_spec.is_some() || r.name == surge_sim::plan::STRIPE || r.elastic.is_some() {
             let _ = writeln!(s, "{:<28}   {}", "", r.sized);
         }
         for m in r.modifications.iter().flatten() {

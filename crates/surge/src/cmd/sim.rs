@@ -59,7 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let trace = surge_trace::Trace::open(&a.trace)?;
     let offsets: Offsets = a.offsets.parse().map_err(anyhow::Error::msg)?;
     let capacity = a.capacity.as_deref().map(surge_block::units::parse_size).transpose().map_err(|e| anyhow::anyhow!("--capacity: {e}"))?.unwrap_or(0);
-    let plan = surge_sim::PlanOptions { instance: a.instance, deadline: None, value_per_hour: None, qd: a.qd, capacity, export: "app".into() };
+    let plan = surge_sim::PlanOptions { instance: a.instance, deadline: None, value_per_hour: None, qd: a.qd, capacity, export: "app".into(), threaded: false };
     let o = FleetOptions { vms: a.vms, offsets, hours: a.hours, seed: a.seed, limits: Default::default() };
     let f = surge_sim::fleet::simulate_fleet(&trace, &plan, &o, &super::plan::prices(&a.prices)?)?;
     let wall = started.elapsed().as_secs_f64();

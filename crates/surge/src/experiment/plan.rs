@@ -164,9 +164,40 @@ fn storage_usd(d: &Daemon) -> anyhow::Result<f64> {
                 seen = true;
             }
         }
+        // An elastic export: its backing and every cache volume, deleted ones too.
+        if t.kind == "elastic" {
+            if let Some(u) = t.status["cost"]["usd"].as_f64() {
+                usd += u;
+                seen = true;
+            }
+        }
     }
     ensure!(seen, "the daemon's status reports no usd_so_far");
     Ok(usd)
+}
+
+/// Most real time an elastic export's cache may take to drain and go after the replay.
+const ELASTIC_DRAIN_LIMIT: Duration = Duration::from_secs(300);
+
+/// An elastic export after the replay, as the plan bills it: wait until its
+/// cache is clean (the instance may stop then: monotonic ns returned) and
+/// then until the cache volume is deleted (the storage bill is read after).
+fn elastic_drain(d: &Daemon) -> anyhow::Result<u64> {
+    let t0 = std::time::Instant::now();
+    let mut clean = None;
+    loop {
+        let st = d.target("app/elastic")?;
+        let now = crate::experiment::fairshare::client::monotonic_ns();
+        if clean.is_none() && (st["cache_size"].as_u64() == Some(0) || st["dirty_bytes"].as_u64() == Some(0)) {
+            clean = Some(now);
+        }
+        let gone = st["cache_volume"].is_null() && st["volumes_to_delete"].as_array().is_some_and(|v| v.is_empty()) && st["provisioning"].is_null();
+        if let (Some(c), true) = (clean, gone) {
+            return Ok(c);
+        }
+        ensure!(t0.elapsed() < ELASTIC_DRAIN_LIMIT, "the elastic export's cache did not drain and go within {} s: {st}", ELASTIC_DRAIN_LIMIT.as_secs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Step 3: one candidate, once.
@@ -185,6 +216,8 @@ fn measure(trace: &Path, qd: usize, c: &Cand, rep: usize, dir: &Path, prices: &P
     let before = crate::experiment::fairshare::client::monotonic_ns();
     let d = Daemon::start(dir, &spec)?;
     let out = run_surge(&["trace".into(), "replay".into(), "--trace".into(), trace.display().to_string(), d.uri("app"), "--qd".into(), qd.to_string(), "--json".into()]);
+    // An elastic export is billed as the plan bills it: the instance until its cache is clean, storage until the cache is gone.
+    let clean = if c.spec.starts_with("elastic:") && out.is_ok() { Some(elastic_drain(&d)) } else { None };
     let storage = if control { Ok(0.0) } else { storage_usd(&d) };
     d.stop().with_context(|| format!("{}: stopping the daemon", c.name))?;
     let _ = std::fs::remove_dir_all(dir);
@@ -192,7 +225,10 @@ fn measure(trace: &Path, qd: usize, c: &Cand, rep: usize, dir: &Path, prices: &P
     let storage = storage?;
     let completion_s = r["completion_s"].as_f64().context("completion_s")?;
     let replay_started = r["started_monotonic_ns"].as_u64().unwrap_or(before);
-    let ns = (completion_s * 1e9) as u64;
+    let mut ns = (completion_s * 1e9) as u64;
+    if let Some(clean) = clean {
+        ns = ns.max(clean?.saturating_sub(replay_started));
+    }
     let compute = prices.billed_seconds(ns.max(1), prices.minimum_seconds) as f64 / 3600.0 * usd_hour;
     Ok(Measured {
         rep,

@@ -8,28 +8,15 @@ pub use surge_controller::elastic::*;
 use std::sync::Arc;
 use std::time::Duration;
 use crate::control::Controllable;
-use surge_block::cache::CacheConfig;
 use surge_block::fault::FaultRules;
 use surge_block::BlockDev;
-use surge_cloud::{Provider, VolumeSpec};
+use surge_cloud::Provider;
 use surge_policy::ElasticConfig;
 
-/// The policy of a full-scale spec on a local cloud at `local`'s scale:
-/// durations x time, cache sizes x rate x time, the backing's rates x rate.
+/// The policy of a full-scale spec on a local cloud at `local`'s scale
+/// (`surge_controller::elastic::scaled_policy`).
 pub(crate) fn scaled_policy(pol: ElasticConfig, local: &crate::stack::volume::LocalCloud, attach_delay: Duration) -> ElasticConfig {
-    let rate = local.scale.rate;
-    ElasticConfig {
-        window: local.duration(pol.window),
-        inactivity_delay: local.duration(pol.inactivity_delay),
-        attach_delay,
-        backing_bw: pol.backing_bw * rate,
-        backing_iops: pol.backing_iops.map(|i| i * rate),
-        initial_cache: local.bytes(pol.initial_cache),
-        min_cache: local.bytes(pol.min_cache),
-        max_cache: local.bytes(pol.max_cache),
-        granularity: local.bytes(pol.granularity),
-        ..pol
-    }
+    surge_controller::elastic::scaled_policy(pol, local.scale, attach_delay)
 }
 /// `elastic:backing=TYPE:SIZE[,bw=..,iops=..,lat=..],cache=reserved,cache_bw=RATE[,ut=0.3,window=5s,
 /// id=30s,initial=10GiB,min=1GiB,max=64GiB,granularity=1GiB,block=64KiB,learn=true,attach_delay=3s,
@@ -47,126 +34,23 @@ pub(crate) fn scaled_policy(pol: ElasticConfig, local: &crate::stack::volume::Lo
 /// volume by price (`types=gp3+io2+gp2+st1,max_iops=N,max_throughput=RATE,lower=true`); the
 /// backing may then be any type with a throughput limit (e.g. `gp3:100GiB`).
 pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -> Result<crate::stack::Built, crate::stack::SpecError> {
-    use surge_cloud::spec::{parse_duration, parse_rate, parse_size};
     let err = |msg: String| crate::stack::SpecError::Args { kind: "elastic".into(), msg };
-    let (mut backing, mut cache_kind, mut cache_bw) = (None::<String>, None::<String>, None::<u64>);
-    let mut pol = ElasticConfig::default();
-    let mut cache = CacheConfig::default();
-    let mut attach_delay = None;
-    let mut boost = BoostSettings::new(surge_policy::Worth::PerHour(0.0));
-    let (mut boost_keys, mut worth_given) = (Vec::new(), false);
-    let ratio = |v: &str| v.parse::<f64>().map_err(|_| err(format!("ut={v}: expected a fraction like 0.3")));
-    let mut faults = ElasticFaults::default();
-    for item in args.split(',').filter(|s| !s.is_empty()) {
-        if let Some((dev, rule)) = item.split_once('.').filter(|(d, _)| matches!(*d, "backing_fault" | "cache_fault")) {
-            // One rule of surge_block::fault, e.g. cache_fault.write.fail_prob=0.01 or backing_fault.volatile.
-            let rules = if dev == "backing_fault" { &mut faults.backing } else { &mut faults.cache };
-            let (key, value) = match rule.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (rule, None),
-            };
-            rules.get_or_insert_with(FaultRules::default).apply(key, value).map_err(|e| err(format!("{dev}.{e}")))?;
-            continue;
-        }
-        let (k, v) = item.split_once('=').ok_or_else(|| err(format!("{item:?} is not key=value")))?;
-        let size = || parse_size(v).map_err(|e| err(format!("{k}={v}: {e}")));
-        let dur = || parse_duration(v).map_err(|e| err(format!("{k}={v}: {e}")));
-        if let Some(r) = BoostSettings::parse_option(&mut boost, k, v) {
-            r.map_err(err)?;
-            worth_given |= matches!(k, "value_per_hour" | "target");
-            boost_keys.push(k.to_string());
-            continue;
-        }
-        match k {
-            "backing" => backing = Some(v.to_string()),
-            "bw" | "iops" | "lat" => match &mut backing {
-                Some(b) => b.push_str(&format!(",{k}={v}")),
-                None => return Err(err(format!("{k}= must follow backing="))),
-            },
-            "cache" => cache_kind = Some(v.to_string()),
-            "cache_bw" => cache_bw = Some(parse_rate(v).map_err(|e| err(format!("cache_bw={v}: {e}")))?),
-            "ut" => pol.ut = ratio(v)?,
-            "window" => pol.window = dur()?,
-            "id" => pol.inactivity_delay = dur()?,
-            "initial" => pol.initial_cache = size()?,
-            "min" => pol.min_cache = size()?,
-            "max" => pol.max_cache = size()?,
-            "granularity" => pol.granularity = size()?,
-            "learn" => pol.learn_period = matches!(v, "true" | "on" | "yes" | "1"),
-            "attach_delay" => attach_delay = Some(dur()?),
-            "block" => cache.block_size = size()?,
-            "mode" => cache.mode = v.parse().map_err(err)?,
-            "seq_bypass" => cache.seq_bypass = Some(size()?),
-            _ => return Err(err(format!("unknown option {k:?}"))),
-        }
-    }
-    let backing: VolumeSpec = backing.ok_or_else(|| err("backing=TYPE:SIZE is required".into()))?.parse().map_err(|e| err(format!("backing: {e}")))?;
-    let auto = match cache_kind.as_deref().unwrap_or("reserved") {
-        "reserved" => false,
-        "auto" => true,
-        other => return Err(err(format!("cache={other}: cache volumes are cache=reserved,cache_bw=RATE or cache=auto (chosen by price)"))),
-    };
-    if !auto && !boost_keys.is_empty() {
-        return Err(err(format!("{} only apply with cache=auto", boost_keys.join(", "))));
-    }
-    if ctx.cloud.is_some() && !auto {
+    // Parsed and given the daemon's defaults in surge-controller, so that
+    // `surge plan workload` simulates exactly the spec it prints.
+    let spec = ElasticSpec::parse(args).map_err(err)?;
+    if ctx.cloud.is_some() && !spec.auto {
         return Err(err("cache=reserved volumes exist only in the local cloud; on a real cloud (--provider aws) use cache=auto,target=DURATION or value_per_hour=USD".into()));
     }
-    if auto && !worth_given {
-        return Err(err("cache=auto needs value_per_hour=USD (what an hour of the application's time costs) or target=DURATION (how long a burst may take)".into()));
-    }
-    let cache_bw = match (auto, cache_bw) {
-        (_, Some(bw)) => bw,
-        (true, None) => 0,
-        (false, None) => return Err(err("cache_bw=RATE is required (e.g. 128MB/s)".into())),
-    };
-    if !cache.block_size.is_power_of_two() || cache.block_size < 4096 {
-        return Err(err("block must be a power of two >= 4KiB".into()));
-    }
-    let shape = backing.shape().map_err(|e| err(format!("backing: {e}")))?;
-    pol.backing_bw = shape.bps.ok_or_else(|| err("the backing volume needs a throughput limit (e.g. bw=RATE) to measure utilization".into()))? as f64;
-    pol.backing_iops = shape.iops.map(|i| i as f64);
-    let mut delays = surge_cloud::Delays::default();
-    if let Some(d) = attach_delay {
-        delays.attach = d;
-        delays.detach = d;
-    }
-    let (provider, pol, local): (Arc<dyn Provider>, _, _) = match &ctx.cloud {
-        // The daemon's cloud (`--provider aws`): full scale; attach times are
-        // what the cloud takes (`attach_delay=` is the first estimate only).
-        Some(cloud) => {
-            pol.attach_delay = attach_delay.unwrap_or(delays.attach);
-            (cloud.clone(), pol, crate::stack::volume::LocalCloud::default())
-        }
+    let (provider, p): (Arc<dyn Provider>, _) = match &ctx.cloud {
+        Some(cloud) => (cloud.clone(), spec.params(name, Cloud::Real, Some(&ctx.data_dir))),
         None => {
-            // Every value above is full-scale; a local cloud at reduced scale runs them x its scale.
             let local = ctx.local;
-            let cfg = local.config(&ctx.data_dir, delays);
-            let pol = scaled_policy(pol, &local, cfg.delays.attach);
-            // The idle gap is measured between requests, whose service times do not
-            // scale (request sizes and, at rate 1, bandwidths are full-scale): not scaled.
-            boost.instance = local.instance;
-            (Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?), pol, local)
+            let cfg = local.config(&ctx.data_dir, spec.delays());
+            let p = spec.params(name, Cloud::Local { scale: local.scale, instance: local.instance, attach_delay: cfg.delays.attach }, Some(&ctx.data_dir));
+            (Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?), p)
         }
     };
-    boost.scale = local.scale;
-    let tick = pol.window / 10;
-    let boost = auto.then_some(boost);
-    let p = ElasticParams {
-        name: name.to_string(),
-        backing: backing.clone(),
-        cache_bw,
-        policy: pol,
-        cache,
-        boost,
-        tick,
-        flusher_poll: Duration::from_millis(20),
-        fences: Some(fences_path(&ctx.data_dir, name)),
-        faults: faults.clone(),
-        scale: local.scale,
-        background_provision: true,
-        credit_horizon: local.duration(CREDIT_HORIZON),
-    };
+    let (backing, cache_bw, faults, auto) = (spec.backing.clone(), spec.cache_bw, spec.faults.clone(), spec.auto);
     let on_cloud = ctx.cloud.is_some();
     let vol = ElasticVolume::open(p, provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
     vol.start();
@@ -191,6 +75,7 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use surge_block::cache::CacheConfig;
     use surge_block::VirtualClock;
 
     fn ctx(dir: &std::path::Path) -> crate::stack::BuildContext {

@@ -55,14 +55,6 @@ impl LocalCloud {
         d.mul_f64(self.scale.time)
     }
 
-    /// A full-scale amount of bytes at this scale, in whole 4 KiB.
-    pub fn bytes(&self, b: u64) -> u64 {
-        if self.scale.is_full() {
-            return b;
-        }
-        ((b as f64 * self.scale.rate * self.scale.time) as u64).div_ceil(4096).max(1) * 4096
-    }
-
     /// Parse `time=F[,rate=R]` (`rate` 1 when left out).
     pub fn parse_scale(s: &str) -> Result<surge_block::model::Scale, String> {
         let mut sc = surge_block::model::Scale::FULL;
