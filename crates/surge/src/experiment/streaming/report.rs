@@ -116,7 +116,7 @@ struct Check {
 /// to local-raw over the rounds, per pattern.
 fn paired_checks(plan: &Plan, pairs: &[PairSample]) -> Vec<Check> {
     let m = paired::median_ratios(pairs, &plan.paired_configs);
-    Pattern::ALL
+    let mut out: Vec<Check> = Pattern::ALL
         .iter()
         .filter_map(|p| {
             let r = *m.get(&(*p, Config::SurgeCow.name().to_string()))?;
@@ -129,7 +129,15 @@ fn paired_checks(plan: &Plan, pairs: &[PairSample]) -> Vec<Check> {
                 ok: r >= 0.9,
             })
         })
-        .collect()
+        .collect();
+    // The 2x over qemu-qcow2 on random writes, when it ran in the rounds (full run).
+    let q = paired::ratios(pairs, Pattern::Randwrite, Config::QemuQcow2.name(), Config::SurgeCow.name());
+    if !q.is_empty() {
+        let (lo, hi) = q.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        let r = median(&mut q.clone());
+        out.push(Check { what: format!("surge-cow vs qemu-qcow2, paired randwrite ({} rounds)", q.len()), value: format!("{r:.2}x [{lo:.2}, {hi:.2}]"), target: ">= 2x".into(), ok: r >= 2.0 });
+    }
+    out
 }
 
 fn checks(med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> Vec<Check> {
@@ -558,6 +566,29 @@ mod tests {
         assert!(job("surge-cow") < job("local-raw") / 2.0, "a 1.5 s boot against 20-22 s");
         std::fs::write(dir.path().join("results.json"), r#"{"experiment": "elastic"}"#).unwrap();
         assert!(read(dir.path()).unwrap_err().to_string().contains("not from the streaming experiment"));
+    }
+
+    #[test]
+    fn paired_checks_compare_rounds_with_local_raw_and_random_writes_with_qcow2() {
+        let mut plan = Plan::new(false);
+        let mut pairs = Vec::new();
+        for r in 0..3 {
+            for (c, rw, rr) in [("local-raw", 1000.0, 1000.0), ("surge-cow", 950.0, 850.0 - 100.0 * r as f64), ("qemu-qcow2", 410.0 + 100.0 * r as f64, 900.0)] {
+                pairs.push(PairSample { pattern: Pattern::Randwrite, config: c.into(), round: r, rate: rw, ops: rw, cpu_s: 0.01 });
+                pairs.push(PairSample { pattern: Pattern::Randread, config: c.into(), round: r, rate: rr, ops: rr, cpu_s: 0.01 });
+            }
+        }
+        let c = paired_checks(&plan, &pairs);
+        let find = |w: &str| c.iter().find(|c| c.what.contains(w)).unwrap_or_else(|| panic!("no check {w}"));
+        assert!(find("paired randwrite").ok, "0.95 of local-raw in every round");
+        assert!(!find("paired randread").ok, "0.75 of local-raw in the middle round");
+        assert_eq!(find("paired randread").value, "-25.0 % [-35.0, -15.0]");
+        // Per round 950/410, 950/510, 950/610: median 1.86x.
+        let q = find("qemu-qcow2, paired randwrite (3 rounds)");
+        assert!(!q.ok && q.value == "1.86x [1.56, 2.32]", "{}", q.value);
+        plan.paired_configs.retain(|c| c != "qemu-qcow2");
+        pairs.retain(|p| p.config != "qemu-qcow2");
+        assert!(paired_checks(&plan, &pairs).iter().all(|c| !c.what.contains("qcow2")));
     }
 
     #[test]
