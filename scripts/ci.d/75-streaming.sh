@@ -13,9 +13,11 @@
 # The step fails when a configuration was not measured or an output is
 # missing. The performance targets are checked and every miss is printed
 # ("TARGETS NOT MET"), but they fail the step only with STREAMING_STRICT=1:
-# one --quick run of 2-4 s per pattern on a shared 2-core machine swings by
+# one --quick run of 1-2 s per pattern on a shared 2-core machine swings by
 # +-50 % between runs (see docs/results/streaming.md), so as a gate they would
-# fail at random.
+# fail at random. What is gated is the paired rounds' figure (issue 40 item
+# 10): surge-cow against local-raw run back to back, round by round, its
+# median ratio per pattern at or above STREAMING_PAIRED_FLOOR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${STREAMING_OUT:-$(mktemp -d /tmp/surge-streaming.XXXXXX)}"
@@ -70,6 +72,22 @@ if all(cpu[n] and any(v > 0 for v in cpu[n][0]) for n in cpu):
     print(f"  server CPU per I/O, surge-cow against local-raw (both surge serve): {ratios}")
 else:
     bad.append("server CPU per I/O not measured")
+# Issue 40 item 10: paired rounds. local-raw and surge-cow run each pattern
+# back to back in short rounds (order rotated every round); a round's ratio
+# compares runs seconds apart, so the machine's load mostly cancels. The
+# median ratio per pattern is gated (PAIRED_FLOOR, below the issue's -10 %
+# target, which is printed above and gates only with STREAMING_STRICT=1).
+PAIRED_FLOOR = float(os.environ.get("STREAMING_PAIRED_FLOOR", "0.6"))
+paired = r.get("paired", {})
+for p in ("randread", "randwrite", "rewrite", "seqread", "seqwrite", "pgbench"):
+    e = paired.get(p, {}).get("surge-cow")
+    if not e:
+        bad.append(f"paired {p}: not measured")
+        continue
+    raw = paired[p]["local-raw"]
+    rs = " ".join(f"{x:.2f}" for x in e["ratios"])
+    cpu = f"; CPU per op {e['cpu_us_per_op']:.1f} vs {raw['cpu_us_per_op']:.1f} us: {e['cpu_ratio']:.2f}x" if e.get("cpu_ratio") else ""
+    check(f"paired {p}", e["median_ratio"] >= PAIRED_FLOOR, f"surge-cow/local-raw median {e['median_ratio']:.3f} [{e['min_ratio']:.3f}, {e['max_ratio']:.3f}] over rounds ({rs}){cpu} (gate >= {PAIRED_FLOOR})", target=False)
 for f in ("report.md", "provision.svg", "runtime.svg"):
     p = os.path.join(os.path.dirname(sys.argv[1]), f)
     check(f, os.path.exists(p) and os.path.getsize(p) > 0, "written", target=False)

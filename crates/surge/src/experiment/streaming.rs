@@ -21,11 +21,14 @@
 //! been read from the mounted file system), fio (4 KiB random read/write,
 //! 1 MiB sequential read/write), pgbench on PostgreSQL, and an external sort.
 //! Full run: 3 repetitions, configurations interleaved (rotated per round).
+//! Then the gated configurations in paired rounds (`paired.rs`): each pattern
+//! run on them back to back, in short rounds, compared round by round.
 
 mod cost;
 mod guest;
 mod image;
 pub(crate) mod link;
+mod paired;
 pub(crate) mod proc;
 mod readahead;
 mod report;
@@ -69,6 +72,20 @@ pub struct Plan {
     /// Bytes each of the read-ahead check's other workloads reads (0: no check).
     #[serde(default)]
     pub readahead_check_bytes: u64,
+    /// The paired rounds (`paired.rs`): configurations compared back to back,
+    /// the baseline first (none: not run).
+    #[serde(default)]
+    pub paired_configs: Vec<String>,
+    #[serde(default)]
+    pub paired_rounds: usize,
+    /// Seconds of each fio pattern per configuration and round.
+    #[serde(default)]
+    pub paired_secs: u64,
+    #[serde(default)]
+    pub paired_pg_secs: u64,
+    /// The new file each round's random writes go to.
+    #[serde(default)]
+    pub paired_randwrite_bytes: u64,
 }
 
 impl Plan {
@@ -85,13 +102,20 @@ impl Plan {
                 fio_read_bytes: 64 * MIB,
                 fio_randwrite_bytes: GIB,
                 fio_seqwrite_bytes: 128 * MIB,
-                fio_secs: 2,
+                // 1 s patterns and 2 s pgbench, so the paired rounds fit the
+                // step's time: the gated comparison is the paired one.
+                fio_secs: 1,
                 pg_scale: 1,
                 pg_clients: 4,
-                pg_secs: 4,
+                pg_secs: 2,
                 sort_bytes: 96 * MIB,
                 sort_buffer: "8M".into(),
                 readahead_check_bytes: 64 * MIB,
+                paired_configs: vec!["local-raw".into(), "surge-cow".into()],
+                paired_rounds: 4,
+                paired_secs: 1,
+                paired_pg_secs: 2,
+                paired_randwrite_bytes: 256 * MIB,
             }
         } else {
             Plan {
@@ -112,6 +136,11 @@ impl Plan {
                 sort_bytes: 2 * GIB,
                 sort_buffer: "128M".into(),
                 readahead_check_bytes: 256 * MIB,
+                paired_configs: vec!["local-raw".into(), "surge-cow".into(), "qemu-qcow2".into()],
+                paired_rounds: 8,
+                paired_secs: 5,
+                paired_pg_secs: 10,
+                paired_randwrite_bytes: GIB,
             }
         }
     }
@@ -245,6 +274,12 @@ impl Rig {
         out.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok()).unwrap_or(0)
     }
 
+    /// Where local-raw's copy of the image is kept for the paired rounds
+    /// (the last run's; a second copy over the link would only cost time).
+    fn kept_local_copy(&self) -> PathBuf {
+        self.work.join("local-raw-copy.img")
+    }
+
     fn base_uri(&self, export: &str) -> String {
         format!("nbd://{}:{}/{export}", self.remote.ip(), self.remote.port())
     }
@@ -332,6 +367,20 @@ fn provision(rig: &mut Rig, cfg: Config, dir: &Path) -> anyhow::Result<Volume> {
     Ok(Volume { servers: vec![server], uri, copy_s })
 }
 
+/// The volume of `cfg` for the paired rounds, in `dir`: local-raw serves the
+/// copy its last run made, anything else is provisioned as in a run.
+fn provision_local(rig: &mut Rig, cfg: Config, dir: &Path) -> anyhow::Result<Volume> {
+    if cfg != Config::LocalRaw || !rig.kept_local_copy().exists() {
+        return provision(rig, cfg, dir);
+    }
+    let img = dir.join("local.img");
+    std::fs::rename(rig.kept_local_copy(), &img)?;
+    let sock = dir.join("vm.sock");
+    let mut server = surge_serve(rig, dir, &format!("vm=file:{}", img.display()))?;
+    ready(&mut server, &sock)?;
+    Ok(Volume { servers: vec![server], uri: format!("nbd+unix:///vm?socket={}", sock.display()), copy_s: 0.0 })
+}
+
 /// Provision `cfg`, boot, then run every workload on it.
 fn run_one(rig: &mut Rig, cfg: Config, rep: usize, bar: &indicatif::ProgressBar) -> anyhow::Result<Sample> {
     let dir = rig.work.join(format!("run{rep}-{}", cfg.name()));
@@ -382,6 +431,9 @@ fn run_one(rig: &mut Rig, cfg: Config, rep: usize, bar: &indicatif::ProgressBar)
         report::say(bar, format!("  {}: fio {t_fio:.1} s, pgbench {:.1} s, sort {:.1} s, teardown {:.1} s", cfg.name(), t_pg - t_fio, t_sort - t_pg, t.elapsed().as_secs_f64() - t_sort));
     }
     let link_bytes = rig.link_tx_bytes().saturating_sub(tx0);
+    if cfg == Config::LocalRaw && rig.plan.paired_rounds > 0 {
+        std::fs::rename(dir.join("local.img"), rig.kept_local_copy())?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Sample {
         provision_s,
@@ -415,8 +467,8 @@ fn measure_rtt(rig: &Rig) -> anyhow::Result<f64> {
 /// Write report.md and the plots again from the results.json in `out` (a
 /// report change applied to a recorded run; nothing is measured).
 pub fn rewrite_report(out: &Path) -> anyhow::Result<()> {
-    let (plan, setup, samples, readahead) = report::read(out)?;
-    report::write(out, &plan, &setup, &samples, &readahead)
+    let (plan, setup, samples, readahead, paired) = report::read(out)?;
+    report::write(out, &plan, &setup, &samples, &readahead, &paired)
 }
 
 pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
@@ -430,6 +482,10 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     if let Some(r) = std::env::var("SURGE_STREAMING_REPS").ok().and_then(|v| v.parse().ok()).filter(|&r: &usize| r >= 1) {
         plan.reps = r;
     }
+    // Paired rounds (0: none).
+    if let Some(r) = std::env::var("SURGE_STREAMING_PAIRED_ROUNDS").ok().and_then(|v| v.parse().ok()) {
+        plan.paired_rounds = r;
+    }
     let started = Instant::now();
     let work = tempfile::Builder::new().prefix("surge-streaming").tempdir_in("/var/tmp").context("making a work dir in /var/tmp")?;
     std::fs::create_dir_all(work.path().join("storage"))?;
@@ -438,8 +494,17 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     if configs_asked.as_deref().is_some_and(|only| !only.split(',').any(|c| c == "surge-cow")) {
         plan.readahead_check_bytes = 0;
     }
+    if let Some(only) = &configs_asked {
+        plan.paired_configs.retain(|c| only.split(',').any(|o| o == c));
+    }
+    if plan.paired_configs.len() < 2 {
+        plan.paired_rounds = 0;
+    }
+    if plan.paired_rounds == 0 {
+        plan.paired_configs.clear();
+    }
     let check_runs = if plan.readahead_check_bytes > 0 { readahead::runs(plan.reps) } else { 0 };
-    let bar = report::progress_bar((plan.reps * Config::ALL.len()) as u64 + check_runs);
+    let bar = report::progress_bar((plan.reps * Config::ALL.len()) as u64 + check_runs + u64::from(plan.paired_rounds > 0));
     bar.set_message("building the base image (mkfs.ext4 -d)");
     let t = Instant::now();
     let img = image::build(&work.path().join("storage"), plan.image_bytes, plan.file_bytes, plan.boot_bytes)?;
@@ -487,6 +552,8 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
             bar.inc(1);
         }
     }
+    let paired = if plan.paired_rounds > 0 { paired::run(&mut rig, &bar)? } else { Vec::new() };
+    bar.inc(u64::from(plan.paired_rounds > 0));
     let readahead = if plan.readahead_check_bytes > 0 { readahead::run(&mut rig, &bar)? } else { Vec::new() };
     bar.finish_and_clear();
     let setup = report::Setup {
@@ -499,5 +566,5 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
         total_s: started.elapsed().as_secs_f64(),
     };
     drop(rig);
-    report::write(out, &plan, &setup, &samples, &readahead)
+    report::write(out, &plan, &setup, &samples, &readahead, &paired)
 }

@@ -117,10 +117,19 @@ impl Drop for Proc {
     }
 }
 
-/// CPU seconds (user + system) process `pid` has used, from /proc/PID/stat.
+/// CPU seconds (user + system, every thread) process `pid` has used: its
+/// CPU-time clock (nanoseconds: a 1 s pattern's few hundred ms are not
+/// measured in 10 ms ticks), else /proc/PID/stat.
 pub fn cpu_s_of(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    cpu_s_from_stat(&stat)
+    cpu_clock_s(pid).or_else(|| cpu_s_from_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?))
+}
+
+fn cpu_clock_s(pid: u32) -> Option<f64> {
+    let mut clock: libc::clockid_t = 0;
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: both pointers are to live locals of the right types.
+    let ok = unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) == 0 && libc::clock_gettime(clock, &mut ts) == 0 };
+    ok.then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 fn cpu_s_from_stat(stat: &str) -> Option<f64> {
@@ -142,5 +151,25 @@ mod tests {
         assert_eq!(super::cpu_s_from_stat(stat), Some(300.0 / hz));
         assert!(super::cpu_s_of(std::process::id()).is_some());
         assert_eq!(super::cpu_s_from_stat("garbage"), None);
+    }
+
+    #[test]
+    fn another_process_cpu_clock_counts_its_work_finer_than_ticks() {
+        // A child that spins for about 0.3 s of CPU, then sleeps.
+        let mut child = std::process::Command::new("sh").arg("-c").arg("i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 5").spawn().unwrap();
+        let pid = child.id();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let a = super::cpu_clock_s(pid).expect("the CPU clock of a child");
+        std::thread::sleep(std::time::Duration::from_millis(2500));
+        let b = super::cpu_clock_s(pid).unwrap();
+        let stat = super::cpu_s_from_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap()).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(b > a, "the spin used CPU: {a} then {b}");
+        // The clock and /proc agree to within a few ticks; the clock is not rounded to them.
+        assert!((b - stat).abs() < 0.05, "clock {b} s, /proc {stat} s");
+        assert!(b.fract() * 100.0 % 1.0 != 0.0 || a.fract() * 100.0 % 1.0 != 0.0, "nanoseconds, not 10 ms ticks: {a} {b}");
+        let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+        assert_eq!(super::cpu_clock_s(pid_max + 1), None, "no such process");
     }
 }

@@ -1,6 +1,7 @@
 //! results.json, report.md and the plots of the streaming experiment.
 
 use super::cost::{self, Cost, Pricing};
+use super::paired::{self, PairSample, Pattern};
 use super::readahead::{self, RaSample};
 use super::{Config, Plan, Sample, METRICS};
 use anyhow::Context as _;
@@ -28,8 +29,11 @@ fn link_rate(samples: &BTreeMap<Config, Vec<Sample>>) -> Option<f64> {
     (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
 }
 
-/// The plan, setup, samples and read-ahead check of the results.json in `out`.
-pub fn read(out: &Path) -> anyhow::Result<(Plan, Setup, BTreeMap<Config, Vec<Sample>>, Vec<RaSample>)> {
+/// What a run measured: its plan, setup, samples, read-ahead check and paired rounds.
+pub type Record = (Plan, Setup, BTreeMap<Config, Vec<Sample>>, Vec<RaSample>, Vec<PairSample>);
+
+/// The record in the results.json in `out`.
+pub fn read(out: &Path) -> anyhow::Result<Record> {
     let path = out.join("results.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
@@ -45,7 +49,11 @@ pub fn read(out: &Path) -> anyhow::Result<(Plan, Setup, BTreeMap<Config, Vec<Sam
         Some(r) => Vec::<RaSample>::deserialize(&r["samples"]).context("results.json: readahead_check.samples")?,
         None => Vec::new(),
     };
-    Ok((plan, setup, samples, ra))
+    let pairs = match v.get("paired_run") {
+        Some(r) => Vec::<PairSample>::deserialize(&r["samples"]).context("results.json: paired_run.samples")?,
+        None => Vec::new(),
+    };
+    Ok((plan, setup, samples, ra, pairs))
 }
 
 pub fn median(v: &mut [f64]) -> f64 {
@@ -104,6 +112,34 @@ struct Check {
     ok: bool,
 }
 
+/// The issue's run-time bound on the paired figures: surge-cow's median ratio
+/// to local-raw over the rounds, per pattern.
+fn paired_checks(plan: &Plan, pairs: &[PairSample]) -> Vec<Check> {
+    let m = paired::median_ratios(pairs, &plan.paired_configs);
+    let mut out: Vec<Check> = Pattern::ALL
+        .iter()
+        .filter_map(|p| {
+            let r = *m.get(&(*p, Config::SurgeCow.name().to_string()))?;
+            let spread = paired::ratios(pairs, *p, Config::LocalRaw.name(), Config::SurgeCow.name());
+            let (lo, hi) = spread.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+            Some(Check {
+                what: format!("surge-cow vs local-raw, paired {} ({} rounds)", p.name(), spread.len()),
+                value: format!("{:+.1} % [{:+.1}, {:+.1}]", (r - 1.0) * 100.0, (lo - 1.0) * 100.0, (hi - 1.0) * 100.0),
+                target: ">= -10 % (aim -5 %)".into(),
+                ok: r >= 0.9,
+            })
+        })
+        .collect();
+    // The 2x over qemu-qcow2 on random writes, when it ran in the rounds (full run).
+    let q = paired::ratios(pairs, Pattern::Randwrite, Config::QemuQcow2.name(), Config::SurgeCow.name());
+    if !q.is_empty() {
+        let (lo, hi) = q.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        let r = median(&mut q.clone());
+        out.push(Check { what: format!("surge-cow vs qemu-qcow2, paired randwrite ({} rounds)", q.len()), value: format!("{r:.2}x [{lo:.2}, {hi:.2}]"), target: ">= 2x".into(), ok: r >= 2.0 });
+    }
+    out
+}
+
 fn checks(med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> Vec<Check> {
     let mut out = Vec::new();
     if !["local-raw", "surge-cow", "qemu-qcow2"].iter().all(|c| med.contains_key(c)) {
@@ -136,7 +172,7 @@ fn checks(med: &BTreeMap<&str, BTreeMap<&str, f64>>) -> Vec<Check> {
     out
 }
 
-pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, ra: &[RaSample]) -> anyhow::Result<()> {
+pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, ra: &[RaSample], pairs: &[PairSample]) -> anyhow::Result<()> {
     let pricing = Pricing::list();
     let costs: BTreeMap<Config, Vec<Cost>> = samples.iter().map(|(c, v)| (*c, v.iter().map(|x| cost::of(&pricing, x)).collect())).collect();
     let mut configs = serde_json::Map::new();
@@ -167,7 +203,8 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
         o.insert("samples".into(), serde_json::to_value(s)?);
         configs.insert(cfg.name().into(), serde_json::Value::Object(o));
     }
-    let checks = checks(&med);
+    let mut checks = checks(&med);
+    checks.extend(paired_checks(plan, pairs));
     let mut setup_json = serde_json::to_value(setup)?;
     setup_json["application"] = json!("fio, pgbench (PostgreSQL) and sort as their users run them, on ext4 in the guest's view of the volume: nbdfuse + loop (direct I/O) over NBD to each server (surge serve, qemu-nbd, nbdkit) on a unix socket; the base image is served over NBD across a veth pair shaped with tbf");
     let mut deviations = vec![json!({"setting": "none for surge's exports (cow: with its defaults; cor,stream is the surge-cow-cor configuration under test)", "reason": "-"})];
@@ -186,10 +223,14 @@ pub fn write(out: &Path, plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, 
     if !ra.is_empty() {
         results["readahead_check"] = readahead::to_json(ra);
     }
+    if !pairs.is_empty() {
+        results["paired"] = paired::to_json(pairs, &plan.paired_configs);
+        results["paired_run"] = json!({ "configs": plan.paired_configs, "rounds": plan.paired_rounds, "secs": plan.paired_secs, "pg_secs": plan.paired_pg_secs, "samples": pairs });
+    }
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     plot_provision(&out.join("provision.svg"), &med)?;
     plot_runtime(&out.join("runtime.svg"), &med)?;
-    let text = report(plan, setup, samples, &costs, &checks, &pricing, ra);
+    let text = report(plan, setup, samples, &costs, &checks, &pricing, ra, pairs);
     std::fs::write(out.join("report.md"), &text)?;
     println!("{text}");
     println!("results: {}; plots: provision.svg, runtime.svg", out.join("results.json").display());
@@ -217,7 +258,8 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, costs: &BTreeMap<Config, Vec<Cost>>, checks: &[Check], pricing: &Pricing, ra: &[RaSample]) -> String {
+#[allow(clippy::too_many_arguments)]
+fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, costs: &BTreeMap<Config, Vec<Cost>>, checks: &[Check], pricing: &Pricing, ra: &[RaSample], pairs: &[PairSample]) -> String {
     let mut s = String::new();
     let runs = if plan.reps == 1 {
         format!("{}: one run per configuration", if plan.quick { "--quick" } else { "full scale" })
@@ -263,6 +305,7 @@ fn report(plan: &Plan, setup: &Setup, samples: &BTreeMap<Config, Vec<Sample>>, c
     for c in checks {
         let _ = writeln!(s, "| {} | {} | {} | {} |", c.what, c.value, c.target, if c.ok { "met" } else { "**NOT MET**" });
     }
+    paired::section(&mut s, plan, pairs, &plan.paired_configs);
     cpu_section(&mut s, samples);
     cost_section(&mut s, costs, pricing);
     readahead::section(&mut s, ra);
@@ -491,28 +534,61 @@ mod tests {
         samples.insert(Config::LocalRaw, vec![Sample { copy_s: 19.0, link_bytes: 6 << 30, ..sample(20.0, 1000.0, 10.0) }, sample(22.0, 900.0, 11.0)]);
         samples.insert(Config::SurgeCow, vec![sample(1.5, 950.0, 10.9)]);
         let ra = vec![RaSample { workload: readahead::Workload::Scan, setting: "default".into(), round: 0, bytes: 64 << 20, seconds: 1.25, link_bytes: 70_000_000 }];
-        write(dir.path(), &plan, &setup, &samples, &ra).unwrap();
+        let pairs: Vec<PairSample> = (0..2)
+            .flat_map(|r| {
+                [("local-raw", 1000.0), ("surge-cow", 700.0 + 200.0 * r as f64)]
+                    .map(|(c, rate)| PairSample { pattern: Pattern::Randwrite, config: c.into(), round: r, rate, ops: rate, cpu_s: 0.01 })
+            })
+            .collect();
+        write(dir.path(), &plan, &setup, &samples, &ra, &pairs).unwrap();
         let first = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(first.contains("## Cost") && first.contains("m5.large"), "{first}");
         assert!(first.contains("not run (a subset, `SURGE_STREAMING_CONFIGS`): surge-cow-cor, surge-persistent, qemu-qcow2, nbdkit-cow."), "{first}");
         assert!(first.contains("| local-raw | 20.0 [20.0, 20.0] | 47.5 [45.0, 50.0] |"), "{first}");
         assert!(first.contains("4K randwrite 1.00x"), "{first}");
         assert!(first.contains("| scan | 64 | ") && first.contains("1.25 s [1.25, 1.25], 70 MB"), "{first}");
-        let (plan2, setup2, samples2, ra2) = read(dir.path()).unwrap();
+        assert!(first.contains("| surge-cow vs local-raw, paired randwrite (2 rounds) | -20.0 % [-30.0, -10.0] | >= -10 % (aim -5 %) | **NOT MET** |"), "{first}");
+        let (plan2, setup2, samples2, ra2, pairs2) = read(dir.path()).unwrap();
         assert_eq!(ra2.len(), 1);
+        assert_eq!(pairs2.len(), 4);
         assert_eq!(plan2.image_bytes, plan.image_bytes);
         assert_eq!(setup2.image_s, 20.0);
         assert_eq!(samples2[&Config::LocalRaw].len(), 2);
         assert_eq!(samples2[&Config::LocalRaw][0].link_bytes, 6 << 30);
         std::fs::remove_file(dir.path().join("report.md")).unwrap();
-        write(dir.path(), &plan2, &setup2, &samples2, &ra2).unwrap();
+        write(dir.path(), &plan2, &setup2, &samples2, &ra2, &pairs2).unwrap();
         assert_eq!(std::fs::read_to_string(dir.path().join("report.md")).unwrap(), first);
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("results.json")).unwrap()).unwrap();
+        assert!((v["paired"]["randwrite"]["surge-cow"]["median_ratio"].as_f64().unwrap() - 0.8).abs() < 1e-12);
+        assert_eq!(v["paired_run"]["rounds"], plan.paired_rounds);
         let job = |c: &str| v["configs"][c]["cost"]["job_usd"].as_f64().unwrap();
         assert!((job("surge-cow") - (1.5 + 10.9) * 0.096 / 3600.0).abs() < 1e-12, "boot and sort on an m5.large");
         assert!(job("surge-cow") < job("local-raw") / 2.0, "a 1.5 s boot against 20-22 s");
         std::fs::write(dir.path().join("results.json"), r#"{"experiment": "elastic"}"#).unwrap();
         assert!(read(dir.path()).unwrap_err().to_string().contains("not from the streaming experiment"));
+    }
+
+    #[test]
+    fn paired_checks_compare_rounds_with_local_raw_and_random_writes_with_qcow2() {
+        let mut plan = Plan::new(false);
+        let mut pairs = Vec::new();
+        for r in 0..3 {
+            for (c, rw, rr) in [("local-raw", 1000.0, 1000.0), ("surge-cow", 950.0, 850.0 - 100.0 * r as f64), ("qemu-qcow2", 410.0 + 100.0 * r as f64, 900.0)] {
+                pairs.push(PairSample { pattern: Pattern::Randwrite, config: c.into(), round: r, rate: rw, ops: rw, cpu_s: 0.01 });
+                pairs.push(PairSample { pattern: Pattern::Randread, config: c.into(), round: r, rate: rr, ops: rr, cpu_s: 0.01 });
+            }
+        }
+        let c = paired_checks(&plan, &pairs);
+        let find = |w: &str| c.iter().find(|c| c.what.contains(w)).unwrap_or_else(|| panic!("no check {w}"));
+        assert!(find("paired randwrite").ok, "0.95 of local-raw in every round");
+        assert!(!find("paired randread").ok, "0.75 of local-raw in the middle round");
+        assert_eq!(find("paired randread").value, "-25.0 % [-35.0, -15.0]");
+        // Per round 950/410, 950/510, 950/610: median 1.86x.
+        let q = find("qemu-qcow2, paired randwrite (3 rounds)");
+        assert!(!q.ok && q.value == "1.86x [1.56, 2.32]", "{}", q.value);
+        plan.paired_configs.retain(|c| c != "qemu-qcow2");
+        pairs.retain(|p| p.config != "qemu-qcow2");
+        assert!(paired_checks(&plan, &pairs).iter().all(|c| !c.what.contains("qcow2")));
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub struct FioResult {
     pub server_cpu_us: [f64; 4],
 }
 
-fn fio_json(args: &[String]) -> anyhow::Result<serde_json::Value> {
+pub(super) fn fio_json(args: &[String]) -> anyhow::Result<serde_json::Value> {
     let out = sh(Command::new("fio").args(["--output-format=json", "--ioengine=libaio", "--direct=1", "--numjobs=1", "--group_reporting"]).args(args))?;
     let text = String::from_utf8_lossy(&out.stdout);
     // fio may print notes before the JSON.
@@ -47,7 +47,7 @@ fn fio_json(args: &[String]) -> anyhow::Result<serde_json::Value> {
     Ok(serde_json::from_str(&text[start..])?)
 }
 
-fn job(v: &serde_json::Value, dir: &str, key: &str) -> f64 {
+pub(super) fn job(v: &serde_json::Value, dir: &str, key: &str) -> f64 {
     v["jobs"][0][dir][key].as_f64().unwrap_or(0.0)
 }
 
@@ -113,43 +113,56 @@ fn as_postgres(program: &Path) -> Command {
 }
 
 /// A PostgreSQL cluster on the volume (default settings; initdb without its
-/// own fsync, which only speeds up setup), pgbench's TPC-B-like load with
-/// `plan.pg_clients` clients for `plan.pg_secs`; returns transactions/s.
-pub fn pgbench(mnt: &Path, plan: &Plan) -> anyhow::Result<f64> {
-    let bin = pg_bin()?;
-    let dir = mnt.join("pg");
-    std::fs::create_dir_all(&dir)?;
-    sh(Command::new("chown").arg("postgres:postgres").arg(&dir))?;
-    let data = dir.join("data");
-    sh(as_postgres(&bin.join("initdb")).args(["-N", "-A", "trust", "-U", "postgres", "-D"]).arg(&data))?;
-    let opts = format!("-c listen_addresses='' -k {}", dir.display());
-    sh(as_postgres(&bin.join("pg_ctl")).args(["-w", "-t", "60", "-l"]).arg(dir.join("server.log")).args(["-D"]).arg(&data).args(["-o", &opts, "start"]))?;
-    let stop = || {
-        let _ = as_postgres(&bin.join("pg_ctl")).args(["-w", "-m", "fast", "-D"]).arg(&data).arg("stop").output();
-    };
-    let result = (|| -> anyhow::Result<f64> {
-        let host = dir.to_string_lossy().to_string();
-        sh(as_postgres(&bin.join("pgbench")).args(["-h", &host, "-U", "postgres", "-i", "-q", "-s", &plan.pg_scale.to_string(), "postgres"]))?;
-        let out = sh(as_postgres(&bin.join("pgbench")).args([
-            "-h",
-            &host,
-            "-U",
-            "postgres",
-            "-c",
-            &plan.pg_clients.to_string(),
-            "-j",
-            "2",
-            "-T",
-            &plan.pg_secs.to_string(),
-            "postgres",
-        ]))?;
+/// own fsync, which only speeds up setup), running, with pgbench's tables
+/// at `plan.pg_scale`; stopped when dropped.
+pub struct Pg {
+    bin: PathBuf,
+    dir: PathBuf,
+    data: PathBuf,
+    clients: u32,
+}
+
+impl Pg {
+    /// In `mnt/name`.
+    pub fn start(mnt: &Path, name: &str, plan: &Plan) -> anyhow::Result<Pg> {
+        let bin = pg_bin()?;
+        let dir = mnt.join(name);
+        std::fs::create_dir_all(&dir)?;
+        sh(Command::new("chown").arg("postgres:postgres").arg(&dir))?;
+        let data = dir.join("data");
+        sh(as_postgres(&bin.join("initdb")).args(["-N", "-A", "trust", "-U", "postgres", "-D"]).arg(&data))?;
+        let opts = format!("-c listen_addresses='' -k {}", dir.display());
+        sh(as_postgres(&bin.join("pg_ctl")).args(["-w", "-t", "60", "-l"]).arg(dir.join("server.log")).args(["-D"]).arg(&data).args(["-o", &opts, "start"]))?;
+        let pg = Pg { bin, dir, data, clients: plan.pg_clients };
+        sh(as_postgres(&pg.bin.join("pgbench")).args(["-h", &pg.host(), "-U", "postgres", "-i", "-q", "-s", &plan.pg_scale.to_string(), "postgres"]))?;
+        Ok(pg)
+    }
+
+    fn host(&self) -> String {
+        self.dir.to_string_lossy().to_string()
+    }
+
+    /// pgbench's TPC-B-like load for `secs`: (transactions/s, transactions).
+    pub fn bench(&self, secs: u64) -> anyhow::Result<(f64, f64)> {
+        let out = sh(as_postgres(&self.bin.join("pgbench")).args(["-h", &self.host(), "-U", "postgres", "-c", &self.clients.to_string(), "-j", "2", "-T", &secs.to_string(), "postgres"]))?;
         let text = String::from_utf8_lossy(&out.stdout);
-        text.lines()
-            .find_map(|l| l.strip_prefix("tps = ").and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()))
-            .with_context(|| format!("no tps in pgbench output: {text}"))
-    })();
-    stop();
-    result
+        let num = |prefix: &str| text.lines().find_map(|l| l.trim().strip_prefix(prefix).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse::<f64>().ok()));
+        let tps = num("tps = ").with_context(|| format!("no tps in pgbench output: {text}"))?;
+        let txns = num("number of transactions actually processed: ").with_context(|| format!("no transaction count in pgbench output: {text}"))?;
+        Ok((tps, txns))
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        let _ = as_postgres(&self.bin.join("pg_ctl")).args(["-w", "-m", "fast", "-D"]).arg(&self.data).arg("stop").output();
+    }
+}
+
+/// pgbench with `plan.pg_clients` clients for `plan.pg_secs` on a new
+/// cluster on the volume; returns transactions/s.
+pub fn pgbench(mnt: &Path, plan: &Plan) -> anyhow::Result<f64> {
+    Ok(Pg::start(mnt, "pg", plan)?.bench(plan.pg_secs)?.0)
 }
 
 /// Generate the data set (100-byte records with 10-byte random keys, like
