@@ -187,6 +187,12 @@ pub struct Scheduler {
     mean_latency: Option<Duration>,
     /// Holds that ran out their bound and served a tenant that was ahead.
     holds_expired: u64,
+    /// Holds begun, and the time free slots were kept in all (ended holds).
+    holds_started: u64,
+    hold_time: Duration,
+    /// Live peers' views of every tenant's global service tag (bytes per
+    /// unit of weight; by tenant id, None where a peer did not say).
+    peer_views: Vec<Vec<Option<u64>>>,
 }
 
 fn nanos(d: Duration) -> u128 {
@@ -214,6 +220,9 @@ impl Scheduler {
             hold_bound: Duration::ZERO,
             mean_latency: None,
             holds_expired: 0,
+            holds_started: 0,
+            hold_time: Duration::ZERO,
+            peer_views: Vec::new(),
         }
     }
 
@@ -399,14 +408,14 @@ impl Scheduler {
             self.heads().filter(|(_, h)| h.l.is_none_or(|l| l <= n)).map(|(t, h)| (h.start, t)).collect();
         ready.sort_unstable();
         let Some(&(_, first)) = ready.first() else {
-            self.hold_since = None;
+            self.end_hold(now);
             return None;
         };
         let Some(g) = self.cfg.global.clone() else { return Some(first) };
         let mut held: Vec<TenantId> = Vec::new();
         for &(_, t) in &ready {
             if !self.owes(t, now, &g) {
-                self.hold_since = None;
+                self.end_hold(now);
                 for h in held {
                     self.tenants[h].counters.held += 1;
                 }
@@ -415,6 +424,7 @@ impl Scheduler {
             held.push(t);
         }
         if self.hold_since.is_none() {
+            self.holds_started += 1;
             for &t in &held {
                 self.tenants[t].counters.held += 1;
             }
@@ -422,11 +432,18 @@ impl Scheduler {
         let since = *self.hold_since.get_or_insert(now);
         self.hold_bound = self.hold_bound(&held, now, &g);
         if now >= since + self.hold_bound {
-            self.hold_since = None;
+            self.end_hold(now);
             self.holds_expired += 1;
             return Some(first);
         }
         None
+    }
+
+    /// A kept slot is given up (or used): count how long it was kept.
+    fn end_hold(&mut self, now: Duration) {
+        if let Some(since) = self.hold_since.take() {
+            self.hold_time += now.saturating_sub(since);
+        }
     }
 
     /// Whether `t` is more than the lag ahead of a tenant owed service that is
@@ -446,9 +463,38 @@ impl Scheduler {
                 && o.cfg.limit.is_none()
                 && o.remote_busy > 0
                 && o.last_arrival.is_some_and(|a| now.saturating_sub(a) <= recent)
-                && me.global > o.global.saturating_add(lag);
+                && me.global > o.global.saturating_add(lag)
+                && self.most_views_agree(t, u, lag / WSCALE);
             owed.then_some(u)
         })
+    }
+
+    /// Whether most views (this server's and its live peers' latest
+    /// reports) have `t` more than `lag` (bytes per weight) ahead of `u`.
+    ///
+    /// Each server's global tags are the same reported totals plus its own
+    /// catch-up raises (`catch_up`, taken when a tenant returns from idle, at
+    /// a moment that differs from server to server), so views drift apart
+    /// and never converge by themselves. Two servers whose views disagree
+    /// hold each other's tenants: one keeps its slot for a while the other
+    /// keeps its slot for b, every striped client waits at one of them, and
+    /// only expiring holds move (issue 40: 22.9 MB/s of 128). A lead most
+    /// views share is the one the total has; a lone view is drift.
+    fn most_views_agree(&self, t: TenantId, u: TenantId, lag: u128) -> bool {
+        let (mut ahead, mut views) = (1usize, 1usize);
+        for v in &self.peer_views {
+            if let (Some(Some(gt)), Some(Some(gu))) = (v.get(t), v.get(u)) {
+                views += 1;
+                ahead += (*gt as u128 > (*gu as u128).saturating_add(lag)) as usize;
+            }
+        }
+        ahead * 2 > views
+    }
+
+    /// The live peers' views of the tenants' global service tags (see
+    /// [`TenantReport::global`](super::global::TenantReport)), one per peer, by tenant id.
+    pub fn set_peer_views(&mut self, views: Vec<Vec<Option<u64>>>) {
+        self.peer_views = views;
     }
 
     /// How long a slot is kept for the tenants the `held` ones owe: the longest
@@ -556,6 +602,11 @@ impl Scheduler {
     /// Holds that ran out their anticipation bound.
     pub fn holds_expired(&self) -> u64 {
         self.holds_expired
+    }
+
+    /// Holds begun, and how long slots were kept free in all (holds that ended).
+    pub fn holds(&self) -> (u64, Duration) {
+        (self.holds_started, self.hold_time)
     }
 
     fn heads(&self) -> impl Iterator<Item = (TenantId, Head)> + '_ {
