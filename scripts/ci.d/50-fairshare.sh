@@ -131,8 +131,10 @@ go = g["overhead_pct"]
 # bounding FLUSH is now sent in the background (surge-nbd remote/mod.rs).
 # Until fair2 (issue 40) proxied runs beside the README's test lanes fell to
 # 20-58 MB/s: proxies whose views of the tenants' service had drifted apart
-# held each other's tenants (a deadlock only expiring holds moved); a hold now
-# needs most views to agree (fairq/sched.rs most_views_agree).
+# held each other's tenants (a deadlock only expiring holds moved); the
+# proxies now report their drift and move theirs to the median (fair3:
+# fairq/sched.rs converge; fair2's majority vote cost 8:1 and 16:1 their
+# accuracy in the README test command).
 print(f"    overhead of the proxies vs direct {go:.2f} % (need < 3 %) {'ok' if go < 3 else 'FAIL'}")
 if not go < 3:
     bad.append(f"global overhead {go:.2f} %")

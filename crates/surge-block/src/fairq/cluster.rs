@@ -285,6 +285,7 @@ impl Cluster {
             let sv = &mut self.servers[s];
             let on = sv.sched.config().global.is_some();
             sv.ledger.refresh(&mut sv.sched, &self.names, now, on);
+            sv.ledger.converge(&mut sv.sched, &self.names, now, on);
             if sv.silent_from.is_some_and(|t| now >= t) {
                 continue;
             }

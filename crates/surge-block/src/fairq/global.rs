@@ -164,11 +164,11 @@ pub struct TenantReport {
     pub reserved: u64,
     /// The tenant had requests queued or in flight there since the previous report.
     pub active: bool,
-    /// The sender's global service tag for the tenant (total service per
-    /// unit of weight, bytes): only differences between tenants of one
-    /// report mean anything. Receivers hold a tenant back for another only
-    /// if most views agree it is ahead (see `Scheduler::set_peer_views`).
-    /// None from senders before issue 40.
+    /// The sender's global service tag for the tenant (its total service
+    /// per unit of weight, bytes, as the sender counts it): only differences
+    /// between tenants of one report mean anything. Receivers move their own
+    /// toward the median of the views (see `Scheduler::converge`). None from
+    /// senders before issue 40.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global: Option<u64>,
 }
@@ -354,21 +354,26 @@ impl Ledger {
     }
 
     /// Tell `sched` which of its tenants live peers report busy (none if
-    /// `on` is false), and the live peers' views of their global service.
+    /// `on` is false).
     pub fn refresh(&self, sched: &mut Scheduler, names: &[String], now: Duration, on: bool) {
         for (t, name) in names.iter().enumerate() {
             sched.set_remote_busy(t, if on { self.busy_peers(name, now) } else { 0 });
         }
-        let views = if on {
-            self.peers
+    }
+
+    /// Move `sched`'s global tags toward the live peers' views (see
+    /// `Scheduler::converge`): once per report period, just before this
+    /// server's own report.
+    pub fn converge(&self, sched: &mut Scheduler, names: &[String], now: Duration, on: bool) {
+        if on {
+            let views: Vec<Vec<Option<u64>>> = self
+                .peers
                 .values()
                 .filter(|p| self.is_fresh(p, now))
                 .map(|p| names.iter().map(|n| p.tenants.get(n).and_then(|s| s.global)).collect())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        sched.set_peer_views(views);
+                .collect();
+            sched.converge(&views);
+        }
     }
 
     pub fn peers(&self, now: Duration) -> Vec<PeerStatus> {

@@ -221,6 +221,8 @@ impl FairQueue {
     pub fn refresh_peers(&self) {
         let _ = self.update(|s, now| {
             refresh_activity(s, now);
+            let (names, on) = (s.names(), s.sched.config().global.is_some());
+            s.ledger.converge(&mut s.sched, &names, now, on);
             Ok(())
         });
     }
