@@ -155,6 +155,10 @@ struct State {
     peers: Mutex<Vec<(ListenAddr, PeerOut)>>,
     received: AtomicU64,
     rejected: AtomicU64,
+    /// Report rounds sent more than a period late (the sender ran late), and
+    /// the longest time between two rounds, in microseconds.
+    late_rounds: AtomicU64,
+    max_round_gap_us: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -177,6 +181,8 @@ impl Coop {
             peers: Mutex::new(peers),
             received: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            late_rounds: AtomicU64::new(0),
+            max_round_gap_us: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
@@ -326,14 +332,20 @@ fn send_loop(state: Arc<State>, queues: Queues) {
     let period = state.cfg.period;
     let mut seq = 0;
     let mut next = Instant::now();
+    let mut last: Option<Instant> = None;
     while !state.stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now < next {
             std::thread::sleep((next - now).min(Duration::from_millis(50)));
             continue;
         }
+        if let Some(l) = last {
+            state.max_round_gap_us.fetch_max((now - l).as_micros() as u64, Ordering::Relaxed);
+        }
+        last = Some(now);
         next += period;
         if next < now {
+            state.late_rounds.fetch_add(1, Ordering::Relaxed);
             next = now + period; // fell behind (machine busy): do not burst
         }
         seq += 1;
@@ -418,6 +430,8 @@ impl Controllable for CoopControl {
             "signed": s.cfg.key.is_some(),
             "received": s.received.load(Ordering::Relaxed),
             "rejected": s.rejected.load(Ordering::Relaxed),
+            "late_rounds": s.late_rounds.load(Ordering::Relaxed),
+            "max_round_gap_us": s.max_round_gap_us.load(Ordering::Relaxed),
             "peers": peers,
         })
     }
@@ -433,7 +447,7 @@ mod tests {
             from: "p1".into(),
             incarnation: 7,
             seq: 3,
-            pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost: 10, reserved: 2, active: true }])].into(),
+            pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost: 10, reserved: 2, active: true, global: None }])].into(),
         };
         let line = serde_json::to_vec(&m).unwrap();
         assert_eq!(serde_json::from_slice::<Message>(&line).unwrap(), m);
@@ -454,12 +468,12 @@ mod tests {
             peer_timeout: Duration::from_secs(5),
             key: key.map(|k| CoopKey::new(k).unwrap()),
         };
-        let state = Arc::new(State { cfg, incarnation: 1, peers: Mutex::new(vec![]), received: AtomicU64::new(0), rejected: AtomicU64::new(0), stop: AtomicBool::new(false) });
+        let state = Arc::new(State { cfg, incarnation: 1, peers: Mutex::new(vec![]), received: AtomicU64::new(0), rejected: AtomicU64::new(0), late_rounds: AtomicU64::new(0), max_round_gap_us: AtomicU64::new(0), stop: AtomicBool::new(false) });
         (state, ctx.fair_queues.clone(), ctx)
     }
 
     fn line(key: Option<&CoopKey>, from: &str, seq: u64, cost: u64) -> Vec<u8> {
-        let m = Message { from: from.into(), incarnation: 9, seq, pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost, reserved: 0, active: true }])].into() };
+        let m = Message { from: from.into(), incarnation: 9, seq, pools: [("pfs".to_string(), vec![TenantReport { name: "a".into(), cost, reserved: 0, active: true, global: None }])].into() };
         let json = serde_json::to_vec(&m).unwrap();
         let mut l = match key {
             Some(k) => [k.sign(&json).as_bytes(), b" ", &json].concat(),

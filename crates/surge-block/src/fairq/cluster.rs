@@ -85,6 +85,9 @@ pub struct Cluster {
     /// state of the generator that draws it (xorshift64).
     jitter: Duration,
     rng: u64,
+    /// Largest extra delay of a report on its way to a peer (its sender or
+    /// receiver thread scheduled late).
+    report_jitter: Duration,
 }
 
 impl Cluster {
@@ -128,6 +131,7 @@ impl Cluster {
             done: vec![Vec::new(); names.len()],
             jitter: Duration::ZERO,
             rng: 1,
+            report_jitter: Duration::ZERO,
         };
         for i in 0..c.clients.len() {
             for _ in 0..c.clients[i].outstanding {
@@ -152,18 +156,32 @@ impl Cluster {
         self.rng = seed.max(1);
     }
 
+    /// Every report from now on reaches each peer up to `max` late (drawn
+    /// from the same generator as chunk delays).
+    pub fn jitter_reports(&mut self, max: Duration) {
+        self.report_jitter = max;
+    }
+
     fn delay(&mut self) -> Duration {
-        if self.jitter.is_zero() {
+        self.draw(self.jitter)
+    }
+
+    fn draw(&mut self, max: Duration) -> Duration {
+        if max.is_zero() {
             return Duration::ZERO;
         }
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
-        Duration::from_nanos(self.rng % self.jitter.as_nanos() as u64)
+        Duration::from_nanos(self.rng % max.as_nanos() as u64)
     }
 
     pub fn sched(&self, s: usize) -> &Scheduler {
         &self.servers[s].sched
+    }
+
+    pub fn sched_mut(&mut self, s: usize) -> &mut Scheduler {
+        &mut self.servers[s].sched
     }
 
     /// Bytes each tenant completed (client level) in (from, to].
@@ -267,6 +285,7 @@ impl Cluster {
             let sv = &mut self.servers[s];
             let on = sv.sched.config().global.is_some();
             sv.ledger.refresh(&mut sv.sched, &self.names, now, on);
+            sv.ledger.converge(&mut sv.sched, &self.names, now, on);
             if sv.silent_from.is_some_and(|t| now >= t) {
                 continue;
             }
@@ -276,7 +295,8 @@ impl Cluster {
                 let key = self.next_key;
                 self.next_key += 1;
                 self.in_transit.insert(key, r.clone());
-                self.push(now + delay, Kind::Deliver(to, key));
+                let late = self.draw(self.report_jitter);
+                self.push(now + delay + late, Kind::Deliver(to, key));
             }
         }
         for s in 0..self.servers.len() {

@@ -164,6 +164,13 @@ pub struct TenantReport {
     pub reserved: u64,
     /// The tenant had requests queued or in flight there since the previous report.
     pub active: bool,
+    /// The sender's global service tag for the tenant (its total service
+    /// per unit of weight, bytes, as the sender counts it): only differences
+    /// between tenants of one report mean anything. Receivers move their own
+    /// toward the median of the views (see `Scheduler::converge`). None from
+    /// senders before issue 40.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<u64>,
 }
 
 /// What one proxy tells its peers about one pool.
@@ -191,6 +198,7 @@ struct Seen {
     cost: u64,
     reserved: u64,
     active: bool,
+    global: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -209,6 +217,8 @@ pub struct Ledger {
     peers: BTreeMap<String, PeerView>,
     /// Reports ignored because `max_peers` others were live.
     refused: u64,
+    /// Reports taken as a new baseline only.
+    rebased: u64,
 }
 
 /// A peer as `surge status` shows it.
@@ -223,7 +233,7 @@ pub struct PeerStatus {
 
 impl Ledger {
     pub fn new(peer_timeout: Duration) -> Self {
-        Ledger { timeout: peer_timeout, max_peers: MAX_PEERS, peers: BTreeMap::new(), refused: 0 }
+        Ledger { timeout: peer_timeout, max_peers: MAX_PEERS, peers: BTreeMap::new(), refused: 0, rebased: 0 }
     }
 
     pub fn set_timeout(&mut self, peer_timeout: Duration) {
@@ -237,6 +247,11 @@ impl Ledger {
     /// Reports ignored so far because the ledger was full of live peers.
     pub fn refused(&self) -> u64 {
         self.refused
+    }
+
+    /// Reports taken only as a new baseline so far (see [`Ledger::apply`]).
+    pub fn rebased(&self) -> u64 {
+        self.rebased
     }
 
     /// Forgets peers silent for [`FORGET_AFTER_TIMEOUTS`] timeouts.
@@ -287,8 +302,9 @@ impl Ledger {
             Some(_) => false,
         };
         let seen: HashMap<String, Seen> =
-            r.tenants.iter().map(|t| (t.name.clone(), Seen { cost: t.cost, reserved: t.reserved, active: t.active })).collect();
+            r.tenants.iter().map(|t| (t.name.clone(), Seen { cost: t.cost, reserved: t.reserved, active: t.active, global: t.global })).collect();
         let mut credits = Vec::new();
+        self.rebased += rebase as u64;
         if !rebase {
             let before = &self.peers[&r.from].tenants;
             for t in &r.tenants {
@@ -337,10 +353,26 @@ impl Ledger {
         self.refresh(sched, names, now, credit);
     }
 
-    /// Tell `sched` which of its tenants live peers report busy (none if `on` is false).
+    /// Tell `sched` which of its tenants live peers report busy (none if
+    /// `on` is false).
     pub fn refresh(&self, sched: &mut Scheduler, names: &[String], now: Duration, on: bool) {
         for (t, name) in names.iter().enumerate() {
             sched.set_remote_busy(t, if on { self.busy_peers(name, now) } else { 0 });
+        }
+    }
+
+    /// Move `sched`'s global tags toward the live peers' views (see
+    /// `Scheduler::converge`): once per report period, just before this
+    /// server's own report.
+    pub fn converge(&self, sched: &mut Scheduler, names: &[String], now: Duration, on: bool) {
+        if on {
+            let views: Vec<Vec<Option<u64>>> = self
+                .peers
+                .values()
+                .filter(|p| self.is_fresh(p, now))
+                .map(|p| names.iter().map(|n| p.tenants.get(n).and_then(|s| s.global)).collect())
+                .collect();
+            sched.converge(&views);
         }
     }
 
@@ -364,7 +396,8 @@ pub fn local_report(sched: &mut Scheduler, names: &[String]) -> Vec<TenantReport
         .enumerate()
         .map(|(t, name)| {
             let (cost, reserved, active) = sched.report(t);
-            TenantReport { name: name.clone(), cost, reserved, active }
+            let global = Some(sched.global_service(t) as u64);
+            TenantReport { name: name.clone(), cost, reserved, active, global }
         })
         .collect()
 }
@@ -388,7 +421,7 @@ mod tests {
             seq,
             tenants: tenants
                 .iter()
-                .map(|&(name, cost, reserved, active)| TenantReport { name: name.into(), cost, reserved, active })
+                .map(|&(name, cost, reserved, active)| TenantReport { name: name.into(), cost, reserved, active, global: None })
                 .collect(),
         }
     }

@@ -421,3 +421,89 @@ fn small_requests_get_their_targets_only_with_cooperation() {
         assert!((coop.0 - target as f64).abs() <= 0.03 * target as f64, "cooperative {:.3}:1 for {target}:1", coop.0);
     }
 }
+
+/// Issue 40: the proxies' views of the tenants' total service drift apart
+/// (each raises a tenant returning from idle to the lowest busy tenant's tag
+/// on its own, at its own moment: `catch_up`), and the quick experiment's
+/// overhead runs at equal weights collapsed to 22.9 and 85.8 MB/s of 128
+/// (probe under disk and CPU load): one proxy held b for a while the seven
+/// others held a for b, every client waiting at a proxy that waited for the
+/// other application. Here server 5 has raised b by 8 MiB and the others a
+/// (as catch-up raises do), 8 + 8 clients with one 1 MiB request each as in
+/// the experiment. Without anything to bring the views together: 17.0 MB/s
+/// with 42.6 s of slots kept. Proxies report their tags and move their own
+/// toward the median of the views (`Scheduler::converge`), so server 5's
+/// view rejoins the others' within a few report periods and no two proxies
+/// hold each other's tenants.
+#[test]
+fn proxies_whose_views_disagree_do_not_hold_each_other_up() {
+    let clients = (0..16).map(|i| striper(i / 8, 0..8, 4, 1, (i * 3) % 8)).collect::<Vec<_>>();
+    let mut c = experiment_cluster([1, 1], true, clients);
+    for s in 0..8 {
+        let ahead = if s == 5 { 1 } else { 0 };
+        c.sched_mut(s).raise(ahead, 8 * MIB);
+    }
+    let (warm, end) = (secs(1), secs(6));
+    c.run(end);
+    let b = c.bytes_between(warm, end);
+    let mbps = (b[0] + b[1]) as f64 / 5.0 / 1e6;
+    let kept: Duration = (0..8).map(|s| c.sched(s).holds().1).sum();
+    eprintln!("diverged views: {mbps:.1} MB/s ({} + {} MiB), slots kept {kept:?} in all, {} holds expired", b[0] / MIB, b[1] / MIB, holds_expired(&c));
+    // 8 servers at 16 MB/s, less the 1 ms per request: 15.1 MB/s each.
+    assert!(mbps >= 0.9 * 8.0 * 15.1, "{mbps:.1} MB/s");
+}
+
+/// Issue 40: cooperation's accuracy when reports arrive late (each report
+/// reaches each peer up to 0, 20 or 40 ms late, on top of the period): the
+/// views a proxy converges toward are that old, and converging must not
+/// pull the fresh leads it sees back to them (a full step past a dead band
+/// did: 8:1 came out 4.2:1 here). The 1 MiB cases (the CI step's gates) to
+/// within 3 %; the 64 KiB case is printed, not asserted, as the CI step
+/// prints it (converged: 15.16:1 with reports up to 40 ms late; fair2's
+/// majority rule: 14.88:1).
+#[test]
+fn cooperative_ratios_hold_when_reports_arrive_late() {
+    let (warm, end) = (secs(1), secs(20));
+    for late in [0u64, 20, 40] {
+        for (target, small) in [(8u32, false), (16, false), (16, true)] {
+            let mut c = if small { small_requests([target, 1], true) } else { experiment([target, 1], true, None) };
+            c.jitter_reports(ms(late));
+            c.run(end);
+            let b = c.bytes_between(warm, end);
+            let ratio = b[0] as f64 / b[1] as f64;
+            let size = if small { "64 KiB" } else { "1 MiB" };
+            eprintln!("{size} {target}:1, reports up to {late} ms late: {ratio:.3}:1, {} holds expired, {} MiB total", holds_expired(&c), (b[0] + b[1]) / MIB);
+            if !small {
+                assert!((ratio - target as f64).abs() <= 0.03 * target as f64, "{size} {target}:1, reports up to {late} ms late: {ratio:.3}:1");
+            }
+        }
+    }
+}
+
+/// Issue 40: weights changed live reach the proxies one after another (the
+/// experiment sets them proxy by proxy), and each proxy counts the service
+/// in between by the weight it has then: the proxies' views of who is ahead
+/// part by that service, which no catch-up raise explains. Here 16:1 runs
+/// for 2 s, then the servers change to 1:1 50 ms apart, and 8 + 8 clients
+/// go on at equal weights: the views must come back together, else the
+/// proxies hold each other's tenants.
+#[test]
+fn proxies_converge_after_weights_change_at_different_moments() {
+    let clients = (0..16).map(|i| striper(i / 8, 0..8, 4, 1, (i * 3) % 8)).collect::<Vec<_>>();
+    let mut c = experiment_cluster([16, 1], true, clients);
+    let mut t = secs(2);
+    c.run(t);
+    for s in 0..8 {
+        c.sched_mut(s).set_tenant(0, weight(1), t);
+        t += ms(50);
+        c.run(t);
+    }
+    let (from, end) = (t + secs(1), t + secs(6));
+    c.run(end);
+    let b = c.bytes_between(from, end);
+    let mbps = (b[0] + b[1]) as f64 / 5.0 / 1e6;
+    eprintln!("after weights changed 50 ms apart: {mbps:.1} MB/s ({} + {} MiB), {} holds expired", b[0] / MIB, b[1] / MIB, holds_expired(&c));
+    assert!(mbps >= 0.9 * 8.0 * 15.1, "{mbps:.1} MB/s");
+    let ratio = b[0] as f64 / b[1] as f64;
+    assert!((ratio - 1.0).abs() <= 0.05, "{ratio:.3}:1 at equal weights");
+}

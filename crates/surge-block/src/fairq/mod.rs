@@ -112,6 +112,12 @@ pub struct QueueStats {
     pub peers: Vec<PeerStatus>,
     /// Holds for owed tenants that ran out their anticipation bound.
     pub holds_expired: u64,
+    /// Holds begun, and the time free slots were kept for owed tenants in all.
+    pub holds_started: u64,
+    pub hold_time_us: u64,
+    /// Peer reports that only set a new baseline (first, restarted, or after
+    /// the peer was stale: what it served meanwhile is not credited).
+    pub rebased: u64,
 }
 
 impl FairQueue {
@@ -215,6 +221,8 @@ impl FairQueue {
     pub fn refresh_peers(&self) {
         let _ = self.update(|s, now| {
             refresh_activity(s, now);
+            let (names, on) = (s.names(), s.sched.config().global.is_some());
+            s.ledger.converge(&mut s.sched, &names, now, on);
             Ok(())
         });
     }
@@ -270,6 +278,9 @@ impl FairQueue {
             tenants,
             peers: ledger.peers(now),
             holds_expired: sched.holds_expired(),
+            holds_started: sched.holds().0,
+            hold_time_us: sched.holds().1.as_micros() as u64,
+            rebased: ledger.rebased(),
         }
     }
 

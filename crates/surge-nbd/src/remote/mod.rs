@@ -137,6 +137,12 @@ pub struct RemoteStats {
     pub replay_bytes: u64,
     /// Why the server is considered gone, while it is.
     pub gone: Option<String>,
+    /// FLUSHes sent in the background to bound the replay log.
+    pub bounding_flushes: u64,
+    /// Times a writer flushed and waited (the log past twice its limit), and
+    /// how long those waits took in all, in microseconds.
+    pub waited_flushes: u64,
+    pub waited_flush_us: u64,
 }
 
 struct Slot {
@@ -151,6 +157,9 @@ struct Counters {
     retries: AtomicU64,
     reconnects: AtomicU64,
     replayed: AtomicU64,
+    bounding_flushes: AtomicU64,
+    waited_flushes: AtomicU64,
+    waited_flush_us: AtomicU64,
 }
 
 pub struct RemoteDev {
@@ -257,6 +266,9 @@ impl RemoteDev {
             replayed: c.replayed.load(Relaxed),
             replay_bytes: self.replay.lock().bytes(),
             gone: self.gone.lock().clone(),
+            bounding_flushes: c.bounding_flushes.load(Relaxed),
+            waited_flushes: c.waited_flushes.load(Relaxed),
+            waited_flush_us: c.waited_flush_us.load(Relaxed),
         }
     }
 
@@ -486,7 +498,13 @@ impl RemoteDev {
         self.reap_bounding_flush();
         let bytes = self.replay.lock().bytes();
         if bytes > self.opts.replay_limit.saturating_mul(2) {
-            return self.flush();
+            let t = Instant::now();
+            let r = self.flush();
+            let waited = t.elapsed();
+            self.counters.waited_flushes.fetch_add(1, Relaxed);
+            self.counters.waited_flush_us.fetch_add(waited.as_micros() as u64, Relaxed);
+            tracing::warn!(uri = %self.text, "a writer waited {} ms for the server's FLUSH: {} MiB acknowledged and not yet flushed (the server syncs slower than it is written)", waited.as_millis(), bytes >> 20);
+            return r;
         }
         if bytes > self.opts.replay_limit {
             self.start_bounding_flush();
@@ -525,6 +543,7 @@ impl RemoteDev {
         let Some(conn) = self.healthy() else { return };
         let mark = self.replay.lock().mark();
         if let Ok(reply) = conn.send(CMD_FLUSH, 0, 0, 0, &[]) {
+            self.counters.bounding_flushes.fetch_add(1, Relaxed);
             *b = Some(BoundingFlush { mark, sent: Instant::now(), reply });
         }
     }

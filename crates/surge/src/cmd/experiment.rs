@@ -17,6 +17,10 @@ pub struct Args {
     /// Data servers of the parallel store (fairshare; the paper had 8).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..=32))]
     pub servers: u64,
+    /// Client processes per application across the servers (fairshare; default
+    /// the paper's 32, with --quick 8).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub clients: Option<u64>,
     /// Write report.md and the plots again from the results.json already in
     /// --out, measuring nothing (streaming).
     #[arg(long)]
@@ -32,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::experiment::progress::start(&args.name);
     let r = match args.name.as_str() {
         "elastic" => crate::experiment::elastic::run(&args.out, args.quick),
-        "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick, args.servers as usize),
+        "fairshare" => crate::experiment::fairshare::run(&args.out, args.quick, args.servers as usize, args.clients.map(|c| c as usize)),
         "streaming" => crate::experiment::streaming::run(&args.out, args.quick),
         "burstable" => crate::experiment::burstable::run(&args.out, args.quick),
         "burstbuffer" => crate::experiment::burstbuffer::run(&args.out, args.quick),

@@ -537,18 +537,40 @@ fn print_dry_run(plan: &Plan) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn build_context(plan: &Plan) -> anyhow::Result<BuildContext> {
+/// The pools, and their own controls (a `remote:` pool's connection counters).
+fn build_context(plan: &Plan) -> anyhow::Result<(BuildContext, Vec<Arc<dyn Controllable>>)> {
     let mut ctx = BuildContext::new(plan.data_dir.clone(), Arc::new(SystemClock::new()));
     ctx.local = plan.local;
     if plan.provider != crate::cloud::ProviderKind::Local {
         let aws = plan.config.as_ref().and_then(|(_, f)| f.aws.as_ref());
         ctx.cloud = Some(crate::cloud::open(plan.provider, aws, &plan.data_dir)?);
     }
+    let mut controls = Vec::new();
     for p in &plan.pools {
         let built = stack::build(p, &ctx).with_context(|| format!("pool {}", p.name))?;
         ctx.pools.insert(p.name.clone(), built.dev);
+        controls.extend(built.controls.into_iter().map(|c| Arc::new(PoolControl(c)) as Arc<dyn Controllable>));
     }
-    Ok(ctx)
+    Ok((ctx, controls))
+}
+
+/// A pool's control as `surge status` lists it: `pool/NAME...`, apart from the
+/// exports' names.
+struct PoolControl(Arc<dyn Controllable>);
+
+impl Controllable for PoolControl {
+    fn name(&self) -> String {
+        format!("pool/{}", self.0.name())
+    }
+    fn kind(&self) -> String {
+        self.0.kind()
+    }
+    fn status(&self) -> serde_json::Value {
+        self.0.status()
+    }
+    fn set(&self, key: &str, value: &str) -> Result<(), String> {
+        self.0.set(key, value)
+    }
 }
 
 fn prepare(
@@ -649,7 +671,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&plan.data_dir).with_context(|| format!("creating data dir {}", plan.data_dir.display()))?;
 
-    let ctx = build_context(&plan)?;
+    let (ctx, pool_controls) = build_context(&plan)?;
     share::set_coop(&ctx, plan.coop.as_ref().map(|c| CoopTiming { period: c.period, peer_timeout: c.peer_timeout, max_peers: c.peers.len() }));
     let cell: ServerCell = Arc::new(RwLock::new(None));
     let registry = Registry::new();
@@ -666,6 +688,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let mut exports = Vec::new();
     let recordings: Vec<_> = prepared.iter().map(|p| p.recording.clone()).collect();
+    for c in pool_controls {
+        registry.register(c)?;
+    }
     for p in prepared {
         registry.register(p.control.clone())?;
         for c in p.extra {

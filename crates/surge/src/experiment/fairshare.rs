@@ -38,7 +38,10 @@ struct Plan {
     ratio_s: f64,
     depth_s: f64,
     overhead_s: f64,
-    /// Runs of each setup per overhead case, alternated.
+    /// Rounds of the single-server part: each round runs every case once,
+    /// the order rotated from round to round; medians and (min..max) over them.
+    reps: usize,
+    /// Runs of each setup per overhead case within a round, alternated.
     overhead_reps: usize,
     asymmetric_s: f64,
     timeline_s: f64,
@@ -54,7 +57,8 @@ struct Plan {
 impl Plan {
     fn new(quick: bool) -> Self {
         let device = DeviceSpec { bw: 128_000_000, latency_us: 1000, size: rig::REGION_TOTAL };
-        let adaptive = AdaptiveConfig { latency_target_us: 25_000, ..AdaptiveConfig::default() };
+        // The daemon's `adaptive=on` (20 ms mean-latency target).
+        let adaptive = AdaptiveConfig::default();
         let common = Plan {
             quick,
             device,
@@ -65,7 +69,8 @@ impl Plan {
             ratio_s: 10.0,
             depth_s: 10.0,
             overhead_s: 10.0,
-            overhead_reps: 2,
+            reps: 3,
+            overhead_reps: 1,
             asymmetric_s: 10.0,
             timeline_s: 60.0,
             bin_s: 5.0,
@@ -80,11 +85,17 @@ impl Plan {
         }
         Plan {
             warmup_s: 0.5,
-            ratio_s: 5.0,
-            depth_s: 4.0,
-            overhead_s: 5.0,
+            ratio_s: 4.0,
+            // Not gated; shorter than until issue 40 to pay for starting a
+            // server and 64 client processes per run within the CI step's time.
+            depth_s: 3.0,
+            overhead_s: 4.0,
+            // One round, but the gated overhead alternates three runs of each
+            // setup: their median passes over one run slowed by the machine.
+            reps: 1,
+            overhead_reps: 3,
             asymmetric_s: 5.0,
-            timeline_s: 15.0,
+            timeline_s: 10.0,
             overhead_streams: vec![32],
             asymmetric: vec![[48, 3]],
             // Not gated: the end of the range, where the paper fell short.
@@ -167,11 +178,21 @@ fn usd_per_tb(volume_usd_s: f64, weights: [u32; 2], mbps: [f64; 2]) -> [f64; 2] 
     [0, 1].map(|t| volume_usd_s * weights[t] as f64 / total / (mbps[t] * MB) * 1e12)
 }
 
+/// The runs of one figure and their range.
+#[derive(Debug, Serialize)]
+struct Spread {
+    runs: Vec<f64>,
+    min: f64,
+    max: f64,
+}
+
 #[derive(Debug, Serialize)]
 struct RatioRow {
     target: u32,
     request_bytes: u64,
+    /// Median over the runs.
     achieved: f64,
+    spread: Spread,
     mbps: [f64; 2],
     both_backlogged: Option<f64>,
     /// Each tenant's share of the volume's bill (by weight) per TB it got.
@@ -184,6 +205,7 @@ struct DepthRow {
     depth: String,
     final_depth: Option<usize>,
     achieved: f64,
+    spread: Spread,
     mbps: [f64; 2],
     total_mbps: f64,
 }
@@ -194,7 +216,10 @@ struct OverheadRow {
     native_mbps: f64,
     sfq_mbps: f64,
     overhead_pct: f64,
-    /// CPU seconds of the whole process (clients, NBD server, scheduler) per GB moved.
+    /// Total MB/s of every run of each setup.
+    native_runs: Vec<f64>,
+    sfq_runs: Vec<f64>,
+    /// CPU seconds of the `surge serve` process (NBD server, scheduler) per GB moved.
     native_cpu_s_per_gb: f64,
     sfq_cpu_s_per_gb: f64,
 }
@@ -204,6 +229,7 @@ struct AsymRow {
     streams: [usize; 2],
     sfq_mbps: [f64; 2],
     sfq_jain: f64,
+    sfq_jain_spread: Spread,
     native_mbps: [f64; 2],
     native_jain: f64,
     /// Each tenant pays half of the volume: $ per TB it got.
@@ -215,8 +241,10 @@ struct AsymRow {
 struct Timeline {
     bin_s: f64,
     target: u32,
+    /// Per bin, the median over `runs` runs.
     mbps: [Vec<f64>; 2],
     bin_ratio: Vec<f64>,
+    runs: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -244,17 +272,22 @@ struct Results {
 }
 
 /// `setup.application` and `setup.deviations` of results.json.
-fn setup(plan: &Plan) -> serde_json::Value {
-    let d = AdaptiveConfig::default();
+fn setup(plan: &Plan, global: &global::GlobalPlan) -> serde_json::Value {
+    let example = rig::RunSpec { weights: [4, 1], streams: [plan.streams; 2], request_bytes: MIB, depth: Some(plan.depth), adaptive: false, duration: Duration::ZERO };
     serde_json::json!({
         "application": {
-            "single_server": format!("Figs. 2-7: {} closed-loop client threads per tenant inside the experiment process, each with its own NBD connection (unix socket) and one request in flight, against an in-process NBD server exporting the two tenants' share handles of one fair queue over an emulated reserved-bandwidth volume (not yet `surge serve` and client processes)", plan.streams),
-            "across_servers": "surge stripe-bench processes (one per client, connecting from their application's addresses) over TCP to surge serve proxies (share: pools, cooperating over --coop-peer) in front of surge serve storage servers",
+            "single_server": format!(
+                "Figs. 2-7: {} `surge stripe-bench` client processes per tenant (one NBD connection each over the server's unix socket, one request in flight, sequential writes, as IOR clients) against one `surge serve` process per run, built from the daemon's spec syntax: `surge serve {}` (no scheduler: one export `disk=` of the same volume, used by both tenants' clients); {} round(s) of every case, the order rotated from round to round",
+                plan.streams,
+                example.serve_args(&plan.device).join(" "),
+                plan.reps
+            ),
+            "across_servers": format!("{} surge stripe-bench processes per application (one per client, connecting from their application's addresses) over TCP to surge serve proxies (share: pools, cooperating over --coop-peer) in front of surge serve storage servers", global.clients),
         },
-        "deviations": [
-            {"setting": format!("adaptive depth: latency target {} ms (default {} ms)", plan.adaptive.latency_target_us / 1000, d.latency_target_us / 1000), "reason": "set when the experiment was written (96b36ca) with no recorded reason; not yet measured against the default (issue 40, item 11)"},
-            {"setting": "server threads per connection = streams + 2 (default 8), single-server part", "reason": "one worker per stream, so the NBD server never queues requests ahead of the scheduler"},
-        ],
+        // Until issue 40 the single-server part ran an in-process server with
+        // streams + 2 threads per connection and a 25 ms adaptive target.
+        "deviations": [],
+        "defaults": "every server runs on `surge serve`'s defaults: 8 workers (threads) per connection, D = 2 unless the depth sweep sets it, `adaptive=on` at its default 20 ms mean-latency target, the cooperation timing (`--coop-period` 20 ms); what a case varies (weights, D, global=on|off) is set through the spec or `surge qos set`, as a user would",
     })
 }
 
@@ -262,154 +295,262 @@ fn load_avg() -> String {
     std::fs::read_to_string("/proc/loadavg").map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
-struct Runner<'a> {
-    plan: &'a Plan,
+/// One case of the single-server part: a `surge serve` with this setup and
+/// its client processes, run `reps` times.
+#[derive(Debug, Clone)]
+struct Case {
+    weights: [u32; 2],
+    streams: [usize; 2],
+    request_bytes: u64,
+    depth: Option<usize>,
+    adaptive: bool,
+    secs: f64,
 }
 
-impl Runner<'_> {
-    fn run(&self, weights: [u32; 2], streams: [usize; 2], bytes: u64, depth: Option<usize>, secs: f64) -> anyhow::Result<RunOutcome> {
-        self.run_with(weights, streams, bytes, depth, None, secs)
+/// Every case of the single-server part, run `reps` rounds; each round runs
+/// every case once, the order rotated from round to round, so that a burst of
+/// load on the (shared) machine does not fall on one case's runs only.
+#[derive(Default)]
+struct Batch {
+    cases: Vec<Case>,
+}
+
+impl Batch {
+    fn add(&mut self, weights: [u32; 2], streams: [usize; 2], request_bytes: u64, depth: Option<usize>, secs: f64) -> usize {
+        self.add_case(Case { weights, streams, request_bytes, depth, adaptive: false, secs })
     }
 
-    fn run_with(
-        &self,
-        weights: [u32; 2],
-        streams: [usize; 2],
-        request_bytes: u64,
-        depth: Option<usize>,
-        adaptive: Option<AdaptiveConfig>,
-        secs: f64,
-    ) -> anyhow::Result<RunOutcome> {
-        let spec = RunSpec { weights, streams, request_bytes, depth, adaptive, duration: Duration::from_secs_f64(secs) };
-        tracing::info!(?weights, ?streams, request_bytes, ?depth, secs, "fairshare run");
-        rig::run(&self.plan.device, &spec)
+    fn add_case(&mut self, c: Case) -> usize {
+        self.cases.push(c);
+        self.cases.len() - 1
     }
 
-    fn ratios(&self) -> anyhow::Result<Vec<RatioRow>> {
-        let p = self.plan;
-        let mut rows = Vec::new();
-        for (bytes, targets) in [(MIB, &[2u32, 4, 8, 16][..]), (64 * KIB, &p.small_targets[..])] {
-            for &target in targets {
-                let o = self.run([target, 1], [p.streams; 2], bytes, Some(p.depth), p.ratio_s)?;
-                let w = p.window(p.ratio_s);
-                let mbps = throughput(&o.completions, w);
-                let row = RatioRow {
-                    target,
-                    request_bytes: bytes,
-                    achieved: achieved_ratio(&o.completions, w),
-                    mbps,
-                    both_backlogged: o.both_backlogged,
-                    usd_per_tb: usd_per_tb(volume_usd_s(&p.device), [target, 1], mbps),
+    /// The order of round `round`: the cases rotated by `round / reps` of their number.
+    fn order(n: usize, reps: usize, round: usize) -> Vec<usize> {
+        let shift = if reps == 0 { 0 } else { n * round / reps };
+        (0..n).map(|i| (i + shift) % n.max(1)).collect()
+    }
+
+    /// Outcomes per case, one per round.
+    fn run(&self, plan: &Plan) -> anyhow::Result<Vec<Vec<RunOutcome>>> {
+        let mut out: Vec<Vec<RunOutcome>> = self.cases.iter().map(|_| Vec::new()).collect();
+        for round in 0..plan.reps {
+            for i in Self::order(self.cases.len(), plan.reps, round) {
+                let c = &self.cases[i];
+                let spec = RunSpec {
+                    weights: c.weights,
+                    streams: c.streams,
+                    request_bytes: c.request_bytes,
+                    depth: c.depth,
+                    adaptive: c.adaptive,
+                    duration: Duration::from_secs_f64(c.secs),
                 };
-                crate::experiment::progress::step(format!("fairshare: ratio {target}:1 @ {} KiB -> {:.2}", bytes / KIB, row.achieved), true);
-                rows.push(row);
+                tracing::info!(?c, round, "fairshare run");
+                let o = rig::run(&plan.device, &spec)?;
+                let w = plan.window(c.secs);
+                let thr = throughput(&o.completions, w);
+                crate::experiment::progress::step(
+                    format!(
+                        "fairshare: {}:{} weights, {}+{} clients, {} KiB, {} (run {}/{}): {:.2}:1, {:.1} + {:.1} MB/s",
+                        c.weights[0],
+                        c.weights[1],
+                        c.streams[0],
+                        c.streams[1],
+                        c.request_bytes / KIB,
+                        match (c.depth, c.adaptive) {
+                            (None, _) => "no scheduler".to_string(),
+                            (Some(d), false) => format!("D={d}"),
+                            (Some(d), true) => format!("adaptive from D={d}"),
+                        },
+                        round + 1,
+                        plan.reps,
+                        achieved_ratio(&o.completions, w),
+                        thr[0],
+                        thr[1]
+                    ),
+                    true,
+                );
+                out[i].push(o);
             }
         }
-        Ok(rows)
+        Ok(out)
     }
+}
 
-    fn depth(&self) -> anyhow::Result<Vec<DepthRow>> {
-        let p = self.plan;
-        let w = p.window(p.depth_s);
-        let mut cases: Vec<(String, usize, Option<AdaptiveConfig>)> =
-            p.depths.iter().map(|&d| (d.to_string(), d, None)).collect();
-        cases.push(("adaptive".into(), p.depth, Some(p.adaptive.clone())));
-        let mut rows = Vec::new();
-        for (label, d, adaptive) in cases {
-            let o = self.run_with([4, 1], [p.streams; 2], MIB, Some(d), adaptive, p.depth_s)?;
-            let mbps = throughput(&o.completions, w);
-            let row = DepthRow {
-                depth: label,
-                final_depth: o.final_depth,
-                achieved: achieved_ratio(&o.completions, w),
+/// Median and (min, max) of the runs.
+fn med(v: &[f64]) -> f64 {
+    global::median(v)
+}
+
+fn med2(v: &[[f64; 2]]) -> [f64; 2] {
+    [0, 1].map(|t| med(&v.iter().map(|x| x[t]).collect::<Vec<_>>()))
+}
+
+/// The cases of each section, by their index in the batch.
+struct Cases {
+    ratios: Vec<(u32, u64, usize)>,
+    depth: Vec<(String, usize)>,
+    /// Per client count: the runs of no scheduler and of SFQ(D).
+    overhead: Vec<(usize, Vec<usize>, Vec<usize>)>,
+    asymmetric: Vec<([usize; 2], usize, usize)>,
+    timeline: usize,
+}
+
+fn cases(p: &Plan, b: &mut Batch) -> Cases {
+    let mut overhead = Vec::new();
+    for &n in &p.overhead_streams {
+        let split = [n / 2, n - n / 2];
+        let (mut native, mut sfq) = (Vec::new(), Vec::new());
+        for _ in 0..p.overhead_reps {
+            native.push(b.add([1, 1], split, MIB, None, p.overhead_s));
+            sfq.push(b.add([1, 1], split, MIB, Some(p.depth), p.overhead_s));
+        }
+        overhead.push((n, native, sfq));
+    }
+    let mut depth: Vec<(String, usize)> = p.depths.iter().map(|&d| (d.to_string(), b.add([4, 1], [p.streams; 2], MIB, Some(d), p.depth_s))).collect();
+    let adaptive = Case { weights: [4, 1], streams: [p.streams; 2], request_bytes: MIB, depth: Some(p.depth), adaptive: true, secs: p.depth_s };
+    depth.push(("adaptive".into(), b.add_case(adaptive)));
+    let mut ratios = Vec::new();
+    for (bytes, targets) in [(MIB, &[2u32, 4, 8, 16][..]), (64 * KIB, &p.small_targets[..])] {
+        for &target in targets {
+            ratios.push((target, bytes, b.add([target, 1], [p.streams; 2], bytes, Some(p.depth), p.ratio_s)));
+        }
+    }
+    let asymmetric = p
+        .asymmetric
+        .iter()
+        .map(|&streams| (streams, b.add([1, 1], streams, MIB, Some(p.depth), p.asymmetric_s), b.add([1, 1], streams, MIB, None, p.asymmetric_s)))
+        .collect();
+    let timeline = b.add([2, 1], [p.streams; 2], MIB, Some(p.depth), p.timeline_s);
+    Cases { ratios, depth, overhead, asymmetric, timeline }
+}
+
+struct Sections {
+    ratios: Vec<RatioRow>,
+    depth: Vec<DepthRow>,
+    overhead: Vec<OverheadRow>,
+    asymmetric: Vec<AsymRow>,
+    timeline: Timeline,
+}
+
+fn spread_of(v: &[f64]) -> Spread {
+    let (min, max) = global::spread(v);
+    Spread { runs: v.to_vec(), min, max }
+}
+
+fn sections(p: &Plan, c: &Cases, o: &[Vec<RunOutcome>]) -> Sections {
+    let usd_s = volume_usd_s(&p.device);
+    let ratios = c
+        .ratios
+        .iter()
+        .map(|&(target, bytes, i)| {
+            let w = p.window(p.ratio_s);
+            let achieved: Vec<f64> = o[i].iter().map(|r| achieved_ratio(&r.completions, w)).collect();
+            let mbps = med2(&o[i].iter().map(|r| throughput(&r.completions, w)).collect::<Vec<_>>());
+            let backlogged: Vec<f64> = o[i].iter().filter_map(|r| r.both_backlogged).collect();
+            RatioRow {
+                target,
+                request_bytes: bytes,
+                achieved: med(&achieved),
+                spread: spread_of(&achieved),
+                mbps,
+                both_backlogged: (!backlogged.is_empty()).then(|| med(&backlogged)),
+                usd_per_tb: usd_per_tb(usd_s, [target, 1], mbps),
+            }
+        })
+        .collect();
+    let depth = c
+        .depth
+        .iter()
+        .map(|(label, i)| {
+            let w = p.window(p.depth_s);
+            let achieved: Vec<f64> = o[*i].iter().map(|r| achieved_ratio(&r.completions, w)).collect();
+            let mbps = med2(&o[*i].iter().map(|r| throughput(&r.completions, w)).collect::<Vec<_>>());
+            let finals: Vec<f64> = o[*i].iter().filter_map(|r| r.final_depth).map(|d| d as f64).collect();
+            DepthRow {
+                depth: label.clone(),
+                final_depth: (!finals.is_empty()).then(|| med(&finals).round() as usize),
+                achieved: med(&achieved),
+                spread: spread_of(&achieved),
                 mbps,
                 total_mbps: mbps[0] + mbps[1],
-            };
-            crate::experiment::progress::step(format!("fairshare: depth {} -> {:.2} at {:.1} MB/s", row.depth, row.achieved, row.total_mbps), true);
-            rows.push(row);
-        }
-        Ok(rows)
-    }
-
-    fn overhead(&self) -> anyhow::Result<Vec<OverheadRow>> {
-        let p = self.plan;
-        let w = p.window(p.overhead_s);
-        let mut rows = Vec::new();
-        for &n in &p.overhead_streams {
-            let split = [n / 2, n - n / 2];
-            let total = |o: &RunOutcome| throughput(&o.completions, w).iter().sum::<f64>();
-            let cpu_per_gb = |o: &RunOutcome| {
-                let gb = o.completions.iter().flatten().map(|c| c.1).sum::<u64>() as f64 / 1e9;
-                o.cpu_s / gb
-            };
-            // Alternate the two setups so that a burst of load on the (shared)
-            // machine does not fall on one of them only.
-            let (mut nt, mut st, mut ncpu, mut scpu) = (0.0, 0.0, 0.0, 0.0);
-            for _ in 0..p.overhead_reps {
-                let native = self.run([1, 1], split, MIB, None, p.overhead_s)?;
-                let sfq = self.run([1, 1], split, MIB, Some(p.depth), p.overhead_s)?;
-                nt += total(&native) / p.overhead_reps as f64;
-                st += total(&sfq) / p.overhead_reps as f64;
-                ncpu += cpu_per_gb(&native) / p.overhead_reps as f64;
-                scpu += cpu_per_gb(&sfq) / p.overhead_reps as f64;
             }
-            let row = OverheadRow {
-                streams: n,
-                native_mbps: nt,
-                sfq_mbps: st,
-                overhead_pct: (nt - st) / nt * 100.0,
-                native_cpu_s_per_gb: ncpu,
-                sfq_cpu_s_per_gb: scpu,
+        })
+        .collect();
+    let overhead = c
+        .overhead
+        .iter()
+        .map(|(n, native, sfq)| {
+            let w = p.window(p.overhead_s);
+            let runs = |ix: &[usize]| -> Vec<&RunOutcome> { ix.iter().flat_map(|&i| o[i].iter()).collect() };
+            let total = |v: &[&RunOutcome]| v.iter().map(|r| throughput(&r.completions, w).iter().sum::<f64>()).collect::<Vec<f64>>();
+            let cpu = |v: &[&RunOutcome]| {
+                v.iter().map(|r| r.cpu_s / (r.completions.iter().flatten().map(|c| c.1).sum::<u64>() as f64 / 1e9)).collect::<Vec<f64>>()
             };
-            crate::experiment::progress::step(format!("fairshare: overhead with {n} clients: {:.2} %", row.overhead_pct), true);
-            rows.push(row);
-        }
-        Ok(rows)
-    }
-
-    fn asymmetric(&self) -> anyhow::Result<Vec<AsymRow>> {
-        let p = self.plan;
-        let w = p.window(p.asymmetric_s);
-        let mut rows = Vec::new();
-        for &streams in &p.asymmetric {
-            let sfq = throughput(&self.run([1, 1], streams, MIB, Some(p.depth), p.asymmetric_s)?.completions, w);
-            let native = throughput(&self.run([1, 1], streams, MIB, None, p.asymmetric_s)?.completions, w);
-            let usd_s = volume_usd_s(&p.device);
-            let row = AsymRow {
+            let (nr, sr) = (runs(native), runs(sfq));
+            let (nt, st) = (total(&nr), total(&sr));
+            let (nm, sm) = (med(&nt), med(&st));
+            OverheadRow {
+                streams: *n,
+                native_mbps: nm,
+                sfq_mbps: sm,
+                overhead_pct: (nm - sm) / nm * 100.0,
+                native_runs: nt,
+                sfq_runs: st,
+                native_cpu_s_per_gb: med(&cpu(&nr)),
+                sfq_cpu_s_per_gb: med(&cpu(&sr)),
+            }
+        })
+        .collect();
+    let asymmetric = c
+        .asymmetric
+        .iter()
+        .map(|&(streams, si, ni)| {
+            let w = p.window(p.asymmetric_s);
+            let thr = |i: usize| o[i].iter().map(|r| throughput(&r.completions, w)).collect::<Vec<_>>();
+            let (s_thr, n_thr) = (thr(si), thr(ni));
+            let sj: Vec<f64> = s_thr.iter().map(|t| jain(*t, [1, 1])).collect();
+            let nj: Vec<f64> = n_thr.iter().map(|t| jain(*t, [1, 1])).collect();
+            let (sfq, native) = (med2(&s_thr), med2(&n_thr));
+            AsymRow {
                 streams,
                 sfq_mbps: sfq,
-                sfq_jain: jain(sfq, [1, 1]),
+                sfq_jain: med(&sj),
+                sfq_jain_spread: spread_of(&sj),
                 native_mbps: native,
-                native_jain: jain(native, [1, 1]),
+                native_jain: med(&nj),
                 sfq_usd_per_tb: usd_per_tb(usd_s, [1, 1], sfq),
                 native_usd_per_tb: usd_per_tb(usd_s, [1, 1], native),
-            };
-            crate::experiment::progress::step(format!("fairshare: asymmetric {streams:?}: Jain {:.4} (no scheduler {:.4})", row.sfq_jain, row.native_jain), true);
-            rows.push(row);
-        }
-        Ok(rows)
-    }
-
-    fn timeline(&self) -> anyhow::Result<Timeline> {
-        let p = self.plan;
-        let o = self.run([2, 1], [p.streams; 2], MIB, Some(p.depth), p.timeline_s)?;
-        let mbps = [0, 1].map(|t| bins(&o.completions[t], p.bin_s, p.timeline_s));
-        let bin_ratio = mbps[0].iter().zip(&mbps[1]).map(|(a, b)| if *b > 0.0 { a / b } else { f64::INFINITY }).collect();
-        Ok(Timeline { bin_s: p.bin_s, target: 2, mbps, bin_ratio })
-    }
+            }
+        })
+        .collect();
+    // Per bin, the median over the runs.
+    let per_run: Vec<[Vec<f64>; 2]> = o[c.timeline].iter().map(|r| [0, 1].map(|t| bins(&r.completions[t], p.bin_s, p.timeline_s))).collect();
+    let nbins = (p.timeline_s / p.bin_s).floor() as usize;
+    let mbps = [0, 1].map(|t| (0..nbins).map(|k| med(&per_run.iter().map(|r| r[t][k]).collect::<Vec<_>>())).collect::<Vec<f64>>());
+    let bin_ratio = mbps[0].iter().zip(&mbps[1]).map(|(a, b)| if *b > 0.0 { a / b } else { f64::INFINITY }).collect();
+    let timeline = Timeline { bin_s: p.bin_s, target: 2, mbps, bin_ratio, runs: per_run.len() };
+    Sections { ratios, depth, overhead, asymmetric, timeline }
 }
 
-pub fn run(out: &Path, quick: bool, servers: usize) -> anyhow::Result<()> {
+/// `clients`: client processes per application across servers (`--clients`;
+/// None: the paper's 32, with `quick` 8, see `global::GlobalPlan::QUICK_CLIENTS`).
+pub fn run(out: &Path, quick: bool, servers: usize, clients: Option<usize>) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
+    if let Some(reps) = std::env::var("SURGE_FAIRSHARE_PROBE").ok().and_then(|v| v.parse().ok()) {
+        return global::probe(&global::GlobalPlan::new(quick, servers, clients), reps, out);
+    }
     let load0 = load_avg();
     let plan = Plan::new(quick);
-    let r = Runner { plan: &plan };
-    let overhead = r.overhead()?;
-    let depth = r.depth()?;
-    let ratios = r.ratios()?;
-    let asymmetric = r.asymmetric()?;
-    let timeline = r.timeline()?;
-    let global = global::run(&global::GlobalPlan::new(quick, servers))?;
+    let mut batch = Batch::default();
+    let c = cases(&plan, &mut batch);
+    let outcomes = batch.run(&plan)?;
+    let Sections { ratios, depth, overhead, asymmetric, timeline } = sections(&plan, &c, &outcomes);
+    for x in &ratios {
+        crate::experiment::progress::step(format!("fairshare: ratio {}:1 @ {} KiB -> {:.2} ({:.2}..{:.2})", x.target, x.request_bytes / KIB, x.achieved, x.spread.min, x.spread.max), true);
+    }
+    let global_plan = global::GlobalPlan::new(quick, servers, clients);
+    let global = global::run(&global_plan)?;
     let native: f64 = overhead.iter().map(|o| o.native_mbps).sum();
     let sfq: f64 = overhead.iter().map(|o| o.sfq_mbps).sum();
     let results = Results {
@@ -426,7 +567,7 @@ pub fn run(out: &Path, quick: bool, servers: usize) -> anyhow::Result<()> {
         global,
         elapsed_s: started.elapsed().as_secs_f64(),
         load_avg: [load0, load_avg()],
-        setup: setup(&plan),
+        setup: setup(&plan, &global_plan),
     };
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     plots(out, &results)?;
@@ -486,27 +627,36 @@ fn report(r: &Results) -> String {
     w(&mut s, "| | paper | here |\n|---|---|---|".into());
     w(&mut s, "| shared storage | PVFS2, 8 data servers on 7.2K SAS disks, Gigabit Ethernet, Xen VMs | one emulated reserved-bandwidth volume (`model::VolumeModel::Reserved`) over a memory device, requests served FIFO by the model's token bucket |".into());
     w(&mut s, format!("| bandwidth | not stated (testbed-bound) | {:.0} MB/s reserved, {} µs base latency per request, {} MiB written cyclically |", p.device.bw as f64 / MB, p.device.latency_us, p.device.size / MIB));
-    w(&mut s, "| scheduler | SFQ(D) in a user-level proxy per server | `surge_block::fairq` (SFQ(D) + mClock tags) behind surge's NBD server, one export per tenant |".into());
-    w(&mut s, format!("| clients | IOR over MPI-IO, 32 clients per application, 1 outstanding request each, sequential writes | {} NBD client threads per tenant (own connection, 1 outstanding request each), sequential writes; server workers = clients + 2 |", p.streams));
+    w(&mut s, "| scheduler | SFQ(D) in a user-level proxy per server | a `surge serve` process per run: a `share:` pool (`surge_block::fairq`, SFQ(D) + mClock tags) over the volume, one export per tenant, on the daemon's defaults |".into());
+    w(&mut s, format!("| clients | IOR over MPI-IO, 32 clients per application, 1 outstanding request each, sequential writes | {} `surge stripe-bench` processes per tenant (own NBD connection over the unix socket, 1 outstanding request each), sequential writes |", p.streams));
     w(&mut s, format!("| depth | D = 2 (after the sweep) | D = {} (after the sweep) |", p.depth));
     w(&mut s, "| requests | 1 MiB (striped into 4 x 256 KiB chunks on the servers), 64 KiB | 1 MiB and 64 KiB, unsplit |".into());
     w(&mut s, format!(
         "| run length | not stated | {} s per ratio case, {} s per depth case, {} x {} s per overhead case and setup (alternated), {} s per asymmetric case, {} s timeline; the first {} s and last {} s of each run are not measured |",
         p.ratio_s, p.depth_s, p.overhead_reps, p.overhead_s, p.asymmetric_s, p.timeline_s, p.warmup_s, p.cooldown_s
     ));
+    w(&mut s, format!(
+        "| runs | one per figure | {} round(s): each round runs every case once, in an order rotated from round to round; figures are medians, (min..max) over the runs |",
+        p.reps
+    ));
     w(&mut s, "\nAchieved ratios count completed bytes at the clients between the first and the last completion of the tenant with fewer completions inside the measured window, so a window edge never cuts one of its requests. Both tenants are backlogged throughout: every client keeps one request outstanding, and the fair queue was sampled every 50 ms (column *backlogged*: share of samples in which both tenants had requests waiting).\n".into());
     if p.quick {
-        w(&mut s, "Quick mode: same device, clients and D; shorter runs (durations above), fewer overhead/asymmetric cases, and 64 KiB requests at 16:1 only.\n".into());
+        w(&mut s, "Quick mode: same device, clients and D; shorter runs (durations above), one round, fewer overhead/asymmetric cases, and 64 KiB requests at 16:1 only.\n".into());
     }
     w(&mut s, format!("Application: {}\n", r.setup["application"]["single_server"].as_str().unwrap_or("")));
-    w(&mut s, "Settings that differ from the daemon's defaults:\n".into());
-    for d in r.setup["deviations"].as_array().into_iter().flatten() {
+    let deviations = r.setup["deviations"].as_array().cloned().unwrap_or_default();
+    if deviations.is_empty() {
+        w(&mut s, format!("Settings that differ from the daemon's defaults: none ({}). Until issue 40 the in-process server of this part ran streams + 2 threads per connection (one request is ever in flight per connection, so the default 8 serve as well) and a 25 ms adaptive target (now the default 20 ms).", r.setup["defaults"].as_str().unwrap_or("")));
+    } else {
+        w(&mut s, "Settings that differ from the daemon's defaults:\n".into());
+    }
+    for d in &deviations {
         w(&mut s, format!("- {}: {}", d["setting"].as_str().unwrap_or(""), d["reason"].as_str().unwrap_or("")));
     }
     w(&mut s, String::new());
 
     w(&mut s, "## Proportional sharing (paper Figs. 4 and 5)\n".into());
-    w(&mut s, "| target | request | paper achieved | surge achieved | a MB/s | b MB/s | backlogged | $/TB a / b (computed) |\n|---|---|---|---|---|---|---|---|".into());
+    w(&mut s, "| target | request | paper achieved | surge achieved (min..max) | a MB/s | b MB/s | backlogged | $/TB a / b (computed) |\n|---|---|---|---|---|---|---|---|".into());
     for x in &r.ratios {
         let paper = match (x.request_bytes, x.target) {
             (MIB, 2) => "1.9",
@@ -516,11 +666,13 @@ fn report(r: &Results) -> String {
             _ => "better than 1 MiB (Fig. 5)",
         };
         w(&mut s, format!(
-            "| {}:1 | {} KiB | {} | {:.2} | {:.1} | {:.1} | {} | {:.3} / {:.3} |",
+            "| {}:1 | {} KiB | {} | {:.2} ({:.2}..{:.2}) | {:.1} | {:.1} | {} | {:.3} / {:.3} |",
             x.target,
             x.request_bytes / KIB,
             paper,
             x.achieved,
+            x.spread.min,
+            x.spread.max,
             x.mbps[0],
             x.mbps[1],
             x.both_backlogged.map_or("-".into(), |b| format!("{:.0} %", b * 100.0)),
@@ -531,41 +683,43 @@ fn report(r: &Results) -> String {
     w(&mut s, "\nThe paper lost its high ratios because the favoured application could not keep its queue at the proxy full (few outstanding requests, striped over many servers). Here each tenant has 32 outstanding requests at one scheduler, so the favoured tenant always has a request waiting and SFQ's tags decide every dispatch.\n".into());
 
     w(&mut s, "## Depth sensitivity (paper Fig. 3), 4:1 target, 1 MiB\n".into());
-    w(&mut s, "| D | achieved a:b | a MB/s | b MB/s | total MB/s |\n|---|---|---|---|---|".into());
+    w(&mut s, "| D | achieved a:b (min..max) | a MB/s | b MB/s | total MB/s |\n|---|---|---|---|---|".into());
     for d in &r.depth {
         let label = match (&d.final_depth, d.depth.as_str()) {
             (Some(f), "adaptive") => format!("adaptive (ended at {f})"),
             _ => d.depth.clone(),
         };
-        w(&mut s, format!("| {} | {:.2} | {:.1} | {:.1} | {:.1} |", label, d.achieved, d.mbps[0], d.mbps[1], d.total_mbps));
+        w(&mut s, format!("| {} | {:.2} ({:.2}..{:.2}) | {:.1} | {:.1} | {:.1} |", label, d.achieved, d.spread.min, d.spread.max, d.mbps[0], d.mbps[1], d.total_mbps));
     }
     w(&mut s, format!(
-        "\nAs in the paper, fairness falls as D grows and throughput does not rise: once D approaches the 64 outstanding requests, the device's own FIFO order decides the split (1:1 by client count). The adaptive row starts at D={} with a {} ms mean-latency target ({}).\n",
+        "\nAs in the paper, fairness falls as D grows and throughput does not rise: once D approaches the 64 outstanding requests, the device's own FIFO order decides the split (1:1 by client count). The adaptive row is the daemon's `adaptive=on`: it starts at D={} with the default {} ms mean-latency target ({}).\n",
         p.depth,
         p.adaptive.latency_target_us / 1000,
         "raise D while under target and requests wait for a slot; halve it when a busy tenant gets less than its weighted share"
     ));
 
     w(&mut s, "## Overhead vs no scheduler (paper Fig. 2), equal weights, 1 MiB\n".into());
-    w(&mut s, "| clients | no scheduler MB/s | SFQ(D) MB/s | overhead | CPU s/GB, no scheduler | CPU s/GB, SFQ(D) |\n|---|---|---|---|---|---|".into());
+    w(&mut s, "| clients | no scheduler MB/s (runs) | SFQ(D) MB/s (runs) | overhead | server CPU s/GB, no scheduler | server CPU s/GB, SFQ(D) |\n|---|---|---|---|---|---|".into());
     for o in &r.overhead {
         w(&mut s, format!(
-            "| {} | {:.1} | {:.1} | {:.2} % | {:.3} | {:.3} |",
-            o.streams, o.native_mbps, o.sfq_mbps, o.overhead_pct, o.native_cpu_s_per_gb, o.sfq_cpu_s_per_gb
+            "| {} | {:.1} ({}) | {:.1} ({}) | {:.2} % | {:.3} | {:.3} |",
+            o.streams, o.native_mbps, global::fmt_runs(&o.native_runs), o.sfq_mbps, global::fmt_runs(&o.sfq_runs), o.overhead_pct, o.native_cpu_s_per_gb, o.sfq_cpu_s_per_gb
         ));
     }
-    w(&mut s, format!("\nOverall: **{:.2} %** (paper: < 3 %; its proxy used < 3 % CPU). Same device, clients and load; \"no scheduler\" exports the volume directly. CPU is the whole process (client threads, NBD server, scheduler) per GB written, so the difference between the columns is the scheduler's cost.\n", r.overhead_pct));
+    w(&mut s, format!("\nOverall: **{:.2} %** (paper: < 3 %; its proxy used < 3 % CPU). Same device, clients and load; \"no scheduler\" exports the volume directly (`disk=reserved:...`, both tenants' clients on it). Medians of the runs. CPU is the `surge serve` process's (NBD server and scheduler; /proc/PID/stat) per GB written, so the difference between the columns is the scheduler's cost.\n", r.overhead_pct));
 
     w(&mut s, "## Asymmetric clients at equal weight (paper Fig. 6)\n".into());
-    w(&mut s, "| clients a:b | SFQ(D) MB/s a / b | Jain | $/TB a / b | no scheduler MB/s a / b | Jain | $/TB a / b |\n|---|---|---|---|---|---|---|".into());
+    w(&mut s, "| clients a:b | SFQ(D) MB/s a / b | Jain (min..max) | $/TB a / b | no scheduler MB/s a / b | Jain | $/TB a / b |\n|---|---|---|---|---|---|---|".into());
     for a in &r.asymmetric {
         w(&mut s, format!(
-            "| {}:{} | {:.1} / {:.1} | {:.4} | {:.3} / {:.3} | {:.1} / {:.1} | {:.4} | {:.3} / {:.3} |",
+            "| {}:{} | {:.1} / {:.1} | {:.4} ({:.4}..{:.4}) | {:.3} / {:.3} | {:.1} / {:.1} | {:.4} | {:.3} / {:.3} |",
             a.streams[0],
             a.streams[1],
             a.sfq_mbps[0],
             a.sfq_mbps[1],
             a.sfq_jain,
+            a.sfq_jain_spread.min,
+            a.sfq_jain_spread.max,
             a.sfq_usd_per_tb[0],
             a.sfq_usd_per_tb[1],
             a.native_mbps[0],
@@ -583,7 +737,7 @@ fn report(r: &Results) -> String {
         p.device.bw as f64 / MB
     ));
 
-    w(&mut s, "## Throughput over time (paper Fig. 7), 2:1, 1 MiB\n".into());
+    w(&mut s, format!("## Throughput over time (paper Fig. 7), 2:1, 1 MiB (per bin, the median of {} run(s))\n", r.timeline.runs));
     w(&mut s, "| bin | a MB/s | b MB/s | ratio |\n|---|---|---|---|".into());
     let t = &r.timeline;
     for (i, ((a, b), q)) in t.mbps[0].iter().zip(&t.mbps[1]).zip(&t.bin_ratio).enumerate() {
@@ -592,7 +746,7 @@ fn report(r: &Results) -> String {
     w(&mut s, "\nPlots: `timeline.svg`, `depth.svg`, `ratios.svg`.\n".into());
     w(&mut s, global::report(&r.global));
     w(&mut s, format!(
-        "Run time: {:.0} s on a shared 2-core machine (load average at start / end: {} / {}); the 64 KiB cases move ~2,000 requests/s through NBD and are CPU-bound when the machine is busy, which lowers their total throughput but not their ratio.",
+        "Run time: {:.0} s on a shared 2-core machine (load average at start / end: {} / {}); the 64 KiB cases move ~2,000 requests/s through NBD between processes and are CPU-bound when the machine is busy, which lowers their total throughput but not their ratio.",
         r.elapsed_s, r.load_avg[0], r.load_avg[1]
     ));
     s
@@ -649,10 +803,26 @@ mod tests {
     }
 
     #[test]
+    fn every_round_runs_every_case_once_and_rounds_rotate() {
+        let rounds: Vec<Vec<usize>> = (0..3).map(|r| Batch::order(6, 3, r)).collect();
+        assert_eq!(rounds, vec![vec![0, 1, 2, 3, 4, 5], vec![2, 3, 4, 5, 0, 1], vec![4, 5, 0, 1, 2, 3]]);
+        for r in &rounds {
+            let mut s = r.clone();
+            s.sort();
+            assert_eq!(s, (0..6).collect::<Vec<_>>());
+        }
+        // Each case's runs fall in different places of their rounds.
+        assert_eq!(rounds.iter().map(|r| r.iter().position(|&c| c == 0).unwrap()).collect::<Vec<_>>(), vec![0, 4, 2]);
+        assert_eq!(Batch::order(1, 1, 0), vec![0]);
+    }
+
+    #[test]
     fn quick_plan_keeps_the_paper_settings() {
         let q = Plan::new(true);
         let f = Plan::new(false);
         assert_eq!((q.streams, q.depth, q.device.bw), (f.streams, f.depth, f.device.bw));
+        assert_eq!((q.reps, f.reps), (1, 3), "the full run: 3 rounds");
+        assert_eq!(f.adaptive.latency_target_us, AdaptiveConfig::default().latency_target_us, "the daemon's adaptive target");
         assert!(q.asymmetric.contains(&[48, 3]));
         assert_eq!(q.depths, vec![1, 2, 4, 8, 16, 32, 64]);
         assert!(q.small_targets.contains(&16) && f.small_targets == vec![2, 4, 8, 16]);

@@ -365,6 +365,9 @@ impl Controllable for TenantControl {
             "pool_tenants": q.tenants.iter().map(|t| &t.name).collect::<Vec<_>>(),
             "pool_peers": q.peers,
             "pool_holds_expired": q.holds_expired,
+            "pool_holds_started": q.holds_started,
+            "pool_hold_time_us": q.hold_time_us,
+            "pool_rebased": q.rebased,
         })
     }
 

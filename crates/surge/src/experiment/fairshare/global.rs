@@ -17,7 +17,8 @@ use std::time::Duration;
 pub struct GlobalPlan {
     pub servers: ServerSpec,
     pub backend: Backend,
-    /// Clients (processes) per application.
+    /// Clients (processes) per application: `--clients`, by default the
+    /// paper's 32, in quick mode [`Self::QUICK_CLIENTS`] (4 until issue 40).
     pub clients: usize,
     pub chunk: u64,
     pub request: u64,
@@ -28,6 +29,13 @@ pub struct GlobalPlan {
     pub small_request: u64,
     /// Requests each client keeps in flight in the backlogged variant.
     pub backlog: usize,
+    /// Clients per application in the backlogged variant: as many requests
+    /// in flight per application as the paper's 32 clients with one each.
+    /// 32 clients with 4 each (128 streams per application, 2,048
+    /// connections) is more than this 2-core machine holds: the lighter
+    /// tenant's streams at 16:1 would each complete one request in ~17 s,
+    /// too few to count in a run (quick: b got 0.9 MB/s, load average 45).
+    pub backlog_clients: usize,
     pub targets: Vec<u32>,
     /// Targets run with `small_request` (one outstanding request per client).
     pub small_targets: Vec<u32>,
@@ -40,20 +48,28 @@ pub struct GlobalPlan {
 }
 
 impl GlobalPlan {
-    pub fn new(quick: bool, servers: usize) -> Self {
+    pub fn new(quick: bool, servers: usize, clients: Option<usize>) -> Self {
+        let clients = clients.unwrap_or(if quick { Self::QUICK_CLIENTS } else { Self::PAPER_CLIENTS });
         GlobalPlan {
-            servers: ServerSpec { count: servers, bw: 16_000_000, latency_us: 1000, size: 64 * MIB },
+            // 4 MiB per client and server (128 MiB for 32): every client's
+            // region holds at least 4 requests, an application on half of 8
+            // servers included.
+            servers: ServerSpec { count: servers, bw: 16_000_000, latency_us: 1000, size: (clients as u64 * 4 * MIB).max(64 * MIB) },
             backend: Backend::available(),
-            clients: 4,
+            clients,
             chunk: 256 * KIB,
             request: MIB,
             small_request: 64 * KIB,
             backlog: 4,
+            backlog_clients: (Self::PAPER_CLIENTS / 4).min(clients),
             targets: vec![2, 4, 8, 16],
             // Quick: the end of the range where the paper fell short at 64 KiB.
             small_targets: if quick { vec![16] } else { vec![2, 4, 8, 16] },
-            // Backlogged, local SFQ(D) alone holds the ratio: the ends of the range show it.
-            backlogged_targets: if quick { vec![16] } else { vec![2, 16] },
+            // Backlogged, local SFQ(D) alone holds the ratio: the ends of the
+            // range show it. Not gated, and with the paper's 32 clients the
+            // IOR cases keep as many requests in flight: quick mode leaves it
+            // out to stay within the CI step's time.
+            backlogged_targets: if quick { vec![] } else { vec![2, 16] },
             run_s: if quick { 4.0 } else { 10.0 },
             warmup_s: 0.5,
             cooldown_s: 0.25,
@@ -76,6 +92,17 @@ impl GlobalPlan {
 
     const FULL_LENGTH_UP_TO: u32 = 8;
 
+    /// IOR clients per application in the paper.
+    pub const PAPER_CLIENTS: usize = 32;
+
+    /// Clients per application of the quick run (CI), fewer than the paper's:
+    /// with 32 (64 client processes beside 16 servers and proxies on this
+    /// shared 2-core machine, load average ~23 from other sessions) the CI
+    /// step failed the proxies' overhead gate in both attempts (proxied
+    /// medians 113.9 and 122.3 MB/s against 128.7 and 132.3 direct); with 8
+    /// it passed on its retry. See docs/results/fairshare.md (issue 40).
+    pub const QUICK_CLIENTS: usize = 8;
+
     fn window(run_s: f64, warmup_s: f64, cooldown_s: f64) -> (Duration, Duration) {
         (Duration::from_secs_f64(warmup_s), Duration::from_secs_f64(run_s - cooldown_s))
     }
@@ -90,10 +117,11 @@ impl GlobalPlan {
 
     fn load_of(&self, request: u64, outstanding: usize, narrow_b: bool, via_proxies: bool, run_s: f64) -> LoadSpec {
         let half: Vec<usize> = (0..self.servers.count.div_ceil(2)).collect();
+        let clients = if outstanding > 1 { self.backlog_clients } else { self.clients };
         LoadSpec {
             apps: [
-                AppLoad { clients: self.clients, servers: self.all_servers(), outstanding },
-                AppLoad { clients: self.clients, servers: if narrow_b { half } else { self.all_servers() }, outstanding },
+                AppLoad { clients, servers: self.all_servers(), outstanding },
+                AppLoad { clients, servers: if narrow_b { half } else { self.all_servers() }, outstanding },
             ],
             via_proxies,
             chunk: self.chunk,
@@ -169,7 +197,7 @@ pub struct GlobalResults {
     pub elapsed_s: f64,
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(super) fn median(v: &[f64]) -> f64 {
     let mut s: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
     if s.is_empty() {
         return f64::NAN;
@@ -183,7 +211,7 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-fn spread(v: &[f64]) -> (f64, f64) {
+pub(super) fn spread(v: &[f64]) -> (f64, f64) {
     (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
 }
 
@@ -322,7 +350,8 @@ impl Runner<'_> {
     /// Equal weights: clients straight to the servers vs through cooperating proxies, interleaved.
     fn overhead(&self) -> anyhow::Result<Overhead> {
         let p = self.plan;
-        let reps = p.reps.max(2);
+        // At least 3: the median of 3 passes over one run slowed by the machine.
+        let reps = p.reps.max(3);
         let (mut direct, mut proxied) = (Vec::new(), Vec::new());
         for rep in 0..reps {
             for via in [false, true] {
@@ -344,6 +373,60 @@ impl Runner<'_> {
         Ok(Overhead { direct_mbps: median(&direct), proxied_mbps: median(&proxied), direct_runs: direct, proxied_runs: proxied })
     }
 
+    /// Investigation (issue 40): `reps` pairs of direct and proxied runs at
+    /// equal weights, every proxy's status sampled every 100 ms during the
+    /// proxied ones, written to `out/probe.jsonl`.
+    fn probe(&self, reps: usize, out: &Path) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let p = self.plan;
+        let mut f = std::fs::File::create(out.join("probe.jsonl"))?;
+        for rep in 0..reps {
+            for via in [false, true] {
+                let load = p.load(1, false, via, p.run_s);
+                if via {
+                    self.configure([1, 1], true)?;
+                }
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                let t0 = std::time::Instant::now();
+                let (c, samples) = super::procs::run_clients_with(&self.store, &load, || {
+                    let mut v = Vec::new();
+                    while via && t0.elapsed() < load.duration + Duration::from_millis(500) && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+                        let kb = |k: &str| meminfo.lines().find(|l| l.starts_with(k)).and_then(|l| l.split_whitespace().nth(1)).and_then(|x| x.parse::<u64>().ok());
+                        fn find(v: &serde_json::Value, key: &str) -> u64 {
+                            match v {
+                                serde_json::Value::Object(m) => m.iter().map(|(k, x)| if k == key { x.as_u64().unwrap_or(0) } else { find(x, key) }).sum(),
+                                serde_json::Value::Array(a) => a.iter().map(|x| find(x, key)).sum(),
+                                _ => 0,
+                            }
+                        }
+                        let flushes: Vec<u64> = self.store.statuses("server").into_iter().map(|s| s.map_or(0, |m| find(&serde_json::Value::Object(m), "flushes"))).collect();
+                        v.push(serde_json::json!({ "t": t0.elapsed().as_secs_f64(), "dirty_kb": kb("Dirty:"), "writeback_kb": kb("Writeback:"), "server_flushes": flushes, "proxies": self.store.proxy_statuses().into_iter().map(|s| s.map(|m| {
+                            let q = |n: &str| m.get(n).cloned().unwrap_or_default();
+                            let (a, b, coop, remote) = (q("qos/a"), q("qos/b"), q("coop"), q("pool/pfs/remote"));
+                            serde_json::json!({
+                                "a": { "g": a["tenant"]["global_service"], "q": a["tenant"]["queued"], "f": a["tenant"]["in_flight"], "held": a["tenant"]["held"], "bytes": a["tenant"]["bytes"] },
+                                "b": { "g": b["tenant"]["global_service"], "q": b["tenant"]["queued"], "f": b["tenant"]["in_flight"], "held": b["tenant"]["held"], "bytes": b["tenant"]["bytes"] },
+                                "holds": a["pool_holds_started"], "hold_us": a["pool_hold_time_us"], "expired": a["pool_holds_expired"], "rebased": a["pool_rebased"],
+                                "out": a["pool_outstanding"], "peer_age_us": a["pool_peers"].as_array().map(|v| v.iter().map(|p| p["age_us"].clone()).collect::<Vec<_>>()),
+                                "late_rounds": coop["late_rounds"], "max_gap_us": coop["max_round_gap_us"],
+                                "replay_mb": remote["replay_bytes"].as_u64().map(|b| b >> 20), "bounding": remote["bounding_flushes"], "waited": remote["waited_flushes"], "waited_us": remote["waited_flush_us"],
+                            })
+                        })).collect::<Vec<_>>() }));
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    v
+                })?;
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let m = self.measure(&c, p.run_s, Holds::default());
+                let total = m.mbps[0] + m.mbps[1];
+                step(&format!("probe {} (run {}): {total:.1} MB/s ({:.1} + {:.1}), load {}", if via { "through proxies" } else { "direct" }, rep + 1, m.mbps[0], m.mbps[1], std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()));
+                writeln!(f, "{}", serde_json::json!({ "rep": rep, "via": via, "mbps": total, "samples": samples }))?;
+            }
+        }
+        Ok(())
+    }
+
     fn counters(&self) -> serde_json::Value {
         let sum = |tenant: &str| -> u64 {
             self.store.tenant_status(tenant).iter().map(|s| s["tenant"]["remote_cost"].as_u64().unwrap_or(0)).sum()
@@ -363,8 +446,21 @@ fn step(msg: &str) {
 
 pub fn run(plan: &GlobalPlan) -> anyhow::Result<GlobalResults> {
     let started = std::time::Instant::now();
-    let dir = std::env::temp_dir().join(format!("surge-fairshare-global-{}", std::process::id()));
+    let dir = super::rig::scratch().join(format!("surge-fairshare-global-{}", std::process::id()));
     let result = Store::start(&dir, &plan.servers, plan.backend).and_then(|store| measure(plan, store, started));
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Investigation only: see [`Runner::probe`].
+pub fn probe(plan: &GlobalPlan, reps: usize, out: &Path) -> anyhow::Result<()> {
+    let dir = super::rig::scratch().join(format!("surge-fairshare-probe-{}", std::process::id()));
+    let result = Store::start(&dir, &plan.servers, plan.backend).and_then(|store| Runner { plan, store }.probe(reps, out));
+    for k in 0..plan.servers.count {
+        for role in ["proxy", "server"] {
+            let _ = std::fs::copy(dir.join(format!("{role}{k}")).join("serve.log"), out.join(format!("{role}{k}.log")));
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -461,12 +557,20 @@ pub fn report(g: &GlobalResults) -> String {
     };
     s.push_str(&format!("| proxy in front of a server | user-level proxy forwarding to the PVFS2 server | {interposed} |\n"));
     s.push_str(&format!(
-        "| clients | IOR over MPI-IO, 32 per application, 1 MiB requests striped as 4 x 256 KiB (Fig. 5: 64 KiB requests), 1 outstanding | {} `surge stripe-bench` processes per application (own NBD connections to every server it uses, bound to its application's address), {} KiB requests striped as {} x {} KiB chunks round robin over the servers, sent together, and {} KiB requests (Fig. 5; one server each); 1 outstanding per client, and {} in the backlogged variant |\n",
+        "| clients | IOR over MPI-IO, 32 per application, 1 MiB requests striped as 4 x 256 KiB (Fig. 5: 64 KiB requests), 1 outstanding | {} `surge stripe-bench` processes per application ({}; `--clients N` sets it) (own NBD connections to every server it uses, bound to its application's address), {} KiB requests striped as {} x {} KiB chunks round robin over the servers, sent together, and {} KiB requests (Fig. 5; one server each); 1 outstanding per client; backlogged variant: {} clients per application with {} outstanding each |\n",
         p.clients,
+        if p.clients == GlobalPlan::PAPER_CLIENTS {
+            "the paper's count".to_string()
+        } else if p.clients == GlobalPlan::QUICK_CLIENTS {
+            format!("the paper had {}; quick runs use {}: with {} this shared 2-core machine did not hold the proxied throughput within the CI gate, see docs/results/fairshare.md", GlobalPlan::PAPER_CLIENTS, GlobalPlan::QUICK_CLIENTS, GlobalPlan::PAPER_CLIENTS)
+        } else {
+            format!("the paper had {}", GlobalPlan::PAPER_CLIENTS)
+        },
         p.request / KIB,
         p.request / p.chunk,
         p.chunk / KIB,
         p.small_request / KIB,
+        p.backlog_clients,
         p.backlog
     ));
     s.push_str("| local only | the paper's system | the same proxies with `global=off` (set live): each schedules only its own queue |\n");
@@ -477,7 +581,14 @@ pub fn report(g: &GlobalResults) -> String {
     ));
     s.push_str("### Proportional sharing, 1 MiB striped, one outstanding request per client (Fig. 4)\n\n");
     ratio_rows(&mut s, g, false, p.request);
-    s.push_str("\nWith one request outstanding per client and its chunks spread over the servers, no single proxy sees the favoured application's requests waiting often enough for its weight to act: local SFQ(D) is work-conserving and gives the idle share away, as the paper found. Cooperating proxies charge each tenant for the service it received everywhere, so the favoured tenant's next chunk at any server starts ahead of the other's.\n\n");
+    // Said from the measurement: whether local SFQ(D) fell short here depends
+    // on the client count and this machine's timing.
+    let local16 = of_size(&g.local_only.ratios, p.request).into_iter().find(|x| x.target == 16).map(|x| x.achieved);
+    match local16 {
+        Some(l) if l < 0.95 * 16.0 => s.push_str(&format!("\nLocal only fell short at 16:1 ({l:.2}:1; paper 5.8:1). With one request outstanding per client and its chunks spread over the servers, no single proxy sees the favoured application's requests waiting often enough for its weight to act: local SFQ(D) is work-conserving and gives the idle share away, as the paper found. Cooperating proxies charge each tenant for the service it received everywhere, so the favoured tenant's next chunk at any server starts ahead of the other's.\n\n")),
+        Some(l) => s.push_str(&format!("\nThe paper's shortfall is not reproduced in this run: local only reached {l:.2}:1 at 16:1 (paper 5.8:1). With {} clients per application and one request each, {} chunks of each application are in flight over {n} servers, so each proxy mostly has both applications' chunks waiting and local SFQ(D) alone holds the weights; with 4 clients per application (until issue 40) it reached about 2:1 at 16:1. Cooperating proxies charge each tenant for the service it received everywhere.\n\n", p.clients, p.clients as u64 * p.request / p.chunk)),
+        None => {}
+    }
     if !p.small_targets.is_empty() {
         s.push_str(&format!(
             "### Small requests: {} KiB, one outstanding request per client (Fig. 5)\n\n",
@@ -492,9 +603,11 @@ pub fn report(g: &GlobalResults) -> String {
             p.request / p.chunk
         ));
     }
-    s.push_str("### Backlogged variant\n\n");
-    ratio_rows(&mut s, g, true, p.request);
-    s.push_str("\nWith several requests in flight per client the proxies see both tenants queued far more often and local SFQ(D) alone comes much closer to the target (local-only column); cooperation must close the rest and not overshoot.\n\n");
+    if !p.backlogged_targets.is_empty() {
+        s.push_str("### Backlogged variant\n\n");
+        ratio_rows(&mut s, g, true, p.request);
+        s.push_str(&format!("\n{} clients per application with {} requests in flight each: {} in flight per application, as many as the paper's 32 clients with one each (32 clients with 4 each would be 2,048 connections and leave the lighter tenant's streams about one completion per 17 s at 16:1). With more in flight, each proxy sees both tenants queued more often and local SFQ(D) comes closer to the target; cooperation must hold the weights and not overshoot.\n\n", p.backlog_clients, p.backlog, p.backlog_clients * p.backlog));
+    }
     let a = &g.asymmetric;
     s.push_str(&format!(
         "### Asymmetric server use: a over all {n} servers, b over {} of them, weights {}:{}\n\n",
@@ -524,7 +637,7 @@ pub fn report(g: &GlobalResults) -> String {
     s
 }
 
-fn fmt_runs(v: &[f64]) -> String {
+pub(super) fn fmt_runs(v: &[f64]) -> String {
     v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ")
 }
 
@@ -548,4 +661,27 @@ pub fn plot(out: &Path, g: &GlobalResults) -> anyhow::Result<()> {
             Series { name: "ideal".into(), points: vec![(2.0, 2.0), (16.0, 16.0)], reference: true },
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_plan_runs_the_papers_clients_and_every_region_holds_four_requests() {
+        assert_eq!(GlobalPlan::new(false, 8, None).clients, GlobalPlan::PAPER_CLIENTS);
+        assert_eq!(GlobalPlan::new(true, 8, None).clients, GlobalPlan::QUICK_CLIENTS);
+        assert_eq!(GlobalPlan::new(true, 8, Some(32)).clients, 32, "--clients wins");
+        for quick in [true, false] {
+            let p = GlobalPlan::new(quick, 8, Some(GlobalPlan::PAPER_CLIENTS));
+            assert_eq!(p.backlog_clients * p.backlog, GlobalPlan::PAPER_CLIENTS, "as many in flight as the IOR cases");
+            // As procs::run_clients sizes them: the wide application and the narrow one (half the servers).
+            let total = 2 * p.clients as u64;
+            for servers in [8u64, 4] {
+                let width = servers * p.chunk;
+                let region = p.servers.size * servers / total / width * width;
+                assert!(region >= p.request * 4 + width, "{servers} servers: region {region}");
+            }
+        }
+    }
 }

@@ -1,9 +1,11 @@
-//! The parallel store of the global experiment, every part its own process:
-//! N storage servers (`surge serve` with one emulated reserved-bandwidth
-//! volume each), N proxies (`surge serve` with a `share:` pool over one
-//! server's export, cooperating through `--coop-peer`s) and client processes
-//! (`surge stripe-bench`), each connecting from its application's address
-//! range so the proxies tell the applications apart by address.
+//! The processes of `surge experiment fairshare`, every part its own process:
+//! for the single-server part one `surge serve` per run ([`serve`]); for the
+//! parallel store N storage servers (`surge serve` with one emulated
+//! reserved-bandwidth volume each), N proxies (`surge serve` with a `share:`
+//! pool over one server's export, cooperating through `--coop-peer`s); and
+//! client processes (`surge stripe-bench`, [`run_client_procs`]), across
+//! servers each connecting from its application's address range so the
+//! proxies tell the applications apart by address.
 
 use super::client::BenchOutcome;
 use crate::control::{self, Request};
@@ -52,9 +54,24 @@ impl Backend {
     }
 }
 
-struct Proc {
+pub struct Proc {
     child: Child,
     what: String,
+}
+
+impl Proc {
+    /// User + system CPU seconds the process has used so far (/proc/PID/stat).
+    pub fn cpu_s(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // Fields after the command name (which may hold spaces) in parentheses.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).context("reading /proc/PID/stat")?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of stat(5); `rest` starts at field 3.
+        let ticks: u64 = f.get(11).zip(f.get(12)).and_then(|(u, s)| Some(u.parse::<u64>().ok()? + s.parse::<u64>().ok()?)).context("parsing /proc/PID/stat")?;
+        // SAFETY: sysconf has no side effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Ok(ticks as f64 / hz)
+    }
 }
 
 impl Drop for Proc {
@@ -80,7 +97,7 @@ fn surge() -> anyhow::Result<PathBuf> {
 }
 
 /// Start `surge serve ARGS` and wait until its control socket answers.
-fn serve(dir: &Path, what: &str, args: &[String]) -> anyhow::Result<Proc> {
+pub fn serve(dir: &Path, what: &str, args: &[String]) -> anyhow::Result<Proc> {
     std::fs::create_dir_all(dir)?;
     let log = std::fs::File::create(dir.join("serve.log"))?;
     let child = Command::new(surge()?)
@@ -189,6 +206,22 @@ impl Store {
         Ok(())
     }
 
+    /// Every proxy's status targets by name (None for a proxy that did not answer).
+    pub fn proxy_statuses(&self) -> Vec<Option<serde_json::Map<String, serde_json::Value>>> {
+        self.statuses("proxy")
+    }
+
+    /// Every `role` (proxy, server) process's status targets by name.
+    pub fn statuses(&self, role: &str) -> Vec<Option<serde_json::Map<String, serde_json::Value>>> {
+        (0..self.proxies.len())
+            .map(|k| {
+                let sock = self.dir.join(format!("{role}{k}")).join("control.sock");
+                let r = control::call(&sock, &Request::Status).ok()?;
+                Some(r.targets?.into_iter().map(|t| (t.name, t.status)).collect())
+            })
+            .collect()
+    }
+
     /// Tenant status of every proxy (for the report: holds, credits).
     pub fn tenant_status(&self, tenant: &str) -> Vec<serde_json::Value> {
         (0..self.proxies.len())
@@ -230,9 +263,29 @@ struct Client {
     app: usize,
 }
 
-/// Run every client as its own process, start them together, collect.
+/// One client process: `surge stripe-bench` over `members` (NBD URIs, in stripe order).
+#[derive(Debug, Clone)]
+pub struct ClientSpec {
+    /// Application (tenant) index its completions count for.
+    pub app: usize,
+    pub members: Vec<String>,
+    /// Source address of its TCP connections.
+    pub bind: Option<String>,
+    pub chunk: u64,
+    pub request: u64,
+    pub outstanding: usize,
+    pub offset: u64,
+    pub region: u64,
+    pub duration: Duration,
+}
+
+/// Run the clients of one run across the servers, every client its own process.
 pub fn run_clients(store: &Store, load: &LoadSpec) -> anyhow::Result<Completions> {
-    let exe = surge()?;
+    Ok(run_clients_with(store, load, || ())?.0)
+}
+
+/// [`run_clients`], running `during` beside the clients.
+pub fn run_clients_with<T: Send>(store: &Store, load: &LoadSpec, during: impl FnOnce() -> T + Send) -> anyhow::Result<(Completions, T)> {
     let spec = &store.spec;
     let total: usize = load.apps.iter().map(|a| a.clients).sum();
     // Each client writes its own region of its application's striped volume
@@ -242,32 +295,63 @@ pub fn run_clients(store: &Store, load: &LoadSpec) -> anyhow::Result<Completions
     let mut n = 0;
     for (app, a) in load.apps.iter().enumerate() {
         for i in 0..a.clients {
-            let mut cmd = Command::new(&exe);
-            cmd.args(["--log", "warn", "stripe-bench", "--json", "--wait-go"]);
-            for &s in &a.servers {
-                let port = if load.via_proxies { store.proxy_ports[s] } else { store.server_ports[s] };
-                let export = if load.via_proxies { "pfs" } else { "disk" };
-                cmd.args(["--export", &format!("nbd://127.0.0.1:{port}/{export}")]);
-            }
+            let members = a
+                .servers
+                .iter()
+                .map(|&s| {
+                    let port = if load.via_proxies { store.proxy_ports[s] } else { store.server_ports[s] };
+                    let export = if load.via_proxies { "pfs" } else { "disk" };
+                    format!("nbd://127.0.0.1:{port}/{export}")
+                })
+                .collect();
             let width = a.servers.len() as u64 * load.chunk;
             let region = spec.size * a.servers.len() as u64 / total as u64 / width * width;
             anyhow::ensure!(region >= load.request * 4 + width, "servers too small for {total} clients");
             let phase = (n as u64 * 3 % a.servers.len() as u64) * load.chunk;
             let offset = n as u64 * region / width * width + phase;
-            cmd.args(["--bind", &app_addr(app, i)])
-                .args(["--chunk", &load.chunk.to_string(), "--request", &load.request.to_string()])
-                .args(["--outstanding", &a.outstanding.to_string()])
-                .args(["--offset", &offset.to_string(), "--region", &(region - width).to_string()])
-                .args(["--duration", &format!("{}ms", load.duration.as_millis())])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
-            let mut child = cmd.spawn().context("starting a client")?;
-            let stdin = child.stdin.take().context("client stdin")?;
-            let stdout = BufReader::new(child.stdout.take().context("client stdout")?);
-            clients.push(Client { child, stdin, stdout, app });
+            clients.push(ClientSpec {
+                app,
+                members,
+                bind: Some(app_addr(app, i)),
+                chunk: load.chunk,
+                request: load.request,
+                outstanding: a.outstanding,
+                offset,
+                region: region - width,
+                duration: load.duration,
+            });
             n += 1;
         }
+    }
+    run_client_procs(&clients, during)
+}
+
+/// Start every client as its own process, wait until all are connected,
+/// start them together, run `during` (on another thread) while they run, and
+/// collect their completions: per application, time since the start and bytes.
+pub fn run_client_procs<T: Send>(specs: &[ClientSpec], during: impl FnOnce() -> T + Send) -> anyhow::Result<(Completions, T)> {
+    let exe = surge()?;
+    let mut clients = Vec::new();
+    for c in specs {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--log", "warn", "stripe-bench", "--json", "--wait-go"]);
+        for m in &c.members {
+            cmd.args(["--export", m]);
+        }
+        if let Some(b) = &c.bind {
+            cmd.args(["--bind", b]);
+        }
+        cmd.args(["--chunk", &c.chunk.to_string(), "--request", &c.request.to_string()])
+            .args(["--outstanding", &c.outstanding.to_string()])
+            .args(["--offset", &c.offset.to_string(), "--region", &c.region.to_string()])
+            .args(["--duration", &format!("{}ms", c.duration.as_millis())])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().context("starting a client")?;
+        let stdin = child.stdin.take().context("client stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("client stdout")?);
+        clients.push(Client { child, stdin, stdout, app: c.app });
     }
     for c in &mut clients {
         let mut line = String::new();
@@ -279,17 +363,21 @@ pub fn run_clients(store: &Store, load: &LoadSpec) -> anyhow::Result<Completions
         c.stdin.write_all(b"go\n")?;
         c.stdin.flush()?;
     }
-    let mut out: Completions = [Vec::new(), Vec::new()];
-    for mut c in clients {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut c.stdout, &mut text)?;
-        let status = c.child.wait()?;
-        anyhow::ensure!(status.success(), "a client of application {} failed ({status})", APP_NAMES[c.app]);
-        let o: BenchOutcome = serde_json::from_str(text.trim()).context("reading a client's results")?;
-        out[c.app].extend(o.completions_ns.iter().map(|&t| (Duration::from_nanos(t.saturating_sub(t0)), o.request_bytes)));
-    }
-    for v in &mut out {
-        v.sort();
-    }
-    Ok(out)
+    std::thread::scope(|s| {
+        let side = s.spawn(during);
+        let mut out: Completions = [Vec::new(), Vec::new()];
+        for mut c in clients {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut c.stdout, &mut text)?;
+            let status = c.child.wait()?;
+            anyhow::ensure!(status.success(), "a client of application {} failed ({status})", APP_NAMES[c.app]);
+            let o: BenchOutcome = serde_json::from_str(text.trim()).context("reading a client's results")?;
+            out[c.app].extend(o.completions_ns.iter().map(|&t| (Duration::from_nanos(t.saturating_sub(t0)), o.request_bytes)));
+        }
+        for v in &mut out {
+            v.sort();
+        }
+        let t = side.join().map_err(|_| anyhow::anyhow!("the sampler beside the clients panicked"))?;
+        Ok((out, t))
+    })
 }

@@ -1,17 +1,15 @@
-//! One measured run: a reserved-bandwidth volume model shared by two tenants,
-//! exported over NBD (unix socket), driven by closed-loop client threads, each
-//! with its own NBD connection and one request in flight (as IOR clients).
+//! One measured run of the single-server part: a `surge serve` process
+//! exporting one emulated reserved-bandwidth volume to two tenants, built
+//! from the daemon's own spec syntax (`--pool pool=reserved:...` and
+//! `--export a=share:pool,weight=4`), and client processes (`surge
+//! stripe-bench`, one per client, own NBD connection over the unix socket,
+//! one request in flight, as IOR clients).
 
-use anyhow::Context;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use super::procs::{self, ClientSpec};
+use crate::control::{self, Request};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use surge_block::fairq::{AdaptiveConfig, FairQueue, SchedConfig, TenantConfig};
-use surge_block::model::{with_latency, ModelDev, VolumeModel};
-use surge_block::{BlockDev, MemoryDev, SystemClock};
-use surge_nbd::client::{Client, ClientOptions};
-use surge_nbd::{Export, Listen, Server, ServerConfig};
 
 /// The shared device.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -23,6 +21,13 @@ pub struct DeviceSpec {
     pub size: u64,
 }
 
+impl DeviceSpec {
+    /// The volume as `surge serve` spells it.
+    pub fn spec(&self) -> String {
+        format!("reserved:{},bw={}/s,lat={}us", self.size, self.bw, self.latency_us)
+    }
+}
+
 /// How the two tenants share it: with the fair queue (`depth` Some) or bare.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
@@ -31,157 +36,167 @@ pub struct RunSpec {
     pub request_bytes: u64,
     /// SFQ(D) depth; `None` exports the device directly (no scheduler).
     pub depth: Option<usize>,
-    pub adaptive: Option<AdaptiveConfig>,
+    /// `adaptive=on` on the pool: the daemon's adaptive depth at its defaults.
+    pub adaptive: bool,
     pub duration: Duration,
+}
+
+impl RunSpec {
+    /// `surge serve` arguments after `--listen`: one pool and two `share:`
+    /// exports, or (no scheduler) one export both tenants' clients use.
+    pub fn serve_args(&self, dev: &DeviceSpec) -> Vec<String> {
+        let Some(depth) = self.depth else {
+            return vec!["--export".into(), format!("disk={}", dev.spec())];
+        };
+        // Pool-wide options ride on the first export; the daemon's default
+        // D (2) and adaptive (off) are left unsaid.
+        let mut pool_opts = String::new();
+        if depth != surge_block::fairq::SchedConfig::default().depth {
+            pool_opts.push_str(&format!(",depth={depth}"));
+        }
+        if self.adaptive {
+            pool_opts.push_str(",adaptive=on");
+        }
+        vec![
+            "--pool".into(),
+            format!("pool={}", dev.spec()),
+            "--export".into(),
+            format!("a=share:pool,weight={}{pool_opts}", self.weights[0]),
+            "--export".into(),
+            format!("b=share:pool,weight={}", self.weights[1]),
+        ]
+    }
+
+    fn export_of(&self, tenant: usize) -> &'static str {
+        match self.depth {
+            Some(_) => ["a", "b"][tenant],
+            None => "disk",
+        }
+    }
 }
 
 /// What one run saw.
 pub struct RunOutcome {
     /// Per tenant: completion time since start and bytes, in completion order.
     pub completions: [Vec<(Duration, u64)>; 2],
-    /// Fraction of 50 ms samples in which both tenants had requests waiting
-    /// in the fair queue (1.0 when always backlogged; None without a queue).
+    /// Fraction of 50 ms samples (`surge status` of the daemon) in which both
+    /// tenants had requests waiting in the fair queue (None without a queue).
     pub both_backlogged: Option<f64>,
     /// Depth in force at the end (differs from the start under adaptive control).
     pub final_depth: Option<usize>,
-    /// CPU seconds this process (server, scheduler and clients) used in the run.
+    /// CPU seconds the `surge serve` process (NBD server and scheduler) used in the run.
     pub cpu_s: f64,
-}
-
-/// User + system CPU time of this process so far.
-fn process_cpu() -> f64 {
-    // SAFETY: getrusage only writes the struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(ru.ru_utime) + secs(ru.ru_stime)
-}
-
-static RUN_SEQ: AtomicUsize = AtomicUsize::new(0);
-
-fn socket_path() -> PathBuf {
-    let n = RUN_SEQ.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("surge-fairshare-{}-{n}.sock", std::process::id()))
-}
-
-fn device(spec: &DeviceSpec) -> anyhow::Result<Arc<dyn BlockDev>> {
-    let shape = VolumeModel::Reserved { bw: Some(spec.bw), iops: None }.shape(spec.size)?;
-    let shape = with_latency(shape, Duration::from_micros(spec.latency_us));
-    let mem = Arc::new(MemoryDev::new(spec.size));
-    Ok(Arc::new(ModelDev::new(mem, Arc::new(SystemClock::new()), shape)))
-}
-
-pub fn run(dev_spec: &DeviceSpec, spec: &RunSpec) -> anyhow::Result<RunOutcome> {
-    let dev = device(dev_spec)?;
-    let queue = spec.depth.map(|depth| {
-        let cfg = SchedConfig { depth, adaptive: spec.adaptive.clone(), ..Default::default() };
-        FairQueue::new(dev.clone(), cfg, Arc::new(SystemClock::new()))
-    });
-    let exports: Vec<Export> = ["a", "b"]
-        .iter()
-        .zip(spec.weights)
-        .map(|(name, weight)| {
-            let d: Arc<dyn BlockDev> = match &queue {
-                Some(q) => q.tenant(name, TenantConfig { weight, ..Default::default() }),
-                None => dev.clone(),
-            };
-            Export::new(*name, d)
-        })
-        .collect();
-    let mut cfg = ServerConfig::new(exports);
-    // One worker per stream, so the server never queues ahead of the scheduler.
-    cfg.threads_per_connection = spec.streams.iter().copied().max().unwrap_or(1) + 2;
-    let server = Server::start(cfg)?;
-    let path = socket_path();
-    server.listen(&Listen::Unix(path.clone()))?;
-    let cpu0 = process_cpu();
-    let outcome = drive(&path, spec, queue.as_ref());
-    let cpu_s = process_cpu() - cpu0;
-    server.shutdown()?;
-    let _ = std::fs::remove_file(&path);
-    let (completions, both_backlogged) = outcome?;
-    Ok(RunOutcome { completions, both_backlogged, final_depth: queue.map(|q| q.stats().depth), cpu_s })
-}
-
-type Completions = [Vec<(Duration, u64)>; 2];
-
-/// Start every stream at once, run for the duration, collect completions.
-fn drive(path: &PathBuf, spec: &RunSpec, queue: Option<&Arc<FairQueue>>) -> anyhow::Result<(Completions, Option<f64>)> {
-    let total: usize = spec.streams.iter().sum();
-    let go = Arc::new(Barrier::new(total + 1));
-    let stop = Arc::new(AtomicBool::new(false));
-    let region = (REGION_TOTAL / total as u64) / spec.request_bytes * spec.request_bytes;
-    let t0 = Instant::now();
-    let mut handles = Vec::new();
-    for (t, &n) in spec.streams.iter().enumerate() {
-        for _ in 0..n {
-            let client = connect(path, ["a", "b"][t])?;
-            let (go, stop) = (go.clone(), stop.clone());
-            let s = Stream { base: handles.len() as u64 * region, region, bytes: spec.request_bytes, t0 };
-            handles.push((t, std::thread::spawn(move || s.run(client, &go, &stop))));
-        }
-    }
-    go.wait();
-    let start = t0.elapsed();
-    let backlog = sample_backlog(queue, Instant::now() + spec.duration);
-    stop.store(true, Ordering::Relaxed);
-    let mut out: Completions = [Vec::new(), Vec::new()];
-    for (t, h) in handles {
-        let v = h.join().map_err(|_| anyhow::anyhow!("client thread panicked"))??;
-        out[t].extend(v.into_iter().map(|(at, b)| (at.saturating_sub(start), b)));
-    }
-    for v in &mut out {
-        v.sort();
-    }
-    Ok((out, backlog))
 }
 
 /// Bytes of the device the streams cycle over.
 pub const REGION_TOTAL: u64 = 256 << 20;
 
-fn connect(path: &PathBuf, export: &str) -> anyhow::Result<Client> {
-    let opts = ClientOptions { export: export.to_string(), structured_replies: true, block_status: false };
-    Client::connect_unix(path, &opts).with_context(|| format!("connecting to export {export}"))
+static RUN_SEQ: AtomicUsize = AtomicUsize::new(0);
+
+fn run_dir() -> PathBuf {
+    let n = RUN_SEQ.fetch_add(1, Ordering::Relaxed);
+    scratch().join(format!("surge-fairshare-{}-{n}", std::process::id()))
 }
 
-/// One closed-loop stream: sequential writes over its own region until told to stop.
-struct Stream {
-    base: u64,
-    region: u64,
-    bytes: u64,
-    /// Common origin of all streams' timestamps.
-    t0: Instant,
-}
-
-impl Stream {
-    fn run(self, mut client: Client, go: &Barrier, stop: &AtomicBool) -> anyhow::Result<Vec<(Duration, u64)>> {
-        let buf = vec![0x5au8; self.bytes as usize];
-        let mut done = Vec::new();
-        let mut off = 0;
-        go.wait();
-        while !stop.load(Ordering::Relaxed) {
-            client.write(self.base + off, &buf, false)?;
-            done.push((self.t0.elapsed(), self.bytes));
-            off = (off + self.bytes) % self.region.max(self.bytes);
-        }
-        let _ = client.disconnect();
-        Ok(done)
+/// Where the servers' data directories go: /dev/shm (tmpfs) when there is
+/// one, else the temp dir. The emulated volumes are files in the data
+/// directory; their model charges nothing for FLUSH and knows nothing of the
+/// host's disk, but on a disk shared with other work (the README's test
+/// command runs `cargo test` beside this step) page-cache writeback and other
+/// processes' fsyncs stall the servers' writes, a latency no modelled volume
+/// has, and the proxies' FLUSHes (every 64 MiB, `remote:`) made the host sync
+/// what the direct clients never do.
+pub fn scratch() -> PathBuf {
+    let shm = std::path::Path::new("/dev/shm");
+    let writable = shm.is_dir() && tempfile::Builder::new().prefix("surge-probe").tempfile_in(shm).is_ok();
+    if writable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
     }
 }
 
+pub fn run(dev: &DeviceSpec, spec: &RunSpec) -> anyhow::Result<RunOutcome> {
+    let dir = run_dir();
+    let out = run_in(&dir, dev, spec);
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+fn run_in(dir: &Path, dev: &DeviceSpec, spec: &RunSpec) -> anyhow::Result<RunOutcome> {
+    let sock = dir.join("nbd.sock");
+    let mut args = vec!["--listen".to_string(), format!("unix:{}", sock.display())];
+    args.extend(spec.serve_args(dev));
+    let server = procs::serve(dir, "the fairshare server", &args)?;
+    let total: usize = spec.streams.iter().sum();
+    let region = (REGION_TOTAL / total as u64) / spec.request_bytes * spec.request_bytes;
+    let mut clients = Vec::new();
+    for (t, &n) in spec.streams.iter().enumerate() {
+        for _ in 0..n {
+            clients.push(ClientSpec {
+                app: t,
+                members: vec![format!("nbd+unix:///{}?socket={}", spec.export_of(t), sock.display())],
+                bind: None,
+                // One member: requests go whole (the chunk only splits across members).
+                chunk: spec.request_bytes,
+                request: spec.request_bytes,
+                outstanding: 1,
+                offset: clients.len() as u64 * region,
+                region,
+                duration: spec.duration,
+            });
+        }
+    }
+    let control = dir.join("control.sock");
+    let cpu0 = server.cpu_s()?;
+    let queued = spec.depth.is_some();
+    let (completions, both_backlogged) =
+        procs::run_client_procs(&clients, || queued.then(|| sample_backlog(&control, Instant::now() + spec.duration)))?;
+    let cpu_s = server.cpu_s()? - cpu0;
+    let final_depth = if queued { status(&control, "qos/a").and_then(|s| s["pool_depth"].as_u64()).map(|d| d as usize) } else { None };
+    drop(server);
+    Ok(RunOutcome { completions, both_backlogged, final_depth, cpu_s })
+}
+
+/// The control API's status of one target.
+fn status(control: &Path, target: &str) -> Option<serde_json::Value> {
+    let r = control::call(control, &Request::Status).ok()?;
+    r.targets?.into_iter().find(|t| t.name == target).map(|t| t.status)
+}
+
 /// Until `until`, sample every 50 ms whether both tenants have requests waiting.
-fn sample_backlog(queue: Option<&Arc<FairQueue>>, until: Instant) -> Option<f64> {
+fn sample_backlog(control: &Path, until: Instant) -> f64 {
     let mut n = 0u32;
     let mut both = 0u32;
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(50).min(until.saturating_duration_since(Instant::now())));
-        if let Some(q) = queue {
-            let st = q.stats();
-            n += 1;
-            if st.tenants.iter().all(|t| t.queued > 0) {
-                both += 1;
-            }
+        let Ok(r) = control::call(control, &Request::Status) else { continue };
+        let queued = |name: &str| {
+            r.targets.iter().flatten().find(|t| t.name == name).and_then(|t| t.status["tenant"]["queued"].as_u64()).unwrap_or(0)
+        };
+        n += 1;
+        if queued("qos/a") > 0 && queued("qos/b") > 0 {
+            both += 1;
         }
     }
-    queue.map(|_| both as f64 / n.max(1) as f64)
+    both as f64 / n.max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(depth: Option<usize>, adaptive: bool) -> RunSpec {
+        RunSpec { weights: [4, 1], streams: [32, 32], request_bytes: 1 << 20, depth, adaptive, duration: Duration::from_secs(1) }
+    }
+
+    #[test]
+    fn the_server_is_built_from_the_daemons_spec_syntax_and_defaults() {
+        let dev = DeviceSpec { bw: 128_000_000, latency_us: 1000, size: REGION_TOTAL };
+        let a = spec(Some(2), false).serve_args(&dev);
+        assert_eq!(a, ["--pool", "pool=reserved:268435456,bw=128000000/s,lat=1000us", "--export", "a=share:pool,weight=4", "--export", "b=share:pool,weight=1"]);
+        assert_eq!(spec(Some(8), true).serve_args(&dev)[3], "a=share:pool,weight=4,depth=8,adaptive=on");
+        assert_eq!(spec(None, false).serve_args(&dev), ["--export", "disk=reserved:268435456,bw=128000000/s,lat=1000us"]);
+        assert_eq!((spec(None, false).export_of(0), spec(None, false).export_of(1)), ("disk", "disk"));
+    }
 }
