@@ -543,33 +543,55 @@ mod tests {
         assert!(b.description.contains("of 256MiB over 4 x gp2:1GiB; billed 4GiB, rounding adds $0.38/month"), "{}", b.description);
     }
 
-    /// A local cloud that reports this instance's attachment slots.
-    struct Slotted(Arc<LocalProvider>, surge_cloud::AttachmentSlots);
+    /// A local cloud that may report this instance's attachment slots, and
+    /// whose credit reads panic while its count is above zero.
+    struct TestCloud {
+        local: Arc<LocalProvider>,
+        slots: Option<surge_cloud::AttachmentSlots>,
+        credit_panics: std::sync::atomic::AtomicU32,
+    }
 
-    impl Provider for Slotted {
+    impl TestCloud {
+        fn new(local: Arc<LocalProvider>, slots: Option<surge_cloud::AttachmentSlots>) -> TestCloud {
+            TestCloud { local, slots, credit_panics: std::sync::atomic::AtomicU32::new(0) }
+        }
+    }
+
+    impl Provider for TestCloud {
         fn create(&self, r: CreateRequest) -> Result<surge_cloud::VolumeInfo, surge_cloud::CloudError> {
-            self.0.create(r)
+            self.local.create(r)
         }
         fn attach(&self, id: &str) -> Result<Arc<dyn BlockDev>, surge_cloud::CloudError> {
-            self.0.attach(id)
+            self.local.attach(id)
         }
         fn detach(&self, id: &str) -> Result<(), surge_cloud::CloudError> {
-            self.0.detach(id)
+            self.local.detach(id)
         }
         fn delete(&self, id: &str) -> Result<(), surge_cloud::CloudError> {
-            self.0.delete(id)
+            self.local.delete(id)
         }
         fn list(&self) -> Result<Vec<surge_cloud::VolumeInfo>, surge_cloud::CloudError> {
-            self.0.list()
+            self.local.list()
         }
         fn describe(&self, id: &str) -> Result<surge_cloud::VolumeInfo, surge_cloud::CloudError> {
-            self.0.describe(id)
+            self.local.describe(id)
         }
         fn cost(&self) -> Result<surge_cloud::CostReport, surge_cloud::CloudError> {
-            self.0.cost()
+            self.local.cost()
         }
         fn attachment_slots(&self) -> Result<Option<surge_cloud::AttachmentSlots>, surge_cloud::CloudError> {
-            Ok(Some(self.1.clone()))
+            match &self.slots {
+                Some(s) => Ok(Some(s.clone())),
+                None => self.local.attachment_slots(),
+            }
+        }
+        fn credits(&self, id: &str) -> Result<surge_block::model::CreditBalance, surge_cloud::CloudError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.credit_panics.load(SeqCst) > 0 {
+                self.credit_panics.fetch_sub(1, SeqCst);
+                panic!("credit read panicked (test)");
+            }
+            self.local.credits(id)
         }
     }
 
@@ -579,7 +601,7 @@ mod tests {
         let clock = Arc::new(VirtualClock::new());
         // 8 slots, one taken by a second network interface, one by the root volume: 6 free.
         let slots = surge_cloud::AttachmentSlots { total: 8, taken_by_others: 1, attached_volumes: vec!["vol-root".into()], source: "test instance".into() };
-        let prov: Arc<dyn Provider> = Arc::new(Slotted(provider(dir.path(), clock.clone()), slots));
+        let prov: Arc<dyn Provider> = Arc::new(TestCloud::new(provider(dir.path(), clock.clone()), Some(slots)));
         let e = BurstableVolume::open(params(dir.path(), "persistent,size=4GiB,members=4"), prov.clone(), clock.clone()).err().unwrap().to_string();
         assert!(e.contains("need 8 attachment slots") && e.contains("6 free (test instance)") && e.contains("strategy=one needs 5"), "{e}");
         assert!(prov.list().unwrap().is_empty(), "refused before creating anything");
@@ -590,50 +612,15 @@ mod tests {
         assert_eq!(v.status()["attach_limit_source"], "test instance");
     }
 
-    /// A local cloud whose credit reads panic while `panics` is above zero.
-    struct PanickyCredits(Arc<LocalProvider>, std::sync::atomic::AtomicU32);
-
-    impl Provider for PanickyCredits {
-        fn create(&self, r: CreateRequest) -> Result<surge_cloud::VolumeInfo, surge_cloud::CloudError> {
-            self.0.create(r)
-        }
-        fn attach(&self, id: &str) -> Result<Arc<dyn BlockDev>, surge_cloud::CloudError> {
-            self.0.attach(id)
-        }
-        fn detach(&self, id: &str) -> Result<(), surge_cloud::CloudError> {
-            self.0.detach(id)
-        }
-        fn delete(&self, id: &str) -> Result<(), surge_cloud::CloudError> {
-            self.0.delete(id)
-        }
-        fn list(&self) -> Result<Vec<surge_cloud::VolumeInfo>, surge_cloud::CloudError> {
-            self.0.list()
-        }
-        fn describe(&self, id: &str) -> Result<surge_cloud::VolumeInfo, surge_cloud::CloudError> {
-            self.0.describe(id)
-        }
-        fn cost(&self) -> Result<surge_cloud::CostReport, surge_cloud::CloudError> {
-            self.0.cost()
-        }
-        fn credits(&self, id: &str) -> Result<surge_block::model::CreditBalance, surge_cloud::CloudError> {
-            use std::sync::atomic::Ordering::SeqCst;
-            if self.1.load(SeqCst) > 0 {
-                self.1.fetch_sub(1, SeqCst);
-                panic!("credit read panicked (test)");
-            }
-            self.0.credits(id)
-        }
-    }
-
     #[test]
     fn a_controller_step_that_panics_costs_that_tick_only() {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(VirtualClock::new());
-        let prov = Arc::new(PanickyCredits(provider(dir.path(), clock.clone()), std::sync::atomic::AtomicU32::new(0)));
+        let prov = Arc::new(TestCloud::new(provider(dir.path(), clock.clone()), None));
         let v = BurstableVolume::open(params(dir.path(), "persistent,size=256MiB,members=2"), prov.clone(), clock.clone()).unwrap();
         v.guarded_step();
         assert_eq!(v.status()["controller_panics"], 0);
-        prov.1.store(1, std::sync::atomic::Ordering::SeqCst);
+        prov.credit_panics.store(1, std::sync::atomic::Ordering::SeqCst);
         v.guarded_step();
         assert_eq!(v.status()["controller_panics"], 1, "the panic was caught and counted");
         // The next step runs (the volume's locks were not left held) and serves I/O.
