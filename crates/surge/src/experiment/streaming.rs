@@ -86,6 +86,11 @@ pub struct Plan {
     /// The new file each round's random writes go to.
     #[serde(default)]
     pub paired_randwrite_bytes: u64,
+    /// The most each round's new sequential-write file holds: the plan's
+    /// `fio_seqwrite_bytes`, lowered by the rounds to what the volumes' free
+    /// space holds for every round (0 in records from before it was kept).
+    #[serde(default)]
+    pub paired_seqwrite_bytes: u64,
 }
 
 impl Plan {
@@ -116,6 +121,7 @@ impl Plan {
                 paired_secs: 1,
                 paired_pg_secs: 2,
                 paired_randwrite_bytes: 256 * MIB,
+                paired_seqwrite_bytes: 128 * MIB,
             }
         } else {
             Plan {
@@ -141,6 +147,7 @@ impl Plan {
                 paired_secs: 5,
                 paired_pg_secs: 10,
                 paired_randwrite_bytes: GIB,
+                paired_seqwrite_bytes: 2 * GIB,
             }
         }
     }
@@ -425,13 +432,20 @@ fn run_one(rig: &mut Rig, cfg: Config, rep: usize, bar: &indicatif::ProgressBar)
     phase("sort");
     let sort_s = work::sort(&mut guest, &rig.plan)?;
     let t_sort = t.elapsed().as_secs_f64();
+    let keep_copy = cfg == Config::LocalRaw && rig.plan.paired_rounds > 0;
+    if keep_copy {
+        // The paired rounds get the image as provisioned, not this run's
+        // gigabytes of workload files (at full scale they left too little
+        // room for the rounds' new files).
+        work::remove_outputs(&guest.mnt)?;
+    }
     drop(guest);
     drop(vol.servers);
     if std::env::var_os("SURGE_STREAMING_TRACE").is_some() {
         report::say(bar, format!("  {}: fio {t_fio:.1} s, pgbench {:.1} s, sort {:.1} s, teardown {:.1} s", cfg.name(), t_pg - t_fio, t_sort - t_pg, t.elapsed().as_secs_f64() - t_sort));
     }
     let link_bytes = rig.link_tx_bytes().saturating_sub(tx0);
-    if cfg == Config::LocalRaw && rig.plan.paired_rounds > 0 {
+    if keep_copy {
         std::fs::rename(dir.join("local.img"), rig.kept_local_copy())?;
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -554,6 +568,8 @@ pub fn run(out: &Path, quick: bool) -> anyhow::Result<()> {
     }
     let paired = if plan.paired_rounds > 0 { paired::run(&mut rig, &bar)? } else { Vec::new() };
     bar.inc(u64::from(plan.paired_rounds > 0));
+    // The rounds' sequential-write file, as fitted to the volumes' free space.
+    plan.paired_seqwrite_bytes = rig.plan.paired_seqwrite_bytes;
     let readahead = if plan.readahead_check_bytes > 0 { readahead::run(&mut rig, &bar)? } else { Vec::new() };
     bar.finish_and_clear();
     let setup = report::Setup {

@@ -176,7 +176,7 @@ pub fn section(s: &mut String, plan: &Plan, samples: &[PairSample], configs: &[S
         plan.paired_pg_secs,
         plan.fio_read_bytes >> 20,
         plan.paired_randwrite_bytes >> 20,
-        plan.fio_seqwrite_bytes >> 20
+        if plan.paired_seqwrite_bytes > 0 { plan.paired_seqwrite_bytes } else { plan.fio_seqwrite_bytes } >> 20
     );
     let mut head = format!("| pattern | {base} |");
     let mut rule = "|---|---|".to_string();
@@ -258,6 +258,9 @@ pub fn run(rig: &mut Rig, bar: &indicatif::ProgressBar) -> anyhow::Result<Vec<Pa
         m.pg = Some(work::Pg::start(&m.guest.mnt, "pg-paired", &plan)?);
         shell(&format!("sync -f '{}'", m.guest.mnt.display()))?;
     }
+    let free = vols.iter().map(|m| free_bytes(&m.guest.mnt)).collect::<anyhow::Result<Vec<_>>>()?;
+    rig.plan.paired_seqwrite_bytes = seqwrite_bytes_that_fit(&plan, free.into_iter().min().unwrap_or(0))?;
+    let plan = rig.plan.clone();
     let mut out = Vec::new();
     for p in Pattern::ALL {
         for round in 0..plan.paired_rounds {
@@ -278,6 +281,38 @@ pub fn run(rig: &mut Rig, bar: &indicatif::ProgressBar) -> anyhow::Result<Vec<Pa
     Ok(out)
 }
 
+/// The size of each round's new sequential-write file: the plan's, or less
+/// so that every round's new files (random and sequential) fit in `free`
+/// bytes with a tenth to spare. Each round writes new files (first writes
+/// into a fresh overlay are what is measured), so nothing can be reused.
+fn seqwrite_bytes_that_fit(plan: &Plan, free: u64) -> anyhow::Result<u64> {
+    const MIN: u64 = 16 << 20;
+    let rounds = plan.paired_rounds.max(1) as u64;
+    let per_round = free / 10 * 9 / rounds;
+    let fits = per_round.saturating_sub(plan.paired_randwrite_bytes).min(plan.paired_seqwrite_bytes) >> 20 << 20;
+    anyhow::ensure!(
+        fits >= MIN,
+        "the paired rounds need {} rounds of a {} MiB random-write file and a sequential-write file of at least {} MiB, but the volumes have {} MiB free",
+        rounds,
+        plan.paired_randwrite_bytes >> 20,
+        MIN >> 20,
+        free >> 20
+    );
+    Ok(fits)
+}
+
+/// Bytes an unprivileged writer can still allocate on the file system at `p`.
+fn free_bytes(p: &Path) -> anyhow::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes())?;
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `s` a statvfs to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(anyhow::Error::new(std::io::Error::last_os_error()).context(format!("statvfs {}", p.display())));
+    }
+    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+}
+
 fn fio_args(p: Pattern, dir: &Path, round: usize, plan: &Plan) -> Vec<String> {
     let f = |n: &str| format!("--filename={}", dir.join(n).display());
     let secs = format!("--runtime={}", plan.paired_secs);
@@ -286,7 +321,7 @@ fn fio_args(p: Pattern, dir: &Path, round: usize, plan: &Plan) -> Vec<String> {
         Pattern::Randwrite => ("randwrite", f(&format!("randwrite{round}.dat")), plan.paired_randwrite_bytes, "randwrite", "4k", 16),
         Pattern::Rewrite => ("rewrite", f("rewrite.dat"), plan.fio_read_bytes, "randwrite", "4k", 16),
         Pattern::Seqread => ("seqread", f("read.dat"), plan.fio_read_bytes, "read", "1M", 4),
-        Pattern::Seqwrite => ("seqwrite", f(&format!("seqwrite{round}.dat")), plan.fio_seqwrite_bytes, "write", "1M", 4),
+        Pattern::Seqwrite => ("seqwrite", f(&format!("seqwrite{round}.dat")), plan.paired_seqwrite_bytes, "write", "1M", 4),
         Pattern::Pgbench => unreachable!("pgbench is not fio"),
     };
     let mut a = vec![format!("--name={name}"), file, format!("--size={size}"), format!("--rw={rw}"), format!("--bs={bs}"), format!("--iodepth={depth}"), secs];
@@ -344,6 +379,24 @@ pub fn median_ratios(samples: &[PairSample], configs: &[String]) -> BTreeMap<(Pa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sequential_write_file_shrinks_to_what_every_round_can_hold() {
+        let mut plan = Plan::new(false);
+        plan.paired_rounds = 8;
+        plan.paired_randwrite_bytes = 1 << 30;
+        plan.paired_seqwrite_bytes = 2 << 30;
+        // Room for all: the plan's size.
+        assert_eq!(seqwrite_bytes_that_fit(&plan, 40 << 30).unwrap(), 2 << 30);
+        // 17.5 GiB free: 9/10 of it over 8 rounds is 1.97 GiB a round, 1 GiB of it random writes.
+        let fits = seqwrite_bytes_that_fit(&plan, 35 << 29).unwrap();
+        assert!(fits < 1 << 30 && fits > 900 << 20, "{fits}");
+        assert_eq!(fits % (1 << 20), 0);
+        assert!(8 * (fits + plan.paired_randwrite_bytes) <= (35u64 << 29) / 10 * 9);
+        // Not even the random-write files fit: a clear error, before any round.
+        let e = seqwrite_bytes_that_fit(&plan, 8 << 30).unwrap_err().to_string();
+        assert!(e.contains("8192 MiB free"), "{e}");
+    }
 
     fn s(p: Pattern, c: &str, round: usize, rate: f64) -> PairSample {
         PairSample { pattern: p, config: c.into(), round, rate, ops: rate, cpu_s: rate * 1e-5 }

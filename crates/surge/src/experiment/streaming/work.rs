@@ -210,6 +210,18 @@ pub fn sort(guest: &mut Guest, plan: &Plan) -> anyhow::Result<f64> {
     Ok(secs)
 }
 
+/// What the workloads above leave on the volume (fio's files, the
+/// PostgreSQL cluster, sort's data), removed and the removal on the volume.
+pub fn remove_outputs(mnt: &Path) -> anyhow::Result<()> {
+    for d in ["bench", "pg", "sort"] {
+        match std::fs::remove_dir_all(mnt.join(d)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(anyhow::Error::new(e).context(format!("removing {d} from {}", mnt.display()))),
+            _ => {}
+        }
+    }
+    shell(&format!("sync -f '{}'", mnt.display())).map(drop)
+}
+
 /// Wait until `path` answers on its NBD socket.
 pub fn wait_socket(path: &Path) -> anyhow::Result<()> {
     wait_until(&format!("{}", path.display()), Duration::from_secs(30), || std::os::unix::net::UnixStream::connect(path).is_ok())
