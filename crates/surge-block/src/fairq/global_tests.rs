@@ -558,7 +558,8 @@ fn on_off_run(request: u64, target: u32, hold_stretch: u32) -> (f64, u64, f64, S
     c.run(end);
     let b = c.bytes_between(warm, end);
     let (ratio, expired, mbps) = (b[0] as f64 / b[1] as f64, holds_expired(&c), (b[0] + b[1]) as f64 / 19.0 / 1e6);
-    (ratio, expired, mbps, format!("hold_stretch={hold_stretch} {ratio:.3}:1 ({expired} holds expired, {mbps:.1} MB/s)"))
+    let off = (ratio / target as f64 - 1.0) * 100.0;
+    (ratio, expired, mbps, format!("hold_stretch={hold_stretch} {ratio:.3}:1 ({off:+.1} % of target, {expired} holds expired, {mbps:.1} MB/s)"))
 }
 
 /// The default against the unstretched bound on the second workload. The

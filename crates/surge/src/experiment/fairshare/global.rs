@@ -255,6 +255,8 @@ pub struct HoldCheck {
     pub entries: Vec<HoldCheckEntry>,
     /// What the runs say, per target (see [`HoldCheck::verdicts`]).
     pub verdicts: Vec<HoldVerdict>,
+    /// How long the check took (what it adds to a run).
+    pub elapsed_s: f64,
 }
 
 /// How the default did at one target against the unstretched bound.
@@ -274,9 +276,9 @@ impl HoldCheck {
     /// Within 5 % of the target: the gate of the 1 MiB cases.
     pub const CLOSE: f64 = 0.05;
 
-    fn new(entries: Vec<HoldCheckEntry>, stretches: [u32; 2]) -> Self {
+    fn new(entries: Vec<HoldCheckEntry>, stretches: [u32; 2], elapsed_s: f64) -> Self {
         let verdicts = Self::verdicts(&entries, stretches);
-        HoldCheck { entries, verdicts }
+        HoldCheck { entries, verdicts, elapsed_s }
     }
 
     fn verdicts(entries: &[HoldCheckEntry], [default, plain]: [u32; 2]) -> Vec<HoldVerdict> {
@@ -429,6 +431,7 @@ impl Runner<'_> {
     /// `hold_stretch` then the unstretched bound, `reps` times interleaved;
     /// the proxies are left at the default.
     fn hold_check(&self) -> anyhow::Result<HoldCheck> {
+        let started = std::time::Instant::now();
         let p = self.plan;
         let h = &p.hold_check;
         let load = p.hold_check_load();
@@ -464,7 +467,7 @@ impl Runner<'_> {
                 entries.push(HoldCheckEntry { target, hold_stretch: stretch, achieved: median(&r), runs: r, min, max, mbps, holds_expired });
             }
         }
-        Ok(HoldCheck::new(entries, h.stretches))
+        Ok(HoldCheck::new(entries, h.stretches, started.elapsed().as_secs_f64()))
     }
 
     /// a stripes over every server, b over half of them; equal weights.
@@ -850,10 +853,12 @@ fn hold_check_section(s: &mut String, g: &GlobalResults) {
     let all_close = c.verdicts.iter().all(|v| v.default_close);
     let no_worse = c.verdicts.iter().all(|v| v.default_no_worse);
     s.push_str(&format!(
-        "\nHow the default did: {} on this workload, and {} than the unstretched bound (no worse: error at most {:.1} points above it).\n\n",
+        "\nHow the default did: {} on this workload, and {} than the unstretched bound (no worse: error at most {:.1} points above it), over {} run(s) per setting. This check took {:.0} s.\n\n",
         if all_close { "held every target" } else { "fell short of a target" },
         if no_worse { "no worse" } else { "worse" },
-        HoldCheck::CLOSE * 50.0
+        HoldCheck::CLOSE * 50.0,
+        g.plan.reps,
+        c.elapsed_s
     ));
 }
 
@@ -886,6 +891,21 @@ pub fn plot(out: &Path, g: &GlobalResults) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(target: u32, hold_stretch: u32, achieved: f64) -> HoldCheckEntry {
+        HoldCheckEntry { target, hold_stretch, achieved, runs: vec![achieved], min: achieved, max: achieved, mbps: [0.0; 2], holds_expired: vec![0] }
+    }
+
+    #[test]
+    fn the_hold_check_says_whether_the_default_held_and_did_no_worse_than_no_stretch() {
+        let entries = vec![entry(4, 8, 3.95), entry(4, 1, 3.97), entry(16, 8, 12.18), entry(16, 1, 13.46)];
+        let c = HoldCheck::new(entries, [8, 1], 20.0);
+        let v: Vec<(u32, bool, bool)> = c.verdicts.iter().map(|v| (v.target, v.default_close, v.default_no_worse)).collect();
+        assert_eq!(v, vec![(4, true, true), (16, false, false)]);
+        assert!((c.verdicts[1].default_error - (1.0 - 12.18 / 16.0)).abs() < 1e-9);
+        let held = HoldCheck::new(vec![entry(16, 8, 15.5), entry(16, 1, 10.8)], [8, 1], 10.0);
+        assert!(held.verdicts[0].default_close && held.verdicts[0].default_no_worse);
+    }
 
     #[test]
     fn the_default_plan_runs_the_papers_clients_and_every_region_holds_four_requests() {
