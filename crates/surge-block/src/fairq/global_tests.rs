@@ -566,7 +566,7 @@ fn on_off_run(request: u64, target: u32, hold_stretch: u32) -> (f64, u64, f64, S
 /// default came within 6.4 % at 16:1 (14.97:1, 942 holds expired) where the
 /// unstretched bound fell 32 % short (10.85:1, 1,290), and both held 4:1
 /// (3.979:1). 10 %: the 64 KiB case the default was calibrated on ranged
-/// 0.88..0.99 of its target in quick runs before the fix and is reported, not
+/// 14.15..15.84:1 at 16:1 in quick runs before the fix and is reported, not
 /// gated; 10 % keeps the default's margin and the unstretched bound's failure
 /// well apart. With 16 streams per application (8 clients of 2) the stretch
 /// never came into play here: both settings gave 15.865:1 for 16:1, every
