@@ -116,6 +116,28 @@ for x in g["cooperative"]["backlogged_ratios"]:
     # backlogged 16:1 case measured 14.55 and 14.82 on a quiet machine (full
     # run: 15.90); docs/results/fairshare.md has the record.
     print(f'    backlogged ({x["outstanding"]} outstanding) {x["target"]}:1 cooperative {x["achieved"]:.2f} (reported; >= {0.95 * x["target"]:.2f} would be 0.95 of target: {"yes" if ok else "NO"})')
+# Issue 40 item 13: the default hold bound (calibrated on the 64 KiB 16:1 case)
+# on a second workload, against the unstretched bound. Reported in full; gated
+# only on a floor that catches cooperation collapsing (local-only SFQ(D) gives
+# 64 KiB 1.18:1 at 16:1 in the same quick run): one 4 s run per setting, and the first quick
+# run measured the default at 12.18:1 (0.761 of target), the unstretched bound
+# 13.46:1 (docs/results/fairshare.md).
+h, hp = g["hold_bound_check"], g["plan"]["hold_check"]
+print(f'    hold bound check: {hp["request"] >> 10} KiB, {hp["clients"]} clients x {hp["streams"]} streams per application, {hp["think_us"] / 1000:g} ms think:')
+for e in h["entries"]:
+    print(f'      {e["target"]}:1 hold_stretch={e["hold_stretch"]}: {e["achieved"]:.2f} ({e["achieved"] / e["target"]:.3f} of target), {e["mbps"][0]:.1f} + {e["mbps"][1]:.1f} MB/s, holds expired {e["holds_expired"]}')
+default = hp["stretches"][0]
+for v in h["verdicts"]:
+    print(f'      {v["target"]}:1 default {v["default_error"]:.1%} off, unstretched {v["unstretched_error"]:.1%} off (reported)')
+for e in h["entries"]:
+    if e["hold_stretch"] == default:
+        floor = 0.6 * e["target"]
+        ok = e["achieved"] >= floor
+        print(f'      {e["target"]}:1 default {e["achieved"]:.2f} (need >= {floor:.2f}) {"ok" if ok else "FAIL"}')
+        if not ok:
+            bad.append(f'hold bound check {e["target"]}:1 default {e["achieved"]:.3f}')
+if {v["target"] for v in h["verdicts"]} != set(hp["targets"]):
+    bad.append("hold bound check: a target has no verdict")
 asym = g["asymmetric"]
 for mode in ("local_only", "cooperative"):
     print(f'    asymmetric (b on {asym["narrow_servers"]} of {n} servers) {mode}: achieved/target {asym[mode]["achieved_over_target"]:.3f}')

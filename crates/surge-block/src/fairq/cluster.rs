@@ -30,6 +30,9 @@ pub struct Striper {
     pub start: usize,
     /// It issues no request from this time on.
     pub until: Option<Duration>,
+    /// How long it waits after a request completes before it sends the next
+    /// (think time: an application that computes between its I/Os).
+    pub think: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -256,7 +259,7 @@ impl Cluster {
                 if rq.left == 0 {
                     let c = rq.client;
                     self.done[self.clients[c].tenant].push((now, rq.bytes));
-                    self.push(now, Kind::Issue(c));
+                    self.push(now + self.clients[c].think, Kind::Issue(c));
                 }
                 self.pump(s);
             }

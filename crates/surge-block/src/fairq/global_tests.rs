@@ -38,7 +38,7 @@ fn weight(w: u32) -> TenantConfig {
 }
 
 fn striper(tenant: usize, servers: std::ops::Range<usize>, chunks: usize, outstanding: usize, start: usize) -> Striper {
-    Striper { tenant, servers: servers.collect(), chunk: CHUNK, chunks, outstanding, start, until: None }
+    Striper { tenant, servers: servers.collect(), chunk: CHUNK, chunks, outstanding, start, until: None, think: Duration::ZERO }
 }
 
 /// Chunks a device serves in `d` when never idle.
@@ -392,6 +392,7 @@ fn small_requests(weights: [u32; 2], coop: bool) -> Cluster {
             outstanding: 1,
             start: (i * 3) % 8 * per_unit,
             until: None,
+            think: Duration::ZERO,
         })
         .collect::<Vec<_>>();
     experiment_cluster(weights, coop, clients)
@@ -506,4 +507,101 @@ fn proxies_converge_after_weights_change_at_different_moments() {
     assert!(mbps >= 0.9 * 8.0 * 15.1, "{mbps:.1} MB/s");
     let ratio = b[0] as f64 / b[1] as f64;
     assert!((ratio - 1.0).abs() <= 0.05, "{ratio:.3}:1 at equal weights");
+}
+
+/// The second workload of the hold bound's check (issue 40 item 13), which
+/// played no part in calibrating `hold_stretch`: 32 KiB requests (one server
+/// each; a stream writing in order sends 8 in a row to a server before it
+/// moves on), 4 + 4 clients of 2 streams each, every stream thinking 4 ms
+/// after each request before it sends the next (an application computing
+/// between its I/Os), weights 4:1 and 16:1. What the calibration case fixed
+/// differs: request size, requests in flight per client, the gaps an owed
+/// tenant leaves at a server (think time on top of its requests elsewhere),
+/// the weights; what it kept is the regime the stretch is for, 8 requests of
+/// an application in flight over 8 servers (as the quick experiment's 8 IOR
+/// clients). The experiment's across-servers part runs the same workload
+/// (`experiment/fairshare/global.rs`, `HoldCheckPlan`).
+const ON_OFF_STREAMS: usize = 8;
+const ON_OFF_THINK: Duration = Duration::from_millis(4);
+
+fn on_off_requests(request: u64, weights: [u32; 2], hold_stretch: u32) -> Cluster {
+    let per_unit = (CHUNK / request) as usize;
+    let order: Vec<usize> = (0..8).flat_map(|s| std::iter::repeat_n(s, per_unit)).collect();
+    let clients = (0..2 * ON_OFF_STREAMS)
+        .map(|i| Striper {
+            tenant: i / ON_OFF_STREAMS,
+            servers: order.clone(),
+            chunk: request,
+            chunks: 1,
+            outstanding: 1,
+            start: (i * 5) % order.len(),
+            until: None,
+            think: ON_OFF_THINK,
+        })
+        .collect::<Vec<_>>();
+    let make = move || {
+        let g = GlobalConfig { period: EXP_PERIOD, hold_stretch, ..GlobalConfig::default() };
+        let mut s = Scheduler::new(SchedConfig { depth: 2, global: Some(g), ..Default::default() });
+        s.add_tenant(weight(weights[0]));
+        s.add_tenant(weight(weights[1]));
+        s
+    };
+    let mut c = Cluster::new(8, EXP_DISK, &["a", "b"], make, clients, Some((EXP_PERIOD, TRANSIT)));
+    c.jitter(ms(8), 17);
+    c
+}
+
+/// One on-off run at `target`:1: a:b, holds expired, MB/s, and a line saying so.
+fn on_off_run(request: u64, target: u32, hold_stretch: u32) -> (f64, u64, f64, String) {
+    let (warm, end) = (secs(1), secs(20));
+    let mut c = on_off_requests(request, [target, 1], hold_stretch);
+    c.run(end);
+    let b = c.bytes_between(warm, end);
+    let (ratio, expired, mbps) = (b[0] as f64 / b[1] as f64, holds_expired(&c), (b[0] + b[1]) as f64 / 19.0 / 1e6);
+    let off = (ratio / target as f64 - 1.0) * 100.0;
+    (ratio, expired, mbps, format!("hold_stretch={hold_stretch} {ratio:.3}:1 ({off:+.1} % of target, {expired} holds expired, {mbps:.1} MB/s)"))
+}
+
+/// The default against the unstretched bound on the second workload. The
+/// default came within 6.4 % at 16:1 (14.97:1, 942 holds expired) where the
+/// unstretched bound fell 32 % short (10.85:1, 1,290), and both held 4:1
+/// (3.979:1). 10 %: the 64 KiB case the default was calibrated on ranged
+/// 14.15..15.84:1 at 16:1 in quick runs before the fix and is reported, not
+/// gated; 10 % keeps the default's margin and the unstretched bound's failure
+/// well apart. With 16 streams per application (8 clients of 2) the stretch
+/// never came into play here: both settings gave 15.865:1 for 16:1, every
+/// figure the same.
+#[test]
+fn on_off_32k_requests_keep_their_targets_with_the_default_hold_stretch() {
+    assert_eq!(GlobalConfig::default().hold_stretch, super::global::HOLD_STRETCH);
+    for target in [4u32, 16] {
+        let (ratio, _, mbps, said) = on_off_run(32 * KIB, target, super::global::HOLD_STRETCH);
+        let (plain, _, plain_mbps, plain_said) = on_off_run(32 * KIB, target, 1);
+        let t = target as f64;
+        let why = format!("32 KiB on-off {target}:1: default {said}, unstretched {plain_said}");
+        eprintln!("{why}");
+        assert!((ratio - t).abs() <= 0.10 * t, "{why}");
+        assert!((ratio - t).abs() <= (plain - t).abs() + 0.01 * t, "the default does worse than no stretch: {why}");
+        assert!(mbps >= 0.95 * plain_mbps, "the default's holds cost throughput: {why}");
+    }
+}
+
+/// The same workload with 16 KiB requests: here the default overshoots 16:1
+/// (20.02:1, b gets 80 % of its share; the unstretched bound: 10.89:1, a gets
+/// 68 % of its target), while 4:1 holds (4.140:1; unstretched 4.209:1). With a request taking 2 ms, the
+/// lighter tenant's lead in lags builds up in fewer, smaller requests and
+/// the stretched holds keep b out longer than its share needs. Guarded so it
+/// gets no worse: b keeps at least 3/4 of its share, and 4:1 within 5 %.
+#[test]
+fn on_off_16k_requests_with_the_default_hold_stretch_overshoot_16_to_1_within_a_bound() {
+    for target in [4u32, 16] {
+        let (ratio, _, _, said) = on_off_run(16 * KIB, target, super::global::HOLD_STRETCH);
+        let (_, _, _, plain_said) = on_off_run(16 * KIB, target, 1);
+        let t = target as f64;
+        let why = format!("16 KiB on-off {target}:1: default {said}, unstretched {plain_said}");
+        eprintln!("{why}");
+        assert!(ratio >= 0.95 * t, "{why}");
+        let most = if target == 16 { t / 0.75 } else { 1.05 * t };
+        assert!(ratio <= most, "{why}");
+    }
 }

@@ -45,8 +45,6 @@ pub type ReqId = u64;
 /// and tests can count exactly.
 const WSCALE: u128 = 720_720;
 const NANOS: u128 = 1_000_000_000;
-/// The most an anticipation bound is stretched for a held tenant far ahead (see `hold_bound`).
-const MAX_LEAD_SCALE: u32 = 8;
 /// Each report period a server's global tags move by this fraction of their
 /// offset from the median of the views (see `Scheduler::converge`).
 const CONVERGE_DIVISOR: i128 = 4;
@@ -555,7 +553,7 @@ impl Scheduler {
     /// anticipation bound among them (each by its own gap estimate under `auto`).
     ///
     /// Under `auto` the bound grows with how far the held tenant is ahead, in
-    /// lags (up to [`MAX_LEAD_SCALE`] times, within the auto maximum): every
+    /// lags (up to [`GlobalConfig::hold_stretch`] times, within the auto maximum): every
     /// hold that runs out serves the tenant that is ahead, so when the owed
     /// tenant cannot use every server at once (small requests, one per client)
     /// the held one's service is what the expired holds give it, and its lead
@@ -571,7 +569,7 @@ impl Scheduler {
                 }
                 let (me, o) = (&self.tenants[t], &self.tenants[u]);
                 let lag = (g.lag as u128 * WSCALE / me.cfg.weight as u128).max(1);
-                let leads = (me.global.saturating_sub(o.global) / lag).clamp(1, MAX_LEAD_SCALE as u128) as u32;
+                let leads = (me.global.saturating_sub(o.global) / lag).clamp(1, g.hold_stretch.max(1) as u128) as u32;
                 (base * leads).min(Anticipate::AUTO_MAX)
             })
             .max()

@@ -33,6 +33,9 @@ pub struct Args {
     pub region: u64,
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub duration: std::time::Duration,
+    /// Each stream waits this long after a request completes before it sends the next (think time).
+    #[arg(long, default_value = "0s", value_parser = duration)]
+    pub think: std::time::Duration,
     /// Source address of TCP connections (e.g. 127.0.1.5: proxies may tell applications apart by address).
     #[arg(long, value_name = "IP")]
     pub bind: Option<IpAddr>,
@@ -62,6 +65,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         offset: a.offset,
         region: a.region,
         duration: a.duration,
+        think: a.think,
         wait_go: a.wait_go,
     };
     let o = client::run(&cfg)?;

@@ -117,10 +117,10 @@ pub fn set_coop(ctx: &BuildContext, timing: Option<CoopTiming>) {
 }
 
 const KEYS: &[&str] =
-    &["tenant", "weight", "reservation", "limit", "depth", "overhead", "adaptive", "clients", "global", "lag", "anticipate"];
+    &["tenant", "weight", "reservation", "limit", "depth", "overhead", "adaptive", "clients", "global", "lag", "anticipate", "hold_stretch"];
 
 /// `share:POOL[,tenant=NAME][,weight=N][,reservation=RATE][,limit=RATE][,clients=RANGE+RANGE...]`
-/// and pool-wide `[,depth=D][,overhead=SIZE][,adaptive=on|off|MS][,global=on|off][,lag=SIZE][,anticipate=auto|off|DURATION]`.
+/// and pool-wide `[,depth=D][,overhead=SIZE][,adaptive=on|off|MS][,global=on|off][,lag=SIZE][,anticipate=auto|off|DURATION][,hold_stretch=N]`.
 /// The tenant defaults to the export name; pool-wide options apply to the
 /// pool's queue (the first export that names them sets them).
 pub fn build_share(export: &str, args: &str, ctx: &BuildContext) -> Result<Built, SpecError> {
@@ -154,6 +154,9 @@ pub fn build_share(export: &str, args: &str, ctx: &BuildContext) -> Result<Built
     }
     if let Some(a) = o.take("anticipate") {
         global.anticipate = parse_anticipate(&a).map_err(|m| share_err(&m))?;
+    }
+    if let Some(n) = o.take("hold_stretch") {
+        global.hold_stretch = parse_hold_stretch(&n).map_err(|m| share_err(&m))?;
     }
     sched.global = global_on.then_some(global);
     o.finish(KEYS)?;
@@ -316,6 +319,14 @@ fn parse_anticipate(s: &str) -> Result<Anticipate, String> {
     }
 }
 
+/// How many times a hold may be stretched by the held tenant's lead, 1..=64 (1: not stretched).
+fn parse_hold_stretch(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(n),
+        _ => Err(format!("hold_stretch {s:?}: use a whole number 1..64 (1: not stretched; default {})", surge_block::fairq::global::HOLD_STRETCH)),
+    }
+}
+
 /// `off`, `on` (default target) or a mean-latency target in milliseconds.
 fn parse_adaptive(s: &str) -> Result<Option<AdaptiveConfig>, String> {
     match s {
@@ -395,13 +406,17 @@ impl Controllable for TenantControl {
                 self.share.set_clients(&self.handle, parse_clients(value)?);
                 return Ok(());
             }
-            "global" | "lag" | "anticipate" => {
+            "global" | "lag" | "anticipate" | "hold_stretch" => {
                 let current = q.stats().config.global;
                 let mut g = current.clone().unwrap_or_default();
                 let on = match key {
                     "global" => parse_on_off(value)?,
                     "lag" => {
                         g.lag = parse_size(value).map_err(|e| e.to_string())?;
+                        current.is_some()
+                    }
+                    "hold_stretch" => {
+                        g.hold_stretch = parse_hold_stretch(value)?;
                         current.is_some()
                     }
                     _ => {
@@ -414,7 +429,7 @@ impl Controllable for TenantControl {
             }
             other => {
                 return Err(format!(
-                    "{} has no setting {other:?} (weight, reservation, limit, clients; pool-wide: depth, overhead, adaptive, global, lag, anticipate)",
+                    "{} has no setting {other:?} (weight, reservation, limit, clients; pool-wide: depth, overhead, adaptive, global, lag, anticipate, hold_stretch)",
                     self.name()
                 ))
             }
@@ -512,15 +527,19 @@ mod tests {
         solo.controls[0].set("global", "on").unwrap();
         solo.controls[0].set("lag", "4MiB").unwrap();
         solo.controls[0].set("anticipate", "3ms").unwrap();
+        assert_eq!(pool_of(&c).stats().config.global.unwrap().hold_stretch, surge_block::fairq::global::HOLD_STRETCH, "default");
+        solo.controls[0].set("hold_stretch", "1").unwrap();
+        assert!(solo.controls[0].set("hold_stretch", "0").unwrap_err().contains("hold_stretch"));
         let g = pool_of(&c).stats().config.global.unwrap();
-        assert_eq!((g.lag, g.anticipate), (4 << 20, Anticipate::Micros(3000)));
+        assert_eq!((g.lag, g.anticipate, g.hold_stretch), (4 << 20, Anticipate::Micros(3000), 1));
         solo.controls[0].set("global", "off").unwrap();
         assert!(pool_of(&c).stats().config.global.is_none());
 
         let c = ctx();
         set_coop(&c, Some(CoopTiming { period: Duration::from_millis(10), peer_timeout: Duration::from_millis(300), max_peers: 2 }));
-        build_share("a", "pool,lag=2MiB,anticipate=off", &c).unwrap();
+        build_share("a", "pool,lag=2MiB,anticipate=off,hold_stretch=2", &c).unwrap();
         let g = pool_of(&c).stats().config.global.unwrap();
+        assert_eq!(g.hold_stretch, 2);
         assert_eq!((g.period, g.peer_timeout, g.lag, g.anticipate), (Duration::from_millis(10), Duration::from_millis(300), 2 << 20, Anticipate::Off));
         let c2 = ctx();
         set_coop(&c2, Some(CoopTiming { period: Duration::from_millis(10), peer_timeout: Duration::from_millis(300), max_peers: 2 }));

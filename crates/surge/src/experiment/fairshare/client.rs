@@ -75,6 +75,9 @@ pub struct BenchConfig {
     pub offset: u64,
     pub region: u64,
     pub duration: Duration,
+    /// Each stream waits this long after a request completes before it sends
+    /// the next (think time; zero: back to back, as IOR).
+    pub think: Duration,
     /// Print `ready` once connected and wait for a line on stdin before starting.
     pub wait_go: bool,
 }
@@ -186,6 +189,9 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<BenchOutcome> {
                         let t1 = monotonic_ns();
                         done.push((t1, (t1 - t0) / 1000));
                         pos = (pos + cfg.request) % per_stream;
+                        if !cfg.think.is_zero() {
+                            std::thread::sleep(cfg.think);
+                        }
                     }
                     for c in st.conns {
                         let _ = c.disconnect();

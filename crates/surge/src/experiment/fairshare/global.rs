@@ -45,6 +45,41 @@ pub struct GlobalPlan {
     pub cooldown_s: f64,
     /// Runs of every case (each local-only run followed by its cooperative one).
     pub reps: usize,
+    /// The hold bound checked on a second workload (issue 40 item 13).
+    pub hold_check: HoldCheckPlan,
+}
+
+/// The second workload of the hold bound's check (issue 40 item 13): the
+/// default `hold_stretch` was calibrated on the 64 KiB, one request per
+/// client, 16:1 case; here 32 KiB requests (one server each), 4 clients per
+/// application with 2 streams each (8 in flight per application, as the
+/// quick run's 8 IOR clients), every stream thinking 4 ms after each request
+/// (an application computing between its I/Os), at 4:1 and 16:1; the same
+/// in quick and full runs. The same workload as `fairq/global_tests.rs`,
+/// `on_off_32k_requests_keep_their_targets_with_the_default_hold_stretch`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HoldCheckPlan {
+    pub request: u64,
+    pub clients: usize,
+    /// Streams (requests in flight) per client.
+    pub streams: usize,
+    pub think_us: u64,
+    pub targets: Vec<u32>,
+    /// The default `hold_stretch`, and the setting it is compared with (1: not stretched).
+    pub stretches: [u32; 2],
+}
+
+impl HoldCheckPlan {
+    fn new(clients: usize) -> Self {
+        HoldCheckPlan {
+            request: 32 * KIB,
+            clients: 4.min(clients),
+            streams: 2,
+            think_us: 4000,
+            targets: vec![4, 16],
+            stretches: [surge_block::fairq::global::HOLD_STRETCH, 1],
+        }
+    }
 }
 
 impl GlobalPlan {
@@ -74,6 +109,7 @@ impl GlobalPlan {
             warmup_s: 0.5,
             cooldown_s: 0.25,
             reps: if quick { 1 } else { 3 },
+            hold_check: HoldCheckPlan::new(clients),
         }
     }
 
@@ -126,7 +162,22 @@ impl GlobalPlan {
             via_proxies,
             chunk: self.chunk,
             request,
+            think: Duration::ZERO,
             duration: Duration::from_secs_f64(run_s),
+        }
+    }
+
+    /// The hold check's workload, through the proxies.
+    fn hold_check_load(&self) -> LoadSpec {
+        let h = &self.hold_check;
+        let app = || AppLoad { clients: h.clients, servers: self.all_servers(), outstanding: h.streams };
+        LoadSpec {
+            apps: [app(), app()],
+            via_proxies: true,
+            chunk: self.chunk,
+            request: h.request,
+            think: Duration::from_micros(h.think_us),
+            duration: Duration::from_secs_f64(self.run_s),
         }
     }
 }
@@ -183,6 +234,68 @@ pub struct Overhead {
     pub proxied_runs: Vec<f64>,
 }
 
+/// One target and `hold_stretch` of the hold check, over its runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct HoldCheckEntry {
+    pub target: u32,
+    pub hold_stretch: u32,
+    /// Median a:b over the runs, and the runs.
+    pub achieved: f64,
+    pub runs: Vec<f64>,
+    pub min: f64,
+    pub max: f64,
+    /// Median MB/s of a and b.
+    pub mbps: [f64; 2],
+    /// Holds that ran out their bound, summed over the proxies, per run.
+    pub holds_expired: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HoldCheck {
+    pub entries: Vec<HoldCheckEntry>,
+    /// What the runs say, per target (see [`HoldCheck::verdicts`]).
+    pub verdicts: Vec<HoldVerdict>,
+    /// How long the check took (what it adds to a run).
+    pub elapsed_s: f64,
+}
+
+/// How the default did at one target against the unstretched bound.
+#[derive(Debug, Clone, Serialize)]
+pub struct HoldVerdict {
+    pub target: u32,
+    /// |achieved / target - 1| of the default and of the unstretched bound.
+    pub default_error: f64,
+    pub unstretched_error: f64,
+    /// The default within [`HoldCheck::CLOSE`] of the target.
+    pub default_close: bool,
+    /// The default's error at most the unstretched one's plus [`HoldCheck::CLOSE`] / 2.
+    pub default_no_worse: bool,
+}
+
+impl HoldCheck {
+    /// Within 5 % of the target: the gate of the 1 MiB cases.
+    pub const CLOSE: f64 = 0.05;
+
+    fn new(entries: Vec<HoldCheckEntry>, stretches: [u32; 2], elapsed_s: f64) -> Self {
+        let verdicts = Self::verdicts(&entries, stretches);
+        HoldCheck { entries, verdicts, elapsed_s }
+    }
+
+    fn verdicts(entries: &[HoldCheckEntry], [default, plain]: [u32; 2]) -> Vec<HoldVerdict> {
+        let error = |e: &HoldCheckEntry| (e.achieved / e.target as f64 - 1.0).abs();
+        let find = |t: u32, k: u32| entries.iter().find(|e| e.target == t && e.hold_stretch == k);
+        let mut targets: Vec<u32> = entries.iter().map(|e| e.target).collect();
+        targets.dedup();
+        targets
+            .into_iter()
+            .filter_map(|t| {
+                let (d, p) = (error(find(t, default)?), error(find(t, plain)?));
+                Some(HoldVerdict { target: t, default_error: d, unstretched_error: p, default_close: d <= Self::CLOSE, default_no_worse: d <= p + Self::CLOSE / 2.0 })
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct GlobalResults {
     pub plan: GlobalPlan,
@@ -192,6 +305,8 @@ pub struct GlobalResults {
     pub overhead: Overhead,
     /// (direct - proxied) / direct, in percent.
     pub overhead_pct: f64,
+    /// The default hold bound against the unstretched one on the second workload.
+    pub hold_bound_check: HoldCheck,
     /// Holds that ran out their anticipation bound and requests held back, summed over proxies, per tenant.
     pub proxy_counters: serde_json::Value,
     pub elapsed_s: f64,
@@ -310,6 +425,49 @@ impl Runner<'_> {
             }
         }
         Ok(out)
+    }
+
+    /// The hold check (issue 40 item 13): every target, the default
+    /// `hold_stretch` then the unstretched bound, `reps` times interleaved;
+    /// the proxies are left at the default.
+    fn hold_check(&self) -> anyhow::Result<HoldCheck> {
+        let started = std::time::Instant::now();
+        let p = self.plan;
+        let h = &p.hold_check;
+        let load = p.hold_check_load();
+        let mut entries = Vec::new();
+        for &target in &h.targets {
+            let mut runs: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
+            for rep in 0..p.reps {
+                for (k, &stretch) in h.stretches.iter().enumerate() {
+                    self.configure([target, 1], true)?;
+                    self.store.set("a", "hold_stretch", &stretch.to_string())?;
+                    let m = self.run([target, 1], true, &load);
+                    self.store.set("a", "hold_stretch", &h.stretches[0].to_string())?;
+                    let m = m?;
+                    step(&format!(
+                        "global hold check {target}:1, {} KiB, {} streams per client, {} ms think, hold_stretch={stretch} (run {}): {:.2}:1, {:.1} + {:.1} MB/s; {}",
+                        h.request / KIB,
+                        h.streams,
+                        h.think_us as f64 / 1000.0,
+                        rep + 1,
+                        m.ratio,
+                        m.mbps[0],
+                        m.mbps[1],
+                        m.holds
+                    ));
+                    runs[k].push(m);
+                }
+            }
+            for (k, &stretch) in h.stretches.iter().enumerate() {
+                let r: Vec<f64> = runs[k].iter().map(|m| m.ratio).collect();
+                let (min, max) = spread(&r);
+                let mbps = [0, 1].map(|t| median(&runs[k].iter().map(|m| m.mbps[t]).collect::<Vec<_>>()));
+                let holds_expired = runs[k].iter().map(|m| m.holds.expired).collect();
+                entries.push(HoldCheckEntry { target, hold_stretch: stretch, achieved: median(&r), runs: r, min, max, mbps, holds_expired });
+            }
+        }
+        Ok(HoldCheck::new(entries, h.stretches, started.elapsed().as_secs_f64()))
     }
 
     /// a stripes over every server, b over half of them; equal weights.
@@ -472,6 +630,7 @@ fn measure(plan: &GlobalPlan, store: Store, started: std::time::Instant) -> anyh
     lo.extend(lo_s);
     co.extend(co_s);
     let [lo_b, co_b] = r.ratios(plan.request, plan.backlog, &plan.backlogged_targets)?;
+    let hold_bound_check = r.hold_check()?;
     let asymmetric = r.asymmetric()?;
     let overhead = r.overhead()?;
     let proxy_counters = r.counters();
@@ -482,6 +641,7 @@ fn measure(plan: &GlobalPlan, store: Store, started: std::time::Instant) -> anyh
         asymmetric,
         overhead_pct: (overhead.direct_mbps - overhead.proxied_mbps) / overhead.direct_mbps * 100.0,
         overhead,
+        hold_bound_check,
         proxy_counters,
         elapsed_s: started.elapsed().as_secs_f64(),
     })
@@ -608,6 +768,7 @@ pub fn report(g: &GlobalResults) -> String {
         ratio_rows(&mut s, g, true, p.request);
         s.push_str(&format!("\n{} clients per application with {} requests in flight each: {} in flight per application, as many as the paper's 32 clients with one each (32 clients with 4 each would be 2,048 connections and leave the lighter tenant's streams about one completion per 17 s at 16:1). With more in flight, each proxy sees both tenants queued more often and local SFQ(D) comes closer to the target; cooperation must hold the weights and not overshoot.\n\n", p.backlog_clients, p.backlog, p.backlog_clients * p.backlog));
     }
+    hold_check_section(&mut s, g);
     let a = &g.asymmetric;
     s.push_str(&format!(
         "### Asymmetric server use: a over all {n} servers, b over {} of them, weights {}:{}\n\n",
@@ -635,6 +796,70 @@ pub fn report(g: &GlobalResults) -> String {
         g.proxy_counters, g.elapsed_s
     ));
     s
+}
+
+/// The hold bound's check on the second workload, with what it found.
+fn hold_check_section(s: &mut String, g: &GlobalResults) {
+    let (p, c) = (&g.plan.hold_check, &g.hold_bound_check);
+    let [default, plain] = p.stretches;
+    s.push_str("### Hold bound on a second workload (issue 40 item 13)\n\n");
+    s.push_str(&format!(
+        "The default `hold_stretch={default}` (under `anticipate=auto` a hold lasts up to {default} times the owed tenant's gap estimate, by the held tenant's lead in lags, within 200 ms) was calibrated on the {} KiB, one request per client, 16:1 case above. Here a workload that played no part in it: {} KiB requests (one server each), {} clients per application with {} streams each, every stream waiting {} ms after each request before it sends the next, cooperative, the default against `hold_stretch={plain}` (no stretch, the bound before the calibration; set live with `surge qos set a hold_stretch=N`), {} run(s) of {} s each, interleaved.\n\n",
+        g.plan.small_request / KIB,
+        p.request / KIB,
+        p.clients,
+        p.streams,
+        p.think_us as f64 / 1000.0,
+        g.plan.reps,
+        g.plan.run_s
+    ));
+    s.push_str("| target | hold_stretch | a:b (min..max) | / target | MB/s a + b | holds expired (per run) |\n|---|---|---|---|---|---|\n");
+    for e in &c.entries {
+        let expired: Vec<String> = e.holds_expired.iter().map(u64::to_string).collect();
+        s.push_str(&format!(
+            "| {}:1 | {}{} | {:.2} ({:.2}..{:.2}) | {:.3} | {:.1} + {:.1} | {} |\n",
+            e.target,
+            e.hold_stretch,
+            if e.hold_stretch == default { " (default)" } else { "" },
+            e.achieved,
+            e.min,
+            e.max,
+            e.achieved / e.target as f64,
+            e.mbps[0],
+            e.mbps[1],
+            expired.join(", ")
+        ));
+    }
+    s.push('\n');
+    for v in &c.verdicts {
+        let close = if v.default_close { "within" } else { "NOT within" };
+        let compared = if v.default_error + 0.005 < v.unstretched_error {
+            "closer than"
+        } else if v.default_error <= v.unstretched_error + 0.005 {
+            "as close as"
+        } else if v.default_no_worse {
+            "slightly further off than"
+        } else {
+            "further off than"
+        };
+        s.push_str(&format!(
+            "- {}:1: the default came {:.1} % from the target ({close} {:.0} %), {compared} the unstretched bound ({:.1} %).\n",
+            v.target,
+            v.default_error * 100.0,
+            HoldCheck::CLOSE * 100.0,
+            v.unstretched_error * 100.0
+        ));
+    }
+    let all_close = c.verdicts.iter().all(|v| v.default_close);
+    let no_worse = c.verdicts.iter().all(|v| v.default_no_worse);
+    s.push_str(&format!(
+        "\nHow the default did: {} on this workload, and {} than the unstretched bound (no worse: error at most {:.1} points above it), over {} run(s) per setting. This check took {:.0} s.\n\n",
+        if all_close { "held every target" } else { "fell short of a target" },
+        if no_worse { "no worse" } else { "worse" },
+        HoldCheck::CLOSE * 50.0,
+        g.plan.reps,
+        c.elapsed_s
+    ));
 }
 
 pub(super) fn fmt_runs(v: &[f64]) -> String {
@@ -666,6 +891,21 @@ pub fn plot(out: &Path, g: &GlobalResults) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(target: u32, hold_stretch: u32, achieved: f64) -> HoldCheckEntry {
+        HoldCheckEntry { target, hold_stretch, achieved, runs: vec![achieved], min: achieved, max: achieved, mbps: [0.0; 2], holds_expired: vec![0] }
+    }
+
+    #[test]
+    fn the_hold_check_says_whether_the_default_held_and_did_no_worse_than_no_stretch() {
+        let entries = vec![entry(4, 8, 3.95), entry(4, 1, 3.97), entry(16, 8, 12.18), entry(16, 1, 13.46)];
+        let c = HoldCheck::new(entries, [8, 1], 20.0);
+        let v: Vec<(u32, bool, bool)> = c.verdicts.iter().map(|v| (v.target, v.default_close, v.default_no_worse)).collect();
+        assert_eq!(v, vec![(4, true, true), (16, false, false)]);
+        assert!((c.verdicts[1].default_error - (1.0 - 12.18 / 16.0)).abs() < 1e-9);
+        let held = HoldCheck::new(vec![entry(16, 8, 15.5), entry(16, 1, 10.8)], [8, 1], 10.0);
+        assert!(held.verdicts[0].default_close && held.verdicts[0].default_no_worse);
+    }
 
     #[test]
     fn the_default_plan_runs_the_papers_clients_and_every_region_holds_four_requests() {

@@ -250,6 +250,8 @@ pub struct LoadSpec {
     pub via_proxies: bool,
     pub chunk: u64,
     pub request: u64,
+    /// Think time of every stream after each request (zero: back to back).
+    pub think: Duration,
     pub duration: Duration,
 }
 
@@ -276,6 +278,7 @@ pub struct ClientSpec {
     pub outstanding: usize,
     pub offset: u64,
     pub region: u64,
+    pub think: Duration,
     pub duration: Duration,
 }
 
@@ -318,6 +321,7 @@ pub fn run_clients_with<T: Send>(store: &Store, load: &LoadSpec, during: impl Fn
                 outstanding: a.outstanding,
                 offset,
                 region: region - width,
+                think: load.think,
                 duration: load.duration,
             });
             n += 1;
@@ -345,6 +349,7 @@ pub fn run_client_procs<T: Send>(specs: &[ClientSpec], during: impl FnOnce() -> 
             .args(["--outstanding", &c.outstanding.to_string()])
             .args(["--offset", &c.offset.to_string(), "--region", &c.region.to_string()])
             .args(["--duration", &format!("{}ms", c.duration.as_millis())])
+            .args(["--think", &format!("{}us", c.think.as_micros())])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

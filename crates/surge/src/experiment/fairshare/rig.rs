@@ -143,6 +143,7 @@ fn run_in(dir: &Path, dev: &DeviceSpec, spec: &RunSpec) -> anyhow::Result<RunOut
                 outstanding: 1,
                 offset: clients.len() as u64 * region,
                 region,
+                think: Duration::ZERO,
                 duration: spec.duration,
             });
         }
