@@ -132,6 +132,7 @@ mod tests {
             scale: Default::default(),
             background_provision: false,
             credit_horizon: CREDIT_HORIZON,
+            stripe: None,
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         v.step().unwrap();
