@@ -141,9 +141,8 @@ mod tests {
     /// the rest goes at their 100 IOPS baseline, near three minutes; the
     /// controller sees the drain and mirrors each onto a fresh member (full
     /// of credits; only the 32 MiB written is copied), so the run ends
-    /// seconds after the trace, though late: the swaps start as the members
-    /// run dry (the policy plans a 1 GiB copy at 64 MiB/s and needs ticks to
-    /// measure the drain).
+    /// seconds after the trace, though late: the swaps start about when the
+    /// members run dry.
     #[test]
     fn a_stripe_running_out_of_credits_is_swapped_onto_fresh_members_and_finishes_well_before_its_baseline_bound() {
         let t = writes(15, 5_900);
