@@ -77,6 +77,7 @@ mod stress_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use crate::control::Controllable;
     use surge_block::Clock;
     use surge_cloud::CreateRequest;
