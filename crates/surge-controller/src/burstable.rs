@@ -45,6 +45,9 @@ use surge_cloud::{CreateRequest, Provider, VolumeSpec};
 use surge_policy::burstable::{Action, BurstableConfig, BurstablePolicy, MemberObs, Mode, Obs, SlotView, Strategy};
 
 pub mod ebs;
+pub mod spec;
+
+pub use spec::{local_delays, parse_params, stripe_shape};
 
 #[derive(Debug, Clone)]
 pub struct BurstableParams {
@@ -77,6 +80,10 @@ pub struct BurstableParams {
     /// On a cloud whose credits lag: how often each member's CloudWatch
     /// point is read (`cloudwatch_every=60s`).
     pub cloudwatch_every: Duration,
+    /// The UNIX time of the clock's zero, in ns: where CloudWatch's points
+    /// (UNIX times) fall on the clock. `None`: the system's time at `open`
+    /// less the clock's (the daemon, whose clock is the system's).
+    pub epoch_unix_ns: Option<u64>,
 }
 
 /// What survives a restart (see the module docs for the write order).
@@ -242,7 +249,8 @@ impl BurstableVolume {
         // Credits that lag (CloudWatch): count what surge issues to each member.
         let (provider, credits): (Arc<dyn Provider>, _) = if provider.credits_sampled() {
             let m = Arc::new(ebs::MeteredProvider::new(provider));
-            (m.clone(), Some(ebs::SampledCredits::new(m, &p.member, clock.now(), p.cloudwatch_every)))
+            let epoch_unix_ns = p.epoch_unix_ns.unwrap_or_else(|| surge_cloud::WallClock::anchored(clock.clone()).epoch_unix_ns);
+            (m.clone(), Some(ebs::SampledCredits::new(m, &p.member, epoch_unix_ns, p.cloudwatch_every)))
         } else {
             (provider, None)
         };
@@ -439,8 +447,7 @@ impl BurstableVolume {
     /// Start the controller thread.
     pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
         let me = self.clone();
-        let t = std::thread::Builder::new().name(format!("burstable-{}", self.p.name)).spawn(move || {
-            let _t = ClockThread::enter(me.clock.clone());
+        let t = crate::spawn_registered(format!("burstable-{}", self.p.name), self.clock.clone(), move || {
             let mut next = me.clock.now();
             while !me.stop.load(Relaxed) {
                 me.guarded_step();

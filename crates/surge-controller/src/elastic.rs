@@ -34,7 +34,7 @@ use surge_block::cache::fence::{FenceStore, FileFences, MemoryFences};
 use surge_block::cache::{CacheConfig, CacheError, CacheMode, ElasticCache, Flusher, Phase};
 use surge_block::fault::{FaultDev, FaultRules};
 use surge_block::model::VolumeModel;
-use surge_block::{BlockDev, Caps, Clock, ClockThread, Counted, ZeroMode};
+use surge_block::{BlockDev, Caps, Clock, Counted, ZeroMode};
 use surge_cloud::{CreateRequest, Provider, VolumeSpec};
 use surge_policy::{Action, CacheObs, Decision, ElasticConfig, ElasticPolicy, State};
 
@@ -71,6 +71,11 @@ pub struct ElasticParams {
     /// A gp2/st1/sc1 backing's burst rate counts while its credits would last
     /// this long at it (provider time: scaled like the other durations).
     pub credit_horizon: Duration,
+    /// The backing is a persistent burstable stripe (`backing=burstable:SIZE,members=N`):
+    /// its controller ([`crate::burstable::BurstableVolume`]) runs beside this
+    /// one, its members `NAME-backing-sI-gG` on the same provider; `backing` is
+    /// then its member's spec.
+    pub stripe: Option<crate::burstable::BurstableParams>,
 }
 
 /// Fault rules (`surge_block::fault`) for an elastic volume's devices.
@@ -186,8 +191,11 @@ pub struct ElasticVolume {
     clock: Arc<dyn Clock>,
     cache: Arc<ElasticCache>,
     fences: Arc<dyn FenceStore>,
+    /// The backing volume's id (a stripe: the prefix of its members' names).
     backing_id: String,
     backing_io: Arc<Counted>,
+    /// The backing's own controller when it is a burstable stripe.
+    stripe: Option<Arc<crate::burstable::BurstableVolume>>,
     /// The backing volume's fault layer, when `faults.backing` is set.
     backing_fault: Option<Arc<FaultDev>>,
     /// The cache volume: attached, or failed and still being rescued.
@@ -225,26 +233,9 @@ pub struct ElasticVolume {
     reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-/// Spawn a thread registered on `clock` before this returns, so that a
-/// discrete-event clock (`SimClock`) cannot move time on before it starts,
-/// nor while it works between its sleeps (a no-op for the system clock).
+/// [`crate::spawn_registered`]; a thread that cannot be spawned is fatal here.
 fn spawn_registered(name: String, clock: Arc<dyn Clock>, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
-    // The caller waits spinning, not blocked in the kernel: a discrete-event
-    // clock would take a blocked caller as waiting for time and move it on.
-    let started = Arc::new(AtomicBool::new(false));
-    let s = started.clone();
-    let t = std::thread::Builder::new()
-        .name(name)
-        .spawn(move || {
-            let _t = ClockThread::enter(clock);
-            s.store(true, std::sync::atomic::Ordering::Release);
-            f()
-        })
-        .expect("spawn a controller thread");
-    while !started.load(std::sync::atomic::Ordering::Acquire) {
-        std::thread::yield_now();
-    }
-    t
+    crate::spawn_registered(name, clock, f).expect("spawn a controller thread")
 }
 
 fn io_total(c: &Counted) -> u64 {
@@ -279,11 +270,22 @@ impl ElasticVolume {
         let cache_cfg = CacheConfig { fences: Some(fences.clone()), ..p.cache.clone() };
         let backing_name = format!("{}-backing", p.name);
         let vols = provider.list()?;
-        let backing_id = match vols.iter().find(|v| v.name.as_deref() == Some(&backing_name)) {
-            Some(v) => v.id.clone(),
-            None => provider.create(CreateRequest { spec: p.backing.clone(), name: Some(backing_name) })?.id,
+        let (backing_id, raw_backing, stripe) = match &p.stripe {
+            Some(bp) => {
+                let v = crate::burstable::BurstableVolume::open(bp.clone(), provider.clone(), clock.clone())?;
+                v.start()?;
+                (backing_name, v.clone() as Arc<dyn BlockDev>, Some(v))
+            }
+            None => {
+                let id = match vols.iter().find(|v| v.name.as_deref() == Some(&backing_name)) {
+                    Some(v) => v.id.clone(),
+                    None => provider.create(CreateRequest { spec: p.backing.clone(), name: Some(backing_name) })?.id,
+                };
+                let dev = provider.attach(&id)?;
+                (id, dev, None)
+            }
         };
-        let (backing_dev, backing_fault) = with_faults(provider.attach(&backing_id)?, &p.faults.backing, &clock);
+        let (backing_dev, backing_fault) = with_faults(raw_backing, &p.faults.backing, &clock);
         let backing_io = Arc::new(Counted::new(backing_dev));
         let prefix = format!("{}-cache-", p.name);
         let mut leftovers: Vec<_> = vols.iter().filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&prefix))).collect();
@@ -330,14 +332,19 @@ impl ElasticVolume {
             None => ElasticCache::new(backing_io.clone(), cache_cfg.clone(), clock.clone()),
         };
         let doomed = doomed.into_iter().map(|id| Doomed { id, attempts: 0, next_at: Duration::ZERO, last_error: None }).collect();
-        let shape = p.scale.shape(p.backing.shape()?);
+        // A stripe is measured at its members' bursts together (its controller swaps them before credits run out).
+        let backing_shape = match &p.stripe {
+            Some(bp) => crate::burstable::stripe_shape(bp).ok_or_else(|| anyhow::anyhow!("the stripe's members ({}) have no volume model", bp.member))?,
+            None => p.backing.shape()?,
+        };
+        let shape = p.scale.shape(backing_shape.clone());
         let backing_model = BackingModel {
             capacity: surge_policy::backing::BackingCapacity::new(shape.clone(), p.credit_horizon),
             credits: surge_policy::backing::CreditTracker::new(&shape),
             ask_at: Duration::ZERO,
             last: None,
         };
-        let booster = p.boost.clone().map(|b| Mutex::new(boost::Booster::new(b, &p.policy, p.cache.block_size, p.backing.clone())));
+        let booster = p.boost.clone().map(|b| Mutex::new(boost::Booster::new(b, &p.policy, p.cache.block_size, backing_shape.clone())));
         let mut policy = ElasticPolicy::new(p.policy.clone());
         if let Some(size) = recovered {
             policy.resume_drain(clock.now(), size);
@@ -348,6 +355,7 @@ impl ElasticVolume {
             backing_id,
             backing_io,
             backing_fault,
+            stripe,
             vol: Mutex::new(vol),
             doomed: Mutex::new(doomed),
             pending: Mutex::new(None),
@@ -409,6 +417,10 @@ impl ElasticVolume {
             let _ = t.join();
         }
         self.flusher.lock().take();
+        // Nothing writes back to a stripe backing any more: its swaps stop too.
+        if let Some(s) = &self.stripe {
+            s.stop();
+        }
         let pending = self.pending.lock().take();
         if let Some(mut p) = pending {
             if let Some(t) = p.thread.take() {
@@ -439,7 +451,14 @@ impl ElasticVolume {
                 tracing::warn!(export = %self.p.name, "releasing the clean cache volume at exit: {e:#}");
             }
         }
-        let ids: Vec<String> = self.vol.lock().as_ref().map(|v| v.id.clone()).into_iter().chain([self.backing_id.clone()]).collect();
+        let backing = match &self.stripe {
+            Some(s) => {
+                s.detach_all();
+                None
+            }
+            None => Some(self.backing_id.clone()),
+        };
+        let ids: Vec<String> = self.vol.lock().as_ref().map(|v| v.id.clone()).into_iter().chain(backing).collect();
         for id in ids {
             if let Err(e) = self.provider.detach(&id) {
                 tracing::error!(volume = %id, export = %self.p.name, "detaching at exit: {e}");
@@ -851,6 +870,11 @@ impl ElasticVolume {
     pub fn backing_id(&self) -> &str {
         &self.backing_id
     }
+
+    /// The backing's controller when it is a burstable stripe (its swaps, decisions, members).
+    pub fn backing_stripe(&self) -> Option<&Arc<crate::burstable::BurstableVolume>> {
+        self.stripe.as_ref()
+    }
     /// The backing volume's fault layer, when fault rules were given.
     pub fn backing_fault(&self) -> Option<&Arc<FaultDev>> {
         self.backing_fault.as_ref()
@@ -1105,6 +1129,7 @@ mod failure_tests {
             scale: Default::default(),
             background_provision: false,
             credit_horizon: CREDIT_HORIZON,
+            stripe: None,
         }
     }
 
@@ -1290,6 +1315,7 @@ mod cloud_tests {
             scale: Default::default(),
             background_provision: background,
             credit_horizon: CREDIT_HORIZON,
+            stripe: None,
         }
     }
 

@@ -456,9 +456,14 @@ impl Candidate {
 
 /// Plan the boost for one burst. `backing` is the volume the cache fronts.
 pub fn plan(cfg: &PlannerConfig, prices: &PriceTable, backing: &VolumeSpec, d: &Demand) -> Plan {
+    plan_on(cfg, prices, &backing.shape().unwrap_or_default(), d)
+}
+
+/// [`plan`] for a backing known by its shape only (a stripe of volumes).
+pub fn plan_on(cfg: &PlannerConfig, prices: &PriceTable, backing_shape: &Shape, d: &Demand) -> Plan {
     let mut prices = prices.clone();
     prices.time_scale = 1.0; // the planner works in full-scale seconds
-    let backing_shape = backing.shape().unwrap_or_default();
+    let backing_shape = backing_shape.clone();
     let rate = d.iops.min(if d.request > 0 { d.bps / d.request as f64 } else { 0.0 });
     let requests = if d.request > 0 { d.burst_bytes as f64 / d.request as f64 } else { 0.0 };
     let worth_per_s = match cfg.worth {

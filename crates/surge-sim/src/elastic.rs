@@ -45,6 +45,12 @@ pub fn export_args(backing: &VolumeSpec, usd_hour: f64) -> String {
     format!("backing={backing},cache=auto,value_per_hour={usd_hour:.6}")
 }
 
+/// The `elastic:` options of the candidate over a burstable stripe of
+/// `members` holding `size` bytes (`backing=burstable:SIZE,members=N`).
+pub fn stripe_export_args(size: u64, members: u64, usd_hour: f64) -> String {
+    format!("backing=burstable:{},members={members},cache=auto,value_per_hour={usd_hour:.6}", surge_block::units::format_size(size))
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct CacheVolume {
     pub id: String,
@@ -72,13 +78,16 @@ pub struct ElasticRun {
     pub cache_volumes: Vec<CacheVolume>,
     /// The controller's decisions, with their reasons (price comparisons included).
     pub decisions: Vec<LoggedDecision>,
+    /// A burstable stripe backing: its member swaps during the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backing_swaps: Option<Vec<surge_controller::burstable::SwapRecord>>,
     /// Times the clock moved on past threads blocked on each other (diagnostic).
     pub forced_advances: u64,
 }
 
 /// A directory for the run's volume files: tmpfs when there is one (the
 /// layers' I/O is real; the volume models time it).
-fn run_dir() -> std::io::Result<tempfile::TempDir> {
+pub(crate) fn run_dir() -> std::io::Result<tempfile::TempDir> {
     let shm = std::path::Path::new("/dev/shm");
     if shm.is_dir() {
         tempfile::Builder::new().prefix("surge-plan-").tempdir_in(shm)
@@ -102,7 +111,13 @@ pub fn run(t: &Trace, args: &str, instance: &str, prices: &PriceTable, qd: usize
     let attach = cfg.delays.attach;
     let prov = Arc::new(LocalProvider::open(cfg, dyn_clock.clone()).map_err(|e| e.to_string())?);
     let before = prov.cost().map_err(|e| e.to_string())?;
-    let params = spec.params(NAME, Cloud::Local { scale: surge_block::model::Scale::FULL, instance: Some(ebs), attach_delay: attach }, None);
+    // A stripe backing keeps its state (and the fence record) in the run's directory.
+    let mut params = spec.params(NAME, Cloud::Local { scale: surge_block::model::Scale::FULL, instance: Some(ebs), attach_delay: attach }, Some(dir.path()));
+    if let Some(b) = &mut params.stripe {
+        // As `crate::burstable` runs a stripe: pieces in order, the local cloud's epoch.
+        b.parallel = false;
+        b.epoch_unix_ns = Some(0);
+    }
     let vol = ElasticVolume::open(params, prov.clone(), dyn_clock.clone()).map_err(|e| format!("opening the elastic volume: {e:#}"))?;
     vol.start();
     let t0 = clock.now();
@@ -134,6 +149,7 @@ pub fn run(t: &Trace, args: &str, instance: &str, prices: &PriceTable, qd: usize
     let drained = drained.unwrap_or(now).max(done);
     let decisions = vol.decisions();
     vol.stop();
+    let backing_swaps = vol.backing_stripe().map(|b| b.swaps());
     let end = prov.cost().map_err(|e| e.to_string())?;
     let storage_usd = crate::threaded::usd_between(prices, &before, &end, &format!("{NAME}-"), 1.0);
     let instance_ns = (drained - t0).as_nanos() as u64;
@@ -160,6 +176,7 @@ pub fn run(t: &Trace, args: &str, instance: &str, prices: &PriceTable, qd: usize
         compute_usd,
         cache_volumes,
         decisions,
+        backing_swaps,
         forced_advances,
     })
 }

@@ -12,7 +12,11 @@
 //!   driving a gp3 volume between a base and a peak spec under EBS's rolling
 //!   rule, with the local cloud's optimizing ramp, billed by the cost meter.
 //! - [`stripe`]: the burstable-stripe candidate: N small gp2 volumes striped
-//!   by `surge-block`'s `Stripe`, each on its own credits.
+//!   by `surge-block`'s `Stripe`, each on its own credits (sizing; the event
+//!   replay, without swaps, where the threaded harness cannot run it).
+//! - [`burstable`]: the same candidate with its swaps: the daemon's
+//!   `BurstableVolume` (surge-controller) with the daemon's defaults for its
+//!   `burstable:` spec, replayed on the threaded harness.
 //! - [`plan`]: every candidate replayed and priced, a recommendation, and what
 //!   is not simulated yet (listed, never guessed).
 //! - [`fleet`]: N VMs running the recorded application with their own phase
@@ -21,7 +25,7 @@
 //!   request buckets and storage quotas (event driven).
 //! - [`elastic`]: the elastic-cache candidate: the daemon's `ElasticVolume`
 //!   (surge-controller) with the daemon's defaults for its `elastic:` spec,
-//!   over gp3 (or st1), replayed on the threaded harness.
+//!   over gp3, st1 or the burstable stripe, replayed on the threaded harness.
 //! - [`threaded_replay`]: a trace replayed with [`replay::drive`]'s
 //!   application model on any device whose layers have threads, every thread
 //!   on one `SimClock`.
@@ -34,6 +38,7 @@
 //! It depends on no network code and not on the `surge` binary (the
 //! controllers come from the library crate `surge-controller`).
 
+pub mod burstable;
 pub mod candidates;
 pub mod clock;
 pub mod elastic;

@@ -128,6 +128,9 @@ pub struct Row {
     /// The elastic cache: its drain, cache volumes and the controller's decisions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub elastic: Option<crate::elastic::ElasticRun>,
+    /// The burstable stripe on the threaded harness: its swaps, members and the controller's decisions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stripe: Option<crate::burstable::StripeSwapRun>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -210,6 +213,7 @@ fn simulated_row(name: String, spec: String, sized: String, replay: ReplayResult
         volumes,
         credits_end_pct: None,
         elastic: None,
+        stripe: None,
     }
 }
 
@@ -232,8 +236,21 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
         row.credits_end_pct = credits;
         rows.push(row);
     }
-    if let Some(c) = crate::stripe::candidate(&demand) {
-        rows.push(stripe_row(t, &c, ebs.shape(), qd, usd_hour, prices, o)?);
+    let moved: u64 = t.records.iter().filter(|r| r.op.moves_data()).map(|r| r.len).sum();
+    // Why a candidate of the threaded harness is not run on it, if it is not.
+    let not_threaded = if !o.threaded {
+        Some("the threaded harness is off for this plan".to_string())
+    } else if moved > THREADED_MAX_BYTES {
+        Some(format!("the trace moves {:.1} GiB, over the threaded harness's {} GiB (its layers do the I/O on tmpfs)", moved as f64 / (1u64 << 30) as f64, THREADED_MAX_BYTES >> 30))
+    } else {
+        None
+    };
+    let stripe = crate::stripe::candidate(&demand);
+    if let Some(c) = &stripe {
+        rows.push(match &not_threaded {
+            None => stripe_swap_row(t, c, qd, prices, o)?,
+            Some(why) => stripe_row(t, c, ebs.shape(), qd, usd_hour, prices, o, why)?,
+        });
     }
     match crate::modify::specs(&demand) {
         Some(ms) => {
@@ -250,13 +267,21 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
         None => rows.push(not_simulated(&NotSimulated { name: MODIFY, why: "not run: the trace is untimed, or the base gp3 (3,000 IOPS, 125 MiB/s) already serves its peak second, so there is nothing to raise" })),
     }
     if o.threaded {
-        let moved: u64 = t.records.iter().filter(|r| r.op.moves_data()).map(|r| r.len).sum();
-        for (name, backing) in candidates::elastic_backings(&demand, t) {
-            if moved > THREADED_MAX_BYTES {
-                rows.push(not_run(name, format!("not run: the trace moves {:.1} GiB, over the threaded harness's {} GiB (its layers do the I/O on tmpfs)", moved as f64 / (1u64 << 30) as f64, THREADED_MAX_BYTES >> 30)));
-                continue;
+        let value = usd_hour + o.value_per_hour.unwrap_or(0.0);
+        let mut elastic: Vec<(&str, String, String, Vec<surge_cloud::VolumeSpec>)> = candidates::elastic_backings(&demand, t)
+            .into_iter()
+            .map(|(name, b)| (name, crate::elastic::export_args(&b, value), b.to_string(), vec![b]))
+            .collect();
+        // Over the burstable stripe where there is one (a peak one gp2 does not burst to) and bursts to follow.
+        if let Some(c) = stripe.as_ref().filter(|_| !demand.untimed) {
+            let args = crate::elastic::stripe_export_args(c.size, c.members, value);
+            elastic.push((candidates::ELASTIC_STRIPE, args, format!("the burstable stripe ({}, its swaps run)", c.spec()), vec![c.member.clone(); c.members as usize]));
+        }
+        for (name, args, backing, volumes) in elastic {
+            match &not_threaded {
+                Some(why) => rows.push(not_run(name, format!("not run: {why}"))),
+                None => rows.push(elastic_row(t, name, args, &backing, volumes, qd, prices, o)?),
             }
-            rows.push(elastic_row(t, name, &backing, qd, usd_hour, prices, o)?);
         }
     }
     let fastest = rows.iter().filter_map(|r| r.completion_s).fold(f64::INFINITY, f64::min);
@@ -313,11 +338,11 @@ pub fn plan_workload(t: &Trace, o: &PlanOptions, prices: &PriceTable) -> Result<
     })
 }
 
-/// The elastic cache over `backing`: the daemon's `ElasticVolume` on the
-/// threaded harness (`crate::elastic`), `cache=auto` valuing an hour at the
-/// instance's price plus `--value-per-hour`.
-fn elastic_row(t: &Trace, name: &'static str, backing: &surge_cloud::VolumeSpec, qd: usize, usd_hour: f64, prices: &PriceTable, o: &PlanOptions) -> Result<Row, PlanError> {
-    let args = crate::elastic::export_args(backing, usd_hour + o.value_per_hour.unwrap_or(0.0));
+/// The elastic cache over `backing` (`args`: its `elastic:` options): the
+/// daemon's `ElasticVolume` on the threaded harness (`crate::elastic`),
+/// `cache=auto` valuing an hour at the instance's price plus `--value-per-hour`.
+#[allow(clippy::too_many_arguments)]
+fn elastic_row(t: &Trace, name: &str, args: String, backing: &str, volumes: Vec<surge_cloud::VolumeSpec>, qd: usize, prices: &PriceTable, o: &PlanOptions) -> Result<Row, PlanError> {
     let run = crate::elastic::run(t, &args, &o.instance, prices, qd).map_err(|why| PlanError::Candidate { name: name.into(), why })?;
     let caches: Vec<String> = run.cache_volumes.iter().map(|c| format!("{} for {:.1} s", c.specs.join(" then "), c.seconds)).collect();
     let mut sized = format!(
@@ -327,24 +352,53 @@ fn elastic_row(t: &Trace, name: &'static str, backing: &surge_cloud::VolumeSpec,
         run.drained_s,
         run.end_s
     );
+    if let Some(swaps) = &run.backing_swaps {
+        sized.push_str(&format!("; {} member swap(s) of the stripe", swaps.len()));
+    }
     if run.cut {
         sized.push_str(&format!("; the drain did not finish within {} s of the end: the figures stop there", crate::elastic::DRAIN_LIMIT.as_secs()));
     }
-    let mut row = simulated_row(name.into(), format!("elastic:{args}"), sized, run.replay.clone(), run.storage_usd, run.compute_usd, o, vec![backing.clone()]);
+    let mut row = simulated_row(name.into(), format!("elastic:{args}"), sized, run.replay.clone(), run.storage_usd, run.compute_usd, o, volumes);
     row.engine = "threaded";
     row.elastic = Some(run);
     Ok(row)
 }
 
-/// The burstable stripe's row: every member billed for the run.
-fn stripe_row(t: &Trace, c: &crate::stripe::StripeCandidate, link: surge_block::model::Shape, qd: usize, usd_hour: f64, prices: &PriceTable, o: &PlanOptions) -> Result<Row, PlanError> {
-    let run = crate::stripe::run(t, c, link, qd).map_err(|why| PlanError::Candidate { name: STRIPE.into(), why })?;
+/// The burstable stripe on the threaded harness: the daemon's
+/// `BurstableVolume` swapping members as their credits run out
+/// (`crate::burstable`), every member and swap target billed for its lifetime.
+fn stripe_swap_row(t: &Trace, c: &crate::stripe::StripeCandidate, qd: usize, prices: &PriceTable, o: &PlanOptions) -> Result<Row, PlanError> {
+    let args = c.spec();
+    let args = args.strip_prefix("burstable:").unwrap_or(&args);
+    let run = crate::burstable::run(t, args, &o.instance, prices, qd).map_err(|why| PlanError::Candidate { name: STRIPE.into(), why })?;
+    let mut sized = format!(
+        "{}; threaded harness (the daemon's BurstableVolume, its controller and rebuild threads on a SimClock): {} member swap(s), {} volume(s) billed",
+        c.sized(),
+        run.swaps.len(),
+        run.members.len()
+    );
+    if run.rebuilds_at_end > 0 {
+        sized.push_str(&format!(", {} rebuild(s) still copying at the end", run.rebuilds_at_end));
+    }
+    let volumes = vec![c.member.clone(); c.members as usize];
+    let mut row = simulated_row(STRIPE.into(), c.spec(), sized, run.replay.clone(), run.storage_usd, run.compute_usd, o, volumes);
+    row.engine = "threaded";
+    row.credits_end_pct = Some(run.lowest_credits_pct);
+    row.stripe = Some(run);
+    Ok(row)
+}
+
+/// The burstable stripe's row on the event engine (`why`: the threaded
+/// harness could not run it): every member billed for the run, no swaps.
+#[allow(clippy::too_many_arguments)]
+fn stripe_row(t: &Trace, c: &crate::stripe::StripeCandidate, link: surge_block::model::Shape, qd: usize, usd_hour: f64, prices: &PriceTable, o: &PlanOptions, why: &str) -> Result<Row, PlanError> {
+    let run = crate::stripe::run(t, c, link, qd, None).map_err(|why| PlanError::Candidate { name: STRIPE.into(), why })?;
     let ns = run.replay.completion_ns.max(1);
     let billed = prices.billed_seconds(ns, prices.minimum_seconds) as f64 / prices.seconds_per_month as f64;
     let storage = c.members as f64 * prices.usd_month(&c.member) * billed;
-    let mut sized = c.sized();
+    let mut sized = format!("{}; event replay, no member swaps ({why})", c.sized());
     if run.lowest_credits_pct < 1.0 {
-        sized.push_str("; a member ran out of credits: the time is an upper bound (the controller's swaps onto fresh members are not simulated)");
+        sized.push_str("; a member ran out of credits: the time is an upper bound (the controller would have swapped it onto a fresh member)");
     }
     let volumes = vec![c.member.clone(); c.members as usize];
     let mut row = simulated_row(STRIPE.into(), c.spec(), sized, run.replay, storage, billed_usd(prices, usd_hour, ns), o, volumes);
@@ -399,6 +453,7 @@ fn not_simulated(n: &NotSimulated) -> Row {
         volumes: Vec::new(),
         credits_end_pct: None,
         elastic: None,
+        stripe: None,
     }
 }
 

@@ -10,10 +10,12 @@
 //! each member books its piece at the request's submission time and the
 //! request completes when the last piece does, as in parallel.
 //!
-//! Not run: the controller's member swaps (a member nearly out of credits
-//! mirrored onto a fresh one), whose rebuild runs on a thread of its own and
-//! not on replay time. A replay in which members run out of credits serves
-//! them at their baseline, so its time is an upper bound; the row says so.
+//! Not run here: the controller's member swaps (a member nearly out of
+//! credits mirrored onto a fresh one), whose rebuild runs on a thread of its
+//! own and not on replay time; [`crate::burstable`] runs them on the threaded
+//! harness, which the plan uses unless it cannot (then this replay's row says
+//! why). A replay in which members run out of credits serves them at their
+//! baseline, so its time is an upper bound; the row says so.
 
 use crate::candidates::Demand;
 use crate::clock::ReplayClock;
@@ -83,13 +85,21 @@ pub struct StripeRun {
     pub lowest_credits_pct: f64,
 }
 
-pub fn run(t: &Trace, c: &StripeCandidate, link_shape: Shape, qd: usize) -> Result<StripeRun, String> {
+/// `credits`: the fraction of a fresh member's bucket each member starts
+/// with (a stripe that served before); `None`: full, as fresh volumes.
+pub fn run(t: &Trace, c: &StripeCandidate, link_shape: Shape, qd: usize, credits: Option<f64>) -> Result<StripeRun, String> {
     let shape = c.member.shape().map_err(|e| e.to_string())?;
     let clock = Arc::new(ReplayClock::new());
     let link = Arc::new(parking_lot::Mutex::new(Scheduler::new(link_shape, Duration::ZERO)));
     let models: Vec<Arc<ModelDev>> = (0..c.members)
         .map(|_| Arc::new(ModelDev::new(Arc::new(NullDev(c.member.size)), clock.clone(), shape.clone()).with_link(Some(link.clone()))))
         .collect();
+    if let Some(f) = credits {
+        for m in &models {
+            let cap = m.credits().ops_capacity.unwrap_or(0);
+            m.set_credits(Some((cap as f64 * f) as u64), None);
+        }
+    }
     let devs: Vec<Arc<dyn BlockDev>> = models.iter().map(|m| m.clone() as Arc<dyn BlockDev>).collect();
     let stripe = Stripe::new(devs, StripeConfig { chunk: CHUNK, parallel: false }).map_err(|e| e.to_string())?;
     let replay = replay(t, &stripe, &clock, &ReplayOptions { qd }).map_err(|e| format!("replay: {e}"))?;

@@ -167,10 +167,10 @@ pub struct SampledCredits {
 }
 
 impl SampledCredits {
-    pub fn new(provider: Arc<MeteredProvider>, member: &VolumeSpec, clock_now: Duration, poll: Duration) -> Self {
+    /// `epoch_unix_ns`: the UNIX time of the clock's zero (CloudWatch's points carry UNIX times).
+    pub fn new(provider: Arc<MeteredProvider>, member: &VolumeSpec, epoch_unix_ns: u64, poll: Duration) -> Self {
         let bucket = member.shape().ok().and_then(|s| s.op_credits).map(|c| Bucket { capacity: c.capacity as f64, refill_per_s: c.baseline as f64 });
-        let unix_now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        SampledCredits { provider, bucket, est: Mutex::new(HashMap::new()), epoch_unix_ms: unix_now.saturating_sub(clock_now).as_millis() as u64, poll, asked: Mutex::new(HashMap::new()) }
+        SampledCredits { provider, bucket, est: Mutex::new(HashMap::new()), epoch_unix_ms: epoch_unix_ns / 1_000_000, poll, asked: Mutex::new(HashMap::new()) }
     }
 
     /// The member's credits now: the model advanced to `now`, corrected by a
@@ -275,7 +275,7 @@ mod tests {
         let spec: VolumeSpec = "gp2:10GiB".parse().unwrap();
         let v = mp.create(CreateRequest { spec: spec.clone(), name: Some("m".into()) }).unwrap();
         let dev = mp.attach(&v.id).unwrap();
-        let sc = SampledCredits::new(mp.clone(), &spec, Duration::ZERO, Duration::from_secs(60));
+        let sc = SampledCredits::new(mp.clone(), &spec, 1_700_000_000_000_000_000, Duration::from_secs(60));
         assert_eq!(sc.observe(&v.id, Duration::ZERO).ops, Some(5_400_000), "created here: full");
         // 1,000 writes of 4 KiB a page apart (1,000 operations), 64 of 4 KiB
         // back to back (merged: one of 256 KiB, as EBS counts them) and one

@@ -15,7 +15,7 @@
 use super::ElasticVolume;
 use serde::Serialize;
 use std::time::Duration;
-use surge_block::model::{Scale, MIB};
+use surge_block::model::{Scale, Shape, MIB};
 use surge_cloud::{PriceTable, VolumeSpec};
 use surge_policy::boost::{self, Candidate, Demand, Kind, Plan, PlannerConfig, Worth};
 use surge_policy::window::UtilWindow;
@@ -109,7 +109,8 @@ struct BurstObs {
 pub(super) struct Booster {
     s: BoostSettings,
     planner: PlannerConfig,
-    backing: VolumeSpec,
+    /// The backing's full-scale shape (a stripe's: its members' bursts together).
+    backing: Shape,
     ut: f64,
     backing_bw: f64,
     backing_iops: Option<f64>,
@@ -127,7 +128,7 @@ pub(super) struct Booster {
 }
 
 impl Booster {
-    pub(super) fn new(s: BoostSettings, pol: &ElasticConfig, block: u64, backing: VolumeSpec) -> Self {
+    pub(super) fn new(s: BoostSettings, pol: &ElasticConfig, block: u64, backing: Shape) -> Self {
         let f = s.scale.time;
         let full = |d: Duration| d.div_f64(f);
         let planner = PlannerConfig {
@@ -232,7 +233,7 @@ impl Booster {
             footprint,
             pre_provisioned,
         };
-        let p = boost::plan(&self.planner, &self.s.prices, &self.backing, &d);
+        let p = boost::plan_on(&self.planner, &self.s.prices, &self.backing, &d);
         let reason = p.reason.clone();
         let chosen = p.choice.clone();
         self.plans.push(LoggedPlan {
@@ -414,7 +415,7 @@ mod tests {
             attach_delay: d.attach_delay.mul_f64(f),
             ..d
         };
-        Booster::new(BoostSettings { scale, ..settings() }, &pol, 64 << 10, "gp3:100GiB".parse().unwrap())
+        Booster::new(BoostSettings { scale, ..settings() }, &pol, 64 << 10, "gp3:100GiB".parse::<VolumeSpec>().unwrap().shape().unwrap())
     }
 
     #[test]
@@ -456,7 +457,7 @@ mod tests {
             BoostSettings::new(Worth::PerHour(0.0)),
             &ElasticConfig { backing_bw: 125.0 * MIB as f64, ..ElasticConfig::default() },
             64 << 10,
-            "gp3:100GiB".parse().unwrap(),
+            "gp3:100GiB".parse::<VolumeSpec>().unwrap().shape().unwrap(),
         );
         let note = b.plan(Duration::ZERO, 16 << 30, false).unwrap_err();
         assert!(note.unwrap().starts_with("no boost"));
@@ -497,6 +498,7 @@ mod tests {
             scale: Default::default(),
             background_provision: false,
             credit_horizon: super::super::CREDIT_HORIZON,
+            stripe: None,
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         (clock, prov, v)

@@ -29,6 +29,10 @@ pub struct ElasticSpec {
     /// `attach_delay=`: the provider's attach and detach delay, and the policy's first estimate.
     pub attach_delay: Option<Duration>,
     pub faults: ElasticFaults,
+    /// `backing=burstable:SIZE,members=N`: the backing is a persistent
+    /// burstable stripe with the daemon's defaults (`burstable:persistent,size=SIZE,members=N`),
+    /// swapped by its own controller; `backing` is then its member's spec.
+    pub stripe: Option<crate::burstable::BurstableParams>,
 }
 
 /// Where the volumes of an elastic export live.
@@ -78,6 +82,7 @@ impl ElasticSpec {
         let (mut boost_keys, mut worth_given) = (Vec::new(), false);
         let ratio = |v: &str| v.parse::<f64>().map_err(|_| format!("ut={v}: expected a fraction like 0.3"));
         let mut faults = ElasticFaults::default();
+        let mut members = None::<String>;
         for item in args.split(',').filter(|s| !s.is_empty()) {
             if let Some((dev, rule)) = item.split_once('.').filter(|(d, _)| matches!(*d, "backing_fault" | "cache_fault")) {
                 // One rule of surge_block::fault, e.g. cache_fault.write.fail_prob=0.01 or backing_fault.volatile.
@@ -100,6 +105,7 @@ impl ElasticSpec {
             }
             match k {
                 "backing" => backing = Some(v.to_string()),
+                "members" => members = Some(v.to_string()),
                 "bw" | "iops" | "lat" => match &mut backing {
                     Some(b) => b.push_str(&format!(",{k}={v}")),
                     None => return Err(format!("{k}= must follow backing=")),
@@ -121,7 +127,19 @@ impl ElasticSpec {
                 _ => return Err(format!("unknown option {k:?}")),
             }
         }
-        let backing: VolumeSpec = backing.ok_or("backing=TYPE:SIZE is required")?.parse().map_err(|e| format!("backing: {e}"))?;
+        let backing = backing.ok_or("backing=TYPE:SIZE is required")?;
+        let stripe = match (backing.strip_prefix("burstable:"), members) {
+            (Some(size), members) => {
+                let args = format!("persistent,size={size}{}", members.map(|m| format!(",members={m}")).unwrap_or_default());
+                Some(crate::burstable::parse_params("", &args, Path::new("")).map_err(|e| format!("backing=burstable:{size}: {e}"))?)
+            }
+            (None, Some(_)) => return Err("members= is for a stripe backing (backing=burstable:SIZE,members=N)".into()),
+            (None, None) => None,
+        };
+        let backing: VolumeSpec = match &stripe {
+            Some(bp) => bp.member.clone(),
+            None => backing.parse().map_err(|e| format!("backing: {e}"))?,
+        };
         let auto = match cache_kind.as_deref().unwrap_or("reserved") {
             "reserved" => false,
             "auto" => true,
@@ -141,10 +159,13 @@ impl ElasticSpec {
         if !cache.block_size.is_power_of_two() || cache.block_size < 4096 {
             return Err("block must be a power of two >= 4KiB".into());
         }
-        let shape = backing.shape().map_err(|e| format!("backing: {e}"))?;
+        let shape = match &stripe {
+            Some(bp) => crate::burstable::stripe_shape(bp).ok_or("backing: the stripe's members have no volume model")?,
+            None => backing.shape().map_err(|e| format!("backing: {e}"))?,
+        };
         pol.backing_bw = shape.bps.ok_or("the backing volume needs a throughput limit (e.g. bw=RATE) to measure utilization")? as f64;
         pol.backing_iops = shape.iops.map(|i| i as f64);
-        Ok(ElasticSpec { backing, auto, cache_bw, policy: pol, cache, boost: auto.then_some(boost), attach_delay, faults })
+        Ok(ElasticSpec { backing, auto, cache_bw, policy: pol, cache, boost: auto.then_some(boost), attach_delay, faults, stripe })
     }
 
     /// The provider's delays (full-scale): its defaults, `attach_delay=` for attach and detach.
@@ -155,6 +176,19 @@ impl ElasticSpec {
             d.detach = a;
         }
         d
+    }
+
+    /// A stripe backing's parameters for export `name`: members `NAME-backing-sI-gG`,
+    /// its state under `DATA_DIR/burstable/NAME-backing` (without a data
+    /// directory, a run that never restarts: under the system's temporary
+    /// directory, per process).
+    fn stripe_params(&self, name: &str, data_dir: Option<&Path>) -> Option<crate::burstable::BurstableParams> {
+        let mut bp = self.stripe.clone()?;
+        bp.name = format!("{name}-backing");
+        let root = data_dir.map_or_else(|| std::env::temp_dir().join(format!("surge-{}", std::process::id())), Path::to_path_buf);
+        bp.state_dir = root.join("burstable").join(&bp.name);
+        bp.progress_bars = false;
+        Some(bp)
     }
 
     /// The controller's parameters as the daemon runs export `name` on
@@ -192,6 +226,26 @@ impl ElasticSpec {
             scale,
             background_provision: true,
             credit_horizon: CREDIT_HORIZON.mul_f64(scale.time),
+            stripe: self.stripe_params(name, data_dir),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burstable_stripe_backing_is_measured_at_its_members_bursts_together() {
+        let s = ElasticSpec::parse("backing=burstable:100GiB,members=7,cache=auto,value_per_hour=1").unwrap();
+        let bp = s.stripe.as_ref().expect("a stripe backing");
+        assert_eq!((bp.members, bp.size, s.backing.to_string().as_str()), (7, 100 << 30, "gp2:15GiB"));
+        assert_eq!(s.policy.backing_iops, Some(21_000.0), "seven gp2 bursts of 3,000 IOPS");
+        let p = s.params("app", Cloud::Real, Some(Path::new("/d")));
+        let bp = p.stripe.unwrap();
+        assert_eq!((bp.name.as_str(), bp.state_dir.as_path()), ("app-backing", Path::new("/d/burstable/app-backing")));
+        assert!(ElasticSpec::parse("backing=gp3:1GiB,members=2,cache=auto,value_per_hour=1").unwrap_err().contains("stripe backing"));
+        assert!(ElasticSpec::parse("backing=burstable:1GiB,members=0,cache=auto,value_per_hour=1").unwrap_err().contains("at least 1"));
+        assert!(ElasticSpec::parse("backing=gp3:1GiB,cache=auto,value_per_hour=1").unwrap().stripe.is_none());
     }
 }

@@ -6,12 +6,9 @@ pub use surge_controller::burstable::*;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
-use surge_block::mirror::MirrorConfig;
-use surge_block::model::VolumeModel;
 use surge_block::BlockDev;
-use surge_cloud::{Provider, VolumeSpec};
-use surge_policy::burstable::{BurstableConfig, Mode, Strategy};
+use surge_cloud::Provider;
+use surge_policy::burstable::Mode;
 
 /// `burstable:MODE,size=SIZE,members=N,...` (see the module docs). Volumes live
 /// on the daemon's cloud (`--provider aws`: EBS), else in the local cloud of
@@ -22,9 +19,8 @@ pub fn build_burstable(name: &str, args: &str, ctx: &crate::stack::BuildContext)
     let provider: Arc<dyn Provider> = match &ctx.cloud {
         Some(c) => c.clone(),
         None => {
-            let mut cfg = surge_cloud::LocalConfig::new(crate::stack::volume::cloud_dir(&ctx.data_dir));
-            cfg.delays.attach = p.policy.swap_setup;
-            cfg.delays.detach = Duration::ZERO;
+            // Full scale (the controller's durations are not scaled), behind `--local-instance`'s EBS limits.
+            let cfg = surge_cloud::LocalConfig { delays: local_delays(&p), instance: ctx.local.instance, ..surge_cloud::LocalConfig::new(crate::stack::volume::cloud_dir(&ctx.data_dir)) };
             Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?)
         }
     };
@@ -68,110 +64,10 @@ pub fn build_burstable(name: &str, args: &str, ctx: &crate::stack::BuildContext)
     })
 }
 
-/// Parse the spec's arguments (see the module docs).
+/// Parse the spec's arguments (`surge_controller::burstable::parse_params`,
+/// shared with the simulator so that `surge plan` runs the spec it prints).
 pub fn parse_params(name: &str, args: &str, data_dir: &Path) -> Result<BurstableParams, crate::stack::SpecError> {
-    use crate::stack::{parse_rate, Opts};
-    let err = |msg: String| crate::stack::SpecError::Args { kind: "burstable".into(), msg };
-    let mut o = Opts::parse("burstable", args)?;
-    let mode: Mode = o.positional_required("MODE")?.parse().map_err(err)?;
-    let size = o.take_size("size")?.ok_or_else(|| err("size=SIZE is required (the striped capacity, e.g. size=100GiB)".into()))?;
-    let members: usize = o.take("members").map(|v| v.parse().map_err(|_| err(format!("members={v}: expected a count")))).transpose()?.unwrap_or(10);
-    if members == 0 {
-        return Err(err("members must be at least 1".into()));
-    }
-    let kind = o.take("type").unwrap_or_else(|| "gp2".into());
-    let gib = (size.div_ceil(members as u64)).div_ceil(1 << 30).max(1);
-    let member: VolumeSpec = format!("{kind}:{gib}GiB").parse().map_err(|e| err(format!("member volumes: {e}")))?;
-    if !matches!(member.model, VolumeModel::Gp2 | VolumeModel::AzurePremium) {
-        tracing::warn!("burstable members of type {kind} carry no operation credits: the policy will never swap them");
-    }
-    let chunk = o.take_size("chunk")?;
-    let dur = |o: &mut Opts, k: &str, d: Duration| -> Result<Duration, crate::stack::SpecError> {
-        o.take(k).map(|v| surge_block::units::parse_duration(&v).map_err(|e| err(format!("{k}={v}: {e}")))).transpose().map(|x| x.unwrap_or(d))
-    };
-    let tick = dur(&mut o, "tick", Duration::from_secs(5))?;
-    let swap_setup = dur(&mut o, "attach_delay", Duration::from_secs(3))?;
-    let min_interval = dur(&mut o, "min_interval", Duration::from_secs(60))?;
-    let ephemeral_idle = dur(&mut o, "idle", Duration::from_secs(5))?;
-    let cloudwatch_every = dur(&mut o, "cloudwatch_every", Duration::from_secs(60))?;
-    let strategy: Strategy = o.take("strategy").map(|v| v.parse().map_err(err)).transpose()?.unwrap_or(Strategy::AllAtOnce);
-    let swap_below = match o.take("swap_below").as_deref() {
-        None | Some("auto") => None,
-        Some(v) => {
-            let pct: f64 = v.trim_end_matches('%').parse().map_err(|_| err(format!("swap_below={v}: expected auto or a percentage like 20%")))?;
-            if !(0.0..=100.0).contains(&pct) {
-                return Err(err(format!("swap_below={v}: a percentage between 0 and 100")));
-            }
-            Some(pct / 100.0)
-        }
-    };
-    let margin: f64 = o.take("margin").map(|v| v.parse().map_err(|_| err(format!("margin={v}: expected a number like 1.5")))).transpose()?.unwrap_or(1.5);
-    let rebuild_rate = match o.take("rebuild_rate").as_deref() {
-        Some("off") => None,
-        Some(v) => Some(parse_rate(v)?),
-        None => Some(64 << 20),
-    };
-    let region = o.take_size("region")?.unwrap_or(1 << 20);
-    let attach_limit: usize = o.take("attach_limit").map(|v| v.parse().map_err(|_| err(format!("attach_limit={v}: expected a count")))).transpose()?.unwrap_or(27);
-    let backing: Option<VolumeSpec> = o.take("backing").map(|v| v.parse().map_err(|e| err(format!("backing={v}: {e}")))).transpose()?;
-    let cache_block = o.take_size("block")?.unwrap_or(32 << 10);
-    // A cache stripes at its block size: a block never straddles two members,
-    // and consecutive blocks (a request's) rotate over all of them.
-    let chunk = chunk.unwrap_or(if mode == Mode::Cache { cache_block } else { 64 << 10 });
-    let keep = o.flag("keep")?;
-    o.finish(&[
-        "size", "members", "type", "chunk", "tick", "attach_delay", "min_interval", "idle", "strategy", "swap_below", "margin", "rebuild_rate", "region", "attach_limit",
-        "backing", "block", "keep", "cloudwatch_every",
-    ])?;
-    if mode == Mode::Cache && backing.is_none() {
-        return Err(err("cache mode needs backing=TYPE:SIZE (e.g. backing=st1:2TiB)".into()));
-    }
-    if mode != Mode::Cache && backing.is_some() {
-        return Err(err("backing= is for cache mode only".into()));
-    }
-    if keep && mode != Mode::Ephemeral {
-        return Err(err("keep is for ephemeral mode only".into()));
-    }
-    if strategy == Strategy::OneAtATime && mode != Mode::Persistent {
-        return Err(err("strategy=one is for persistent mode: a cache or scratch stripe is replaced as a whole (see docs/burstable.md)".into()));
-    }
-    if !chunk.is_power_of_two() || chunk < 4096 || !region.is_power_of_two() || region < 4096 || !cache_block.is_power_of_two() || cache_block < 4096 {
-        return Err(err("chunk, region and block must be powers of two of at least 4KiB".into()));
-    }
-    let policy = BurstableConfig {
-        mode,
-        strategy,
-        member_size: member.size,
-        swap_below,
-        margin,
-        auto_floor: 0.05,
-        rebuild_rate: rebuild_rate.unwrap_or(member.shape().ok().and_then(|s| s.bps).unwrap_or(128 << 20)),
-        op_size: surge_block::model::SSD_OP,
-        swap_setup,
-        attach_limit,
-        min_interval,
-        ephemeral_idle,
-        tick,
-    };
-    Ok(BurstableParams {
-        name: name.to_string(),
-        mode,
-        size,
-        members,
-        member,
-        chunk,
-        policy,
-        mirror: MirrorConfig { region, ..MirrorConfig::default() },
-        rebuild_rate,
-        backing,
-        cache_block,
-        keep,
-        tick,
-        state_dir: data_dir.join("burstable").join(name),
-        parallel: true,
-        progress_bars: std::io::IsTerminal::is_terminal(&std::io::stderr()),
-        cloudwatch_every,
-    })
+    surge_controller::burstable::parse_params(name, args, data_dir).map_err(|msg| crate::stack::SpecError::Args { kind: "burstable".into(), msg })
 }
 
 #[cfg(test)]
@@ -181,6 +77,7 @@ mod stress_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use crate::control::Controllable;
     use surge_block::Clock;
     use surge_cloud::CreateRequest;

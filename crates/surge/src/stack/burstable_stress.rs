@@ -11,6 +11,7 @@
 //! them, a power cut for the volumes).
 
 use super::*;
+use std::time::Duration;
 use crate::control::Controllable;
 use surge_block::Clock;
 use rand::rngs::StdRng;

@@ -50,13 +50,18 @@ pub fn build_elastic(name: &str, args: &str, ctx: &crate::stack::BuildContext) -
             (Arc::new(surge_cloud::LocalProvider::open(cfg, ctx.clock.clone()).map_err(|e| err(e.to_string()))?), p)
         }
     };
-    let (backing, cache_bw, faults, auto) = (spec.backing.clone(), spec.cache_bw, spec.faults.clone(), spec.auto);
+    let (cache_bw, faults, auto) = (spec.cache_bw, spec.faults.clone(), spec.auto);
+    // A stripe backing (`backing=burstable:SIZE,members=N`): its members' spec is `spec.backing`.
+    let backing = match &spec.stripe {
+        Some(bp) => format!("a burstable stripe of {} x {}", bp.members, bp.member),
+        None => spec.backing.to_string(),
+    };
     let on_cloud = ctx.cloud.is_some();
     let vol = ElasticVolume::open(p, provider, ctx.clock.clone()).map_err(|e| err(format!("{e:#}")))?;
     vol.start();
     let rules = |r: &Option<FaultRules>| r.as_ref().map(|r| r.to_string());
     let detail = serde_json::json!({
-        "backing": backing.to_string(), "backing_volume": vol.backing_id(), "cache_bw": cache_bw,
+        "backing": backing, "backing_volume": vol.backing_id(), "cache_bw": cache_bw,
         "backing_fault": rules(&faults.backing), "cache_fault": rules(&faults.cache),
     });
     let mut controls: Vec<Arc<dyn Controllable>> = vec![vol.clone()];
@@ -132,6 +137,7 @@ mod tests {
             scale: Default::default(),
             background_provision: false,
             credit_horizon: CREDIT_HORIZON,
+            stripe: None,
         };
         let v = ElasticVolume::open(p, prov.clone(), clock.clone()).unwrap();
         v.step().unwrap();

@@ -211,6 +211,8 @@ fn burstable_params(s: &Setting, name: &str, mode: Mode, members: usize, capacit
         parallel: false,
         progress_bars: false,
         cloudwatch_every: std::time::Duration::from_secs(60),
+        // The local cloud's UNIX time of the clock's zero (no CloudWatch here).
+        epoch_unix_ns: Some(0),
     })
 }
 
