@@ -29,8 +29,9 @@
 //! transfer list prices, us-east-1, <https://aws.amazon.com/s3/pricing/>
 //! (2025): PUT, COPY, POST, LIST $0.005 per 1,000; GET and all other requests
 //! $0.0004 per 1,000; transfer between S3 and EC2 in the same region $0.00/GB,
-//! out to the internet $0.09/GB (first 10 TB/month). Storage itself (GB-month)
-//! is left out: every approach compared stores the same bytes.
+//! out to the internet $0.09/GB (first 10 TB/month); storage $0.023 per
+//! GB-month (first 50 TB/month), which the meter leaves out (every approach
+//! compared stores the same bytes) and bills priced per part may show.
 //!
 //! Traffic between instances (a compute node reading a base image from a
 //! storage node): EC2 data transfer list prices, us-east-1,
@@ -141,11 +142,13 @@ pub struct S3Price {
     pub transfer_in_region_gb: f64,
     /// Per GB out of AWS to the internet.
     pub transfer_out_gb: f64,
+    /// S3 Standard storage, per GB-month (first 50 TB, us-east-1, 2025).
+    pub storage_gb_month: f64,
 }
 
 impl Default for S3Price {
     fn default() -> Self {
-        S3Price { put_per_1000: 0.005, get_per_1000: 0.0004, transfer_in_region_gb: 0.0, transfer_out_gb: 0.09 }
+        S3Price { put_per_1000: 0.005, get_per_1000: 0.0004, transfer_in_region_gb: 0.0, transfer_out_gb: 0.09, storage_gb_month: 0.023 }
     }
 }
 
