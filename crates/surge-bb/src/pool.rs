@@ -571,6 +571,7 @@ mod tests {
         let meter = CostMeter::new(surge_cloud::PriceTable::default(), surge_cloud::WallClock::anchored(clock));
         bill_start(&meter, "a:1", &settings(Placement::CoLocated)).unwrap();
         assert_eq!(meter.compute_usd_hour(), 0.0);
+        assert!(meter.compute_usd_hour().is_sign_positive() && meter.report().compute_usd.is_sign_positive(), "status would print $-0.000/h");
         bill_start(&meter, "b:1", &settings(Placement::Dedicated)).unwrap();
         assert!((meter.compute_usd_hour() - 0.126).abs() < 1e-9, "{}", meter.compute_usd_hour());
     }

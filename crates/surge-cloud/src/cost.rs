@@ -527,8 +527,8 @@ pub fn report(prices: &PriceTable, records: &[UsageRecord], now_unix_ns: u64) ->
 pub fn report_with_compute(prices: &PriceTable, records: &[UsageRecord], compute: &[ComputeRecord], now_unix_ns: u64) -> CostReport {
     let volumes: Vec<VolumeCost> = records.iter().map(|r| bill(prices, r, now_unix_ns)).collect();
     let compute: Vec<ComputeCost> = compute.iter().map(|r| bill_compute(prices, r, now_unix_ns)).collect();
-    let storage_usd: f64 = volumes.iter().map(|v| v.usd).sum();
-    let compute_usd: f64 = compute.iter().map(|c| c.usd).sum();
+    let storage_usd: f64 = volumes.iter().map(|v| v.usd).fold(0.0, |a, b| a + b);
+    let compute_usd: f64 = compute.iter().map(|c| c.usd).fold(0.0, |a, b| a + b);
     CostReport {
         at_unix_ms: now_unix_ns / 1_000_000,
         storage_usd,
@@ -643,7 +643,8 @@ impl CostMeter {
 
     /// $ per hour of the instances running now.
     pub fn compute_usd_hour(&self) -> f64 {
-        self.compute.lock().iter().filter(|r| r.end_unix_ns.is_none()).map(|r| self.prices.instance_usd_hour(&r.instance, r.count).unwrap_or(0.0)).sum()
+        // fold from 0.0: an empty f64 sum is -0.0, which prints as "-0.000".
+        self.compute.lock().iter().filter(|r| r.end_unix_ns.is_none()).map(|r| self.prices.instance_usd_hour(&r.instance, r.count).unwrap_or(0.0)).fold(0.0, |a, b| a + b)
     }
 
     pub fn report(&self) -> CostReport {
