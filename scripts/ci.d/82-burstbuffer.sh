@@ -68,6 +68,10 @@ check("write vs s3fs", wr >= 16, f"{wr:.1f}x (need >= 16x; medians of 3 writes)"
 check("creates vs s3fs", cr >= 2.5, f"{cr:.1f}x (need >= 2.5x)", target=True)
 for o in ("s3fs", "juicefs", "juicefs-writeback"):
     check(f"Montage vs {o}", mt["surge"]["seconds"] < mt[o]["seconds"], f"{mt['surge']['seconds']:.1f} s vs {mt[o]['seconds']:.1f} s", target=True)
+cb_ = r["cost"]
+for o in ("juicefs", "juicefs-writeback"):
+    parts = ", ".join(f"{k.removesuffix('_usd')} ${v:.5f}" for k, v in cb_["surge"]["montage_bill"].items() if k != "total_usd")
+    check(f"Montage cost vs {o}", cb_["surge"]["montage_usd"] < cb_[o]["montage_usd"], f"${cb_['surge']['montage_usd']:.5f} ({parts}) vs ${cb_[o]['montage_usd']:.5f}", target=True)
 check("stale reads", r["consistency"]["stale_reads"] == 0, f"{r['consistency']['stale_reads']} in {r['consistency']['rounds']} rounds")
 check("bytes lost", r["node_loss"]["bytes_lost"] == 0, f"{r['node_loss']['bytes_lost']} of {r['node_loss']['bytes_written']} after a node SIGKILL")
 if "pool" in r:

@@ -61,6 +61,10 @@ pub trait NodeProvider: Send {
     fn stop(&mut self, addr: &str);
     /// Is the node still running (false once it exited, e.g. after a drain by hand)?
     fn running(&mut self, addr: &str) -> bool;
+    /// The most nodes this provider can hold (None: no limit of its own).
+    fn capacity(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// `surge bb node` processes on this machine, listening on a port of their
@@ -98,21 +102,9 @@ impl LocalNodes {
 
 impl NodeProvider for LocalNodes {
     fn start(&mut self) -> Result<String, PoolError> {
-        let mut child = Command::new(&self.program)
-            .args(["bb", "node", "--listen", &std::net::SocketAddr::new(self.listen_ip, 0).to_string()])
-            .args(&self.args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| PoolError::Start(format!("{}: {e}", self.program.display())))?;
-        let mut line = String::new();
-        let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
-        let addr = line.trim().to_string();
-        if addr.is_empty() {
-            let st = child.wait().map(|s| s.to_string()).unwrap_or_default();
-            return Err(PoolError::Start(format!("the node exited ({st}) before printing its address; see its log above")));
-        }
+        let mut c = Command::new(&self.program);
+        c.args(["bb", "node", "--listen", &std::net::SocketAddr::new(self.listen_ip, 0).to_string()]).args(&self.args).envs(self.env.iter().map(|(k, v)| (k, v)));
+        let (addr, child) = spawn_node(&mut c, &self.program.display().to_string())?;
         self.children.insert(addr.clone(), child);
         Ok(addr)
     }
@@ -122,18 +114,37 @@ impl NodeProvider for LocalNodes {
     }
 
     fn stop(&mut self, addr: &str) {
-        let Some(mut c) = self.children.remove(addr) else { return };
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Some(c) = self.children.remove(addr) {
+            stop_child(addr, c);
         }
-        tracing::warn!("I/O node {addr} did not exit after its drain: killing it");
-        let _ = c.kill();
-        let _ = c.wait();
     }
+}
+
+/// Spawns a node command and reads the address it prints once it serves.
+fn spawn_node(c: &mut Command, what: &str) -> Result<(String, Child), PoolError> {
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().map_err(|e| PoolError::Start(format!("{what}: {e}")))?;
+    let mut line = String::new();
+    let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
+    let addr = line.trim().to_string();
+    if addr.is_empty() {
+        let st = child.wait().map(|s| s.to_string()).unwrap_or_default();
+        return Err(PoolError::Start(format!("the node exited ({st}) before printing its address; see its log above")));
+    }
+    Ok((addr, child))
+}
+
+/// Waits for a drained node to exit (it does after its drain), else kills it.
+fn stop_child(addr: &str, mut c: Child) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tracing::warn!("I/O node {addr} did not exit after its drain: killing it");
+    let _ = c.kill();
+    let _ = c.wait();
 }
 
 impl Drop for LocalNodes {
@@ -145,6 +156,150 @@ impl Drop for LocalNodes {
     }
 }
 
+/// A compute node of the job that I/O nodes may share: `NAME=IP` (or just
+/// `IP`, then the name too). The nodes listen on IP; NAME fills the
+/// launcher's `{host}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ComputeHost {
+    pub name: String,
+    pub ip: std::net::IpAddr,
+}
+
+impl std::str::FromStr for ComputeHost {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, ip) = s.split_once('=').unwrap_or((s, s));
+        let ip = ip.parse().map_err(|e| format!("{s:?}: expected NAME=IP or IP ({e})"))?;
+        if name.is_empty() {
+            return Err(format!("{s:?}: empty host name"));
+        }
+        Ok(ComputeHost { name: name.to_string(), ip })
+    }
+}
+
+/// Where the next co-located node goes, from the nodes each host runs now:
+/// the host with the fewest. With two hosts or more, one node per host at
+/// most, so that any two replicas are on two machines (chunk placement does
+/// not know machines); a single host takes them all (there is no second
+/// machine to spread to). None: full.
+pub fn pick_host(per_host: &[usize]) -> Option<usize> {
+    let (i, &n) = per_host.iter().enumerate().min_by_key(|&(_, n)| *n)?;
+    (per_host.len() == 1 || n == 0).then_some(i)
+}
+
+/// I/O nodes on the job's own compute nodes (DESIGN: "compute nodes pool
+/// memory into a shared buffer tier"): `LAUNCHER surge bb node --listen IP:0`
+/// for the host chosen by [`pick_host`], e.g. `ssh {host}`. They cost no
+/// instance-hours (the compute nodes are billed anyway), only the memory they
+/// take from the job.
+pub struct CoLocatedNodes {
+    pub program: PathBuf,
+    pub hosts: Vec<ComputeHost>,
+    /// Words before the program, `{host}` replaced by the host's name (none: run here).
+    pub launcher: Vec<String>,
+    /// Arguments after `bb node --listen IP:0` (no secrets: see [`LocalNodes::args`]).
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Address -> (host index, its launcher process).
+    children: BTreeMap<String, (usize, Child)>,
+}
+
+impl CoLocatedNodes {
+    /// `launcher`: words separated by spaces (`ssh {host}`; empty: run on this machine).
+    pub fn new(program: PathBuf, hosts: Vec<ComputeHost>, launcher: &str, args: Vec<String>, env: Vec<(String, String)>) -> CoLocatedNodes {
+        CoLocatedNodes { program, hosts, launcher: launcher.split_whitespace().map(String::from).collect(), args, env, children: BTreeMap::new() }
+    }
+
+    fn per_host(&mut self) -> Vec<usize> {
+        let mut v = vec![0; self.hosts.len()];
+        for (h, c) in self.children.values_mut() {
+            if matches!(c.try_wait(), Ok(None)) {
+                v[*h] += 1;
+            }
+        }
+        v
+    }
+
+    fn command(&self, host: &ComputeHost) -> Command {
+        let words: Vec<String> = self.launcher.iter().map(|w| w.replace("{host}", &host.name)).collect();
+        let mut c = match words.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&self.program);
+                c
+            }
+            None => Command::new(&self.program),
+        };
+        c.args(["bb", "node", "--listen", &std::net::SocketAddr::new(host.ip, 0).to_string()]).args(&self.args).envs(self.env.iter().map(|(k, v)| (k, v)));
+        c
+    }
+}
+
+impl NodeProvider for CoLocatedNodes {
+    fn start(&mut self) -> Result<String, PoolError> {
+        let per_host = self.per_host();
+        let h = pick_host(&per_host).ok_or_else(|| PoolError::Start(format!("every one of the {} compute hosts runs a node already", self.hosts.len())))?;
+        let mut c = self.command(&self.hosts[h]);
+        let (addr, child) = spawn_node(&mut c, &format!("{} on {}", self.program.display(), self.hosts[h].name))?;
+        self.children.insert(addr.clone(), (h, child));
+        Ok(addr)
+    }
+
+    fn running(&mut self, addr: &str) -> bool {
+        self.children.get_mut(addr).is_some_and(|(_, c)| matches!(c.try_wait(), Ok(None)))
+    }
+
+    fn stop(&mut self, addr: &str) {
+        if let Some((_, c)) = self.children.remove(addr) {
+            stop_child(addr, c);
+        }
+    }
+
+    fn capacity(&self) -> Option<usize> {
+        (self.hosts.len() != 1).then_some(self.hosts.len())
+    }
+}
+
+impl Drop for CoLocatedNodes {
+    fn drop(&mut self) {
+        for (_, (_, mut c)) in std::mem::take(&mut self.children) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Where the pool's nodes run, which decides what they cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Machines of their own, each billed as the pool's instance type.
+    #[default]
+    Dedicated,
+    /// On the job's compute nodes ([`CoLocatedNodes`]): no instance-hours.
+    CoLocated,
+}
+
+/// Bills a node that starts (or is adopted) now: dedicated nodes as the
+/// pool's instance, co-located ones not at all (their compute node is paid for).
+fn bill_start(meter: &CostMeter, addr: &str, s: &PoolSettings) -> Result<(), PoolError> {
+    match s.placement {
+        Placement::Dedicated => Ok(meter.start_compute(addr, &s.instance, 1)?),
+        Placement::CoLocated => Ok(()),
+    }
+}
+
+/// The policy's bounds within what the provider can hold.
+pub fn fit_to_capacity(mut cfg: PoolConfig, capacity: Option<usize>) -> Result<PoolConfig, PoolError> {
+    if let Some(c) = capacity {
+        if c < cfg.min_nodes {
+            return Err(PoolError::Start(format!("the pool's minimum is {} nodes but its provider holds {c} (one per compute host)", cfg.min_nodes)));
+        }
+        cfg.max_nodes = cfg.max_nodes.min(c);
+    }
+    Ok(cfg)
+}
+
 #[derive(Clone, Debug)]
 pub struct PoolSettings {
     pub policy: PoolConfig,
@@ -153,6 +308,7 @@ pub struct PoolSettings {
     pub instance: String,
     /// A drain that takes longer is given up (the node is then stopped).
     pub drain_timeout: Duration,
+    pub placement: Placement,
 }
 
 /// What the daemon publishes (`surge bb status` shows it under `pool.daemon`).
@@ -165,6 +321,11 @@ pub struct PoolReport {
     pub nodes: Vec<String>,
     pub draining: Vec<String>,
     pub instance: String,
+    #[serde(default)]
+    pub placement: Placement,
+    /// Memory the pool's nodes take from the compute nodes (co-located placement).
+    #[serde(default)]
+    pub colocated_memory_bytes: u64,
     pub usd_per_hour: f64,
     pub cost_usd: f64,
     pub compute_usd: f64,
@@ -222,7 +383,7 @@ fn adopt(provider: &mut dyn NodeProvider, live: &[String], draining: &BTreeSet<S
         if nodes.contains(&addr) || draining.contains(&addr) {
             continue;
         }
-        meter.start_compute(&addr, &s.instance, 1)?;
+        bill_start(meter, &addr, s)?;
         let line = format!("pool: adopted {addr} (a node of this pool that was running before this start)");
         tracing::info!("{line}");
         println!("{line}");
@@ -238,13 +399,14 @@ fn mib(b: f64) -> f64 {
 /// Runs the pool until `stop` is set, then drains and stops every node it started.
 pub fn run(tier: Arc<Tier>, provider: &mut dyn NodeProvider, meter: &CostMeter, s: &PoolSettings, stop: &AtomicBool) -> Result<(), PoolError> {
     meter.prices().instance_usd_hour(&s.instance, 1)?;
-    let mut policy = PoolPolicy::new(s.policy.clone());
+    let cfg = fit_to_capacity(s.policy.clone(), provider.capacity())?;
+    let mut policy = PoolPolicy::new(cfg.clone());
     let mut nodes: BTreeSet<String> = BTreeSet::new();
     let mut draining: BTreeSet<String> = BTreeSet::new();
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<String>();
     let mut sampler = Sampler::default();
     let started = Instant::now();
-    let mut report = PoolReport { min: s.policy.min_nodes, max: s.policy.max_nodes, instance: s.instance.clone(), ..Default::default() };
+    let mut report = PoolReport { min: cfg.min_nodes, max: cfg.max_nodes, instance: s.instance.clone(), placement: s.placement, ..Default::default() };
     let start_drain = |addr: String, draining: &mut BTreeSet<String>| {
         draining.insert(addr.clone());
         let (tier, tx, timeout) = (tier.clone(), done_tx.clone(), s.drain_timeout);
@@ -285,7 +447,7 @@ pub fn run(tier: Arc<Tier>, provider: &mut dyn NodeProvider, meter: &CostMeter, 
             for r in provider.start_many(d.target - nodes.len()) {
                 match r {
                     Ok(addr) => {
-                        meter.start_compute(&addr, &s.instance, 1)?;
+                        bill_start(meter, &addr, s)?;
                         nodes.insert(addr);
                     }
                     Err(e) => tracing::error!("pool: {e}"),
@@ -305,6 +467,9 @@ pub fn run(tier: Arc<Tier>, provider: &mut dyn NodeProvider, meter: &CostMeter, 
         report.nodes = nodes.iter().cloned().collect();
         report.draining = draining.iter().cloned().collect();
         report.usd_per_hour = meter.compute_usd_hour();
+        if s.placement == Placement::CoLocated {
+            report.colocated_memory_bytes = (nodes.len() + draining.len()) as u64 * cfg.node_memory;
+        }
         report.cost_usd = cost.total_usd;
         report.compute_usd = cost.compute_usd;
         report.s3_usd = cost.s3_usd;
@@ -364,4 +529,67 @@ pub fn run(tier: Arc<Tier>, provider: &mut dyn NodeProvider, meter: &CostMeter, 
     println!("pool: stopped; ${:.5} in all (nodes ${:.5}, S3 ${:.5})", cost.total_usd, cost.compute_usd, cost.s3_usd);
     let _ = tier.meta.put_pool_report("", 1);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compute_hosts_parse_as_name_and_ip_or_ip_alone() {
+        let h: ComputeHost = "c1=10.0.0.5".parse().unwrap();
+        assert_eq!(h, ComputeHost { name: "c1".into(), ip: "10.0.0.5".parse().unwrap() });
+        let h: ComputeHost = "10.0.0.6".parse().unwrap();
+        assert_eq!(h.name, "10.0.0.6");
+        assert!("c1=nowhere".parse::<ComputeHost>().is_err());
+        assert!("=10.0.0.5".parse::<ComputeHost>().is_err());
+    }
+
+    #[test]
+    fn co_located_nodes_go_one_per_host_when_there_are_several_and_all_on_a_single_one() {
+        assert_eq!(pick_host(&[1, 0, 1]), Some(1));
+        assert_eq!(pick_host(&[1, 1]), None, "a second node on a host could hold both replicas of a chunk");
+        assert_eq!(pick_host(&[3]), Some(0));
+        assert_eq!(pick_host(&[]), None);
+    }
+
+    #[test]
+    fn the_policy_is_bounded_by_the_provider_and_a_minimum_it_cannot_hold_is_refused() {
+        let cfg = PoolConfig { min_nodes: 2, max_nodes: 8, ..Default::default() };
+        assert_eq!(fit_to_capacity(cfg.clone(), Some(3)).unwrap().max_nodes, 3);
+        assert_eq!(fit_to_capacity(cfg.clone(), None).unwrap().max_nodes, 8);
+        assert!(fit_to_capacity(cfg, Some(1)).is_err());
+    }
+
+    fn settings(placement: Placement) -> PoolSettings {
+        PoolSettings { policy: PoolConfig::default(), interval: Duration::from_secs(1), instance: "r5.large".into(), drain_timeout: Duration::from_secs(1), placement }
+    }
+
+    #[test]
+    fn dedicated_nodes_bill_their_instance_and_co_located_ones_nothing() {
+        let clock: Arc<dyn surge_block::Clock> = Arc::new(surge_block::SystemClock::new());
+        let meter = CostMeter::new(surge_cloud::PriceTable::default(), surge_cloud::WallClock::anchored(clock));
+        bill_start(&meter, "a:1", &settings(Placement::CoLocated)).unwrap();
+        assert_eq!(meter.compute_usd_hour(), 0.0);
+        assert!(meter.compute_usd_hour().is_sign_positive() && meter.report().compute_usd.is_sign_positive(), "status would print $-0.000/h");
+        bill_start(&meter, "b:1", &settings(Placement::Dedicated)).unwrap();
+        assert!((meter.compute_usd_hour() - 0.126).abs() < 1e-9, "{}", meter.compute_usd_hour());
+    }
+
+    #[test]
+    fn co_located_nodes_start_through_the_launcher_on_distinct_hosts_until_full() {
+        // A fake `surge`: prints the --listen address and the launcher's HOST.
+        let dir = tempfile::tempdir().unwrap();
+        let prog = dir.path().join("fake-surge");
+        std::fs::write(&prog, "#!/bin/sh\necho \"$4-$HOST\"\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&prog, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let hosts = vec!["a=127.0.0.2".parse().unwrap(), "b=127.0.0.3".parse().unwrap()];
+        let mut p = CoLocatedNodes::new(prog, hosts, "env HOST={host}", vec![], vec![]);
+        assert_eq!(p.capacity(), Some(2));
+        let mut got = vec![p.start().unwrap(), p.start().unwrap()];
+        got.sort();
+        assert_eq!(got, vec!["127.0.0.2:0-a".to_string(), "127.0.0.3:0-b".to_string()]);
+        assert!(p.start().is_err(), "a third node would share a host");
+        assert!(p.running(&got[0]));
+    }
 }

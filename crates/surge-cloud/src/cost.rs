@@ -29,8 +29,9 @@
 //! transfer list prices, us-east-1, <https://aws.amazon.com/s3/pricing/>
 //! (2025): PUT, COPY, POST, LIST $0.005 per 1,000; GET and all other requests
 //! $0.0004 per 1,000; transfer between S3 and EC2 in the same region $0.00/GB,
-//! out to the internet $0.09/GB (first 10 TB/month). Storage itself (GB-month)
-//! is left out: every approach compared stores the same bytes.
+//! out to the internet $0.09/GB (first 10 TB/month); storage $0.023 per
+//! GB-month (first 50 TB/month), which the meter leaves out (every approach
+//! compared stores the same bytes) and bills priced per part may show.
 //!
 //! Traffic between instances (a compute node reading a base image from a
 //! storage node): EC2 data transfer list prices, us-east-1,
@@ -141,11 +142,13 @@ pub struct S3Price {
     pub transfer_in_region_gb: f64,
     /// Per GB out of AWS to the internet.
     pub transfer_out_gb: f64,
+    /// S3 Standard storage, per GB-month (first 50 TB, us-east-1, 2025).
+    pub storage_gb_month: f64,
 }
 
 impl Default for S3Price {
     fn default() -> Self {
-        S3Price { put_per_1000: 0.005, get_per_1000: 0.0004, transfer_in_region_gb: 0.0, transfer_out_gb: 0.09 }
+        S3Price { put_per_1000: 0.005, get_per_1000: 0.0004, transfer_in_region_gb: 0.0, transfer_out_gb: 0.09, storage_gb_month: 0.023 }
     }
 }
 
@@ -524,8 +527,8 @@ pub fn report(prices: &PriceTable, records: &[UsageRecord], now_unix_ns: u64) ->
 pub fn report_with_compute(prices: &PriceTable, records: &[UsageRecord], compute: &[ComputeRecord], now_unix_ns: u64) -> CostReport {
     let volumes: Vec<VolumeCost> = records.iter().map(|r| bill(prices, r, now_unix_ns)).collect();
     let compute: Vec<ComputeCost> = compute.iter().map(|r| bill_compute(prices, r, now_unix_ns)).collect();
-    let storage_usd: f64 = volumes.iter().map(|v| v.usd).sum();
-    let compute_usd: f64 = compute.iter().map(|c| c.usd).sum();
+    let storage_usd: f64 = volumes.iter().map(|v| v.usd).fold(0.0, |a, b| a + b);
+    let compute_usd: f64 = compute.iter().map(|c| c.usd).fold(0.0, |a, b| a + b);
     CostReport {
         at_unix_ms: now_unix_ns / 1_000_000,
         storage_usd,
@@ -640,7 +643,8 @@ impl CostMeter {
 
     /// $ per hour of the instances running now.
     pub fn compute_usd_hour(&self) -> f64 {
-        self.compute.lock().iter().filter(|r| r.end_unix_ns.is_none()).map(|r| self.prices.instance_usd_hour(&r.instance, r.count).unwrap_or(0.0)).sum()
+        // fold from 0.0: an empty f64 sum is -0.0, which prints as "-0.000".
+        self.compute.lock().iter().filter(|r| r.end_unix_ns.is_none()).map(|r| self.prices.instance_usd_hour(&r.instance, r.count).unwrap_or(0.0)).fold(0.0, |a, b| a + b)
     }
 
     pub fn report(&self) -> CostReport {

@@ -234,6 +234,60 @@ fn the_pool_grows_under_a_write_burst_and_shrinks_after_it() {
     drop(m);
 }
 
+/// `--placement co-located` on two compute hosts (two loopback addresses,
+/// `--launcher ''`: on this machine): one node per host, no more even under
+/// a burst, billed no instance, their memory stated; every byte reaches S3.
+#[test]
+fn a_co_located_pool_puts_one_node_on_each_compute_host_and_bills_no_instance() {
+    let bb = Bb::new("pool-colo", "1MiB");
+    let log = fs::File::create(bb.dir.path().join("pool.log")).unwrap();
+    let mut pool = bb
+        .cmd()
+        .args(["bb", "pool", "--min", "2", "--max", "4", "--node-memory", "48MiB", "--interval", "300ms", "--shrink-after", "3s"])
+        .args(["--placement", "co-located", "--compute-host", "a=127.0.0.1", "--compute-host", "b=127.0.0.2", "--launcher", ""])
+        .arg("--node-arg=--writeback-delay=2s")
+        .args(bb.common())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let st = loop {
+        let st = status(&bb);
+        if pool_size(&st) == (2, 0) && st["pool"]["daemon"].is_object() {
+            break st;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "2 co-located nodes not up: {st}\n{}", bb.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut ips: Vec<String> = st["pool"]["nodes"].as_array().unwrap().iter().map(|n| n["addr"].as_str().unwrap().rsplit_once(':').unwrap().0.to_string()).collect();
+    ips.sort();
+    assert_eq!(ips, ["127.0.0.1", "127.0.0.2"], "one node per compute host: {st}");
+    let m = bb.mount("m", &[]);
+    let mut max_seen = 2;
+    let acked = write_acked(&m, 10, 4 << 20);
+    for _ in 0..10 {
+        max_seen = max_seen.max(pool_size(&status(&bb)).0);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(max_seen, 2, "two hosts hold two nodes, whatever the demand");
+    let d = &status(&bb)["pool"]["daemon"];
+    assert_eq!(d["placement"], "co-located", "{d}");
+    assert_eq!(d["max"], 2, "the maximum is the number of hosts: {d}");
+    assert_eq!(d["usd_per_hour"].as_f64(), Some(0.0), "{d}");
+    assert_eq!(d["compute_usd"].as_f64(), Some(0.0), "{d}");
+    assert_eq!(d["colocated_memory_bytes"].as_u64(), Some(2 * 48 << 20), "{d}");
+    bb.wait_persisted("/", Duration::from_secs(30));
+    assert_all_in_s3(&bb, &acked);
+    unsafe { libc::kill(pool.id() as i32, libc::SIGTERM) };
+    let start = Instant::now();
+    while pool.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the pool daemon did not stop\n{}", bb.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(m);
+}
+
 /// Writes `n` files of about `size` bytes through the mount, each fsynced.
 fn write_acked(m: &Mount, n: u64, size: usize) -> Vec<(String, Vec<u8>)> {
     (0..n)

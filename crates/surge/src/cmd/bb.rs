@@ -313,6 +313,22 @@ pub enum Action {
         /// (instances of --instance type; needs a surge built with `aws`).
         #[arg(long, default_value = "local", value_parser = ["local", "ec2"])]
         nodes: String,
+        /// `dedicated`: each node a machine of its own (--nodes), billed as
+        /// --instance. `co-located`: the nodes run on the job's compute nodes
+        /// (--compute-host), billed nothing (those are paid for anyway) and
+        /// taking --node-memory each from them: for short jobs.
+        #[arg(long, default_value = "dedicated", value_parser = ["dedicated", "co-located"])]
+        placement: String,
+        /// A compute node of the job for co-located nodes, NAME=IP or IP
+        /// (repeat). With two or more, one node per host (any two replicas on
+        /// two machines); a single host takes every node.
+        #[arg(long)]
+        compute_host: Vec<surge_bb::pool::ComputeHost>,
+        /// How a co-located node is started on a compute host: these words
+        /// (`{host}`: its NAME) then `surge bb node --listen IP:0 ...`.
+        /// Empty: on this machine.
+        #[arg(long, default_value = "ssh {host}")]
+        launcher: String,
         #[command(flatten)]
         ec2: Ec2PoolArgs,
     },
@@ -583,7 +599,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("{addr} drained and left the pool");
             Ok(())
         }
-        Action::Pool { common, min, max, node_memory, interval, shrink_after, high_water, low_water, instance, node_arg, node_listen, nodes, ec2 } => {
+        Action::Pool { common, min, max, node_memory, interval, shrink_after, high_water, low_water, instance, node_arg, node_listen, nodes, placement, compute_host, launcher, ec2 } => {
             anyhow::ensure!(min >= 1 && max >= min, "--min {min} --max {max}: need 1 <= min <= max");
             anyhow::ensure!(
                 0.0 < low_water && low_water < high_water && high_water <= 1.0,
@@ -592,8 +608,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if nodes == "ec2" {
                 ec2.check()?;
             }
+            let placement = match placement.as_str() {
+                "co-located" => surge_bb::pool::Placement::CoLocated,
+                _ => surge_bb::pool::Placement::Dedicated,
+            };
+            let colocated = placement == surge_bb::pool::Placement::CoLocated;
+            anyhow::ensure!(!colocated || nodes == "local", "--placement co-located starts nodes on --compute-host machines, not with --nodes {nodes}");
+            anyhow::ensure!(colocated == !compute_host.is_empty(), "--compute-host goes with --placement co-located, and that needs at least one");
+            let insecure = node_arg.iter().any(|a| a == "--insecure");
+            let listen_ips: Vec<std::net::IpAddr> = if colocated { compute_host.iter().map(|h| h.ip).collect() } else { vec![node_listen] };
             if nodes == "local" {
-                surge_bb::node::check_exposure(&std::net::SocketAddr::new(node_listen, 0).to_string(), common.tls_dir.is_some(), node_arg.iter().any(|a| a == "--insecure"))?;
+                for ip in listen_ips {
+                    surge_bb::node::check_exposure(&std::net::SocketAddr::new(ip, 0).to_string(), common.tls_dir.is_some(), insecure)?;
+                }
             }
             let tier = common.tier()?;
             let mut args = vec!["--memory".to_string(), node_memory.to_string()];
@@ -604,6 +631,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "ec2" => Box::new(ec2_nodes(&common, &ec2, &instance, args, tier.clone())?),
                 #[cfg(not(feature = "aws"))]
                 "ec2" => anyhow::bail!("--nodes ec2: this surge was built without the `aws` feature (cargo build --features aws)"),
+                _ if colocated => Box::new(surge_bb::pool::CoLocatedNodes::new(std::env::current_exe()?, compute_host, &launcher, args, common.child_env())),
                 _ => Box::new(surge_bb::pool::LocalNodes::new(std::env::current_exe()?, args).with_env(common.child_env()).listening_on(node_listen)),
             };
             let clock: Arc<dyn surge_block::Clock> = Arc::new(surge_block::SystemClock::new());
@@ -621,6 +649,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 interval,
                 instance,
                 drain_timeout: std::time::Duration::from_secs(120),
+                placement,
             };
             let stop = stop_flag()?;
             surge_bb::pool::run(tier, provider.as_mut(), &meter, &settings, &stop)?;

@@ -71,6 +71,18 @@ pub struct Plan {
     pub creates: meta_bench::BenchMetaArgs,
 }
 
+/// Where the pool's nodes run: co-located on the client (the Montage job's
+/// compute node: no instance-hours), unless `SURGE_BB_PLACEMENT=dedicated`
+/// (a machine of their own, billed as r5.large each: the earlier setting).
+fn placement() -> anyhow::Result<surge_bb::pool::Placement> {
+    use surge_bb::pool::Placement;
+    match std::env::var("SURGE_BB_PLACEMENT").ok().as_deref() {
+        None | Some("") | Some("co-located") => Ok(Placement::CoLocated),
+        Some("dedicated") => Ok(Placement::Dedicated),
+        Some(v) => anyhow::bail!("SURGE_BB_PLACEMENT={v:?}: expected co-located or dedicated"),
+    }
+}
+
 /// The paper's topology unless switched off; it needs root (namespaces).
 fn topology() -> anyhow::Result<bool> {
     match std::env::var("SURGE_BB_TOPOLOGY").ok().as_deref() {
@@ -93,7 +105,7 @@ impl Plan {
             // The pool: 2 nodes (2 replicas need 2) up to 6, of 256 MiB each (the
             // daemon's default is 512 MiB: smaller nodes let this small workflow
             // matter to the policy as a full-size one would); without it, 3 fixed.
-            nodes: if pool { fs::Nodes::Pool { min: 2, max: 6, node_memory_mib: 256 } } else { fs::Nodes::Fixed(3) },
+            nodes: if pool { fs::Nodes::Pool { min: 2, max: 6, node_memory_mib: 256, placement: placement()? } } else { fs::Nodes::Fixed(3) },
             check_nodes: 3,
             seq_mib: if quick { 64 } else { 256 },
             seq_writes: 3,
@@ -129,10 +141,30 @@ pub struct Sample {
     pub requests: s3::Requests,
     pub usd: f64,
     pub montage_usd: f64,
+    /// Montage's own cost by part (`montage_usd` is its total).
+    pub montage_bill: Bill,
     /// surge: live I/O nodes over time (s since mount), sampled every second.
     pub pool: Vec<pool::Point>,
     /// surge: seconds into the run when Montage started and ended.
     pub montage_window: (f64, f64),
+}
+
+/// A bill by part, $.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Bill {
+    /// The client instance (the job's compute node).
+    pub compute_usd: f64,
+    /// Instances of I/O nodes (none when they are co-located on the client).
+    pub io_nodes_usd: f64,
+    pub s3_requests_usd: f64,
+    /// S3 Standard storage of the job's bytes while it is billed.
+    pub storage_usd: f64,
+}
+
+impl Bill {
+    pub fn total(&self) -> f64 {
+        self.compute_usd + self.io_nodes_usd + self.s3_requests_usd + self.storage_usd
+    }
 }
 
 /// List prices the costs are computed with.
@@ -144,6 +176,8 @@ pub struct Prices {
     pub node_usd_hour: f64,
     pub s3_put_per_1000: f64,
     pub s3_get_per_1000: f64,
+    pub s3_storage_gb_month: f64,
+    pub seconds_per_month: f64,
 }
 
 impl Prices {
@@ -159,15 +193,26 @@ impl Prices {
             node_usd_hour: t.instance_usd_hour(node, 1)?,
             s3_put_per_1000: t.s3.put_per_1000,
             s3_get_per_1000: t.s3.get_per_1000,
+            s3_storage_gb_month: t.s3.storage_gb_month,
+            seconds_per_month: t.seconds_per_month as f64,
         })
     }
 
-    /// Dollars for `client_s` seconds of the client, `node_s` node-seconds and `r` requests (per second, no minimum).
-    pub fn usd(&self, client_s: f64, node_s: f64, r: s3::Requests) -> f64 {
-        client_s * self.client_usd_hour / 3600.0
-            + node_s * self.node_usd_hour / 3600.0
-            + r.put_class as f64 * self.s3_put_per_1000 / 1000.0
-            + r.get_class as f64 * self.s3_get_per_1000 / 1000.0
+    /// The bill for `client_s` seconds of the client, `billed_node_s` seconds
+    /// of I/O-node instances, requests `r` and `stored_bytes` kept in S3 for
+    /// `stored_s` seconds (per second, no minimum).
+    pub fn bill(&self, client_s: f64, billed_node_s: f64, r: s3::Requests, stored_bytes: u64, stored_s: f64) -> Bill {
+        Bill {
+            compute_usd: client_s * self.client_usd_hour / 3600.0,
+            io_nodes_usd: billed_node_s * self.node_usd_hour / 3600.0,
+            s3_requests_usd: r.put_class as f64 * self.s3_put_per_1000 / 1000.0 + r.get_class as f64 * self.s3_get_per_1000 / 1000.0,
+            storage_usd: stored_bytes as f64 / (1u64 << 30) as f64 * self.s3_storage_gb_month * stored_s / self.seconds_per_month,
+        }
+    }
+
+    /// Dollars for the client, I/O-node instances and requests (no storage).
+    pub fn usd(&self, client_s: f64, billed_node_s: f64, r: s3::Requests) -> f64 {
+        self.bill(client_s, billed_node_s, r, 0, 0.0).total()
     }
 }
 
@@ -233,6 +278,7 @@ impl Rig {
         let (m_t, m_req, m_node) = (t.elapsed().as_secs_f64(), self.s3.requests(&bucket), m.node_seconds());
         let montage_s = work::montage(&self.fits, m.mnt())?;
         let montage_window = (m_t, t.elapsed().as_secs_f64());
+        let montage_bytes = work::tree_bytes(&m.mnt().join("montage"))?;
         // Throughput from a quiet start, as s3fs and JuiceFS have it (they
         // upload before close returns): Montage's files in S3 first.
         say("write-back of Montage");
@@ -259,18 +305,25 @@ impl Rig {
         let pooled = matches!(self.plan.nodes, fs::Nodes::Pool { .. }) && k == Kind::Surge;
         let (node_s, montage_node_s) =
             if pooled { (pool::node_seconds(&pool), pool::node_seconds_between(&pool, montage_window.0, montage_persisted)) } else { (m.node_seconds(), m_node1 - m_node) };
-        let uploads_from_client = m.uploads_from_client();
+        // Co-located nodes bill no instance; they hold the job's dirty data,
+        // so the client is billed until its write-back is done.
+        let colocated = pooled && matches!(self.plan.nodes, fs::Nodes::Pool { placement: surge_bb::pool::Placement::CoLocated, .. });
+        let node_billed = |s: f64| if colocated { 0.0 } else { s };
+        let uploads_from_client = m.uploads_from_client() || colocated;
         m.stop()?;
         let wall_s = t.elapsed().as_secs_f64();
         let requests = self.s3.requests(&bucket);
-        let usd = self.prices.usd(wall_s, node_s, requests);
+        let usd = self.prices.usd(wall_s, node_billed(node_s), requests);
         // Montage's own share: the client for its seconds (until its files
-        // are in S3 when the client itself uploads them); the nodes and the
-        // requests until its files are in S3 (its write-back included).
+        // are in S3 when the client itself holds them); the nodes, the
+        // requests and the storage until its files are in S3 (its write-back
+        // included).
         let client_s = if uploads_from_client { montage_persisted - montage_window.0 } else { montage_s };
-        let montage_usd = self.prices.usd(client_s, montage_node_s, s3::Requests { put_class: m_req1.put_class - m_req.put_class, get_class: m_req1.get_class - m_req.get_class });
+        let montage_requests = s3::Requests { put_class: m_req1.put_class - m_req.put_class, get_class: m_req1.get_class - m_req.get_class };
+        let montage_bill = self.prices.bill(client_s, node_billed(montage_node_s), montage_requests, montage_bytes, montage_persisted - montage_window.0);
+        let montage_usd = montage_bill.total();
         progress::step(format!("{} round {}: done", k.name(), round + 1), true);
-        Ok(Sample { approach: k.name(), round, throughput, metadata, montage_s, wall_s, node_s, requests, usd, montage_usd, pool, montage_window })
+        Ok(Sample { approach: k.name(), round, throughput, metadata, montage_s, wall_s, node_s, requests, usd, montage_usd, montage_bill, pool, montage_window })
     }
 
     /// Read-after-write between two surge mounts (default, close-to-open

@@ -172,9 +172,31 @@ pub fn start_redis(machines: &Machines, role: &str, surge: &Path, dir: &Path) ->
 pub enum Nodes {
     /// This many, started up front (the paper's setting).
     Fixed(usize),
-    /// `surge bb pool --min --max`: the pool daemon starts and drains local
-    /// nodes as demand changes.
-    Pool { min: usize, max: usize, node_memory_mib: u64 },
+    /// `surge bb pool --min --max`: the pool daemon starts and drains
+    /// nodes as demand changes: processes of the pool's machine (dedicated),
+    /// or of the client's, the job's compute node (co-located).
+    Pool { min: usize, max: usize, node_memory_mib: u64, placement: surge_bb::pool::Placement },
+}
+
+/// `surge bb pool`'s placement arguments: dedicated nodes on the pool's
+/// machine, or co-located ones on the client (the Montage job's one compute
+/// node; the daemon runs there too), started in its namespace.
+pub fn pool_placement_args(m: &Machines, placement: surge_bb::pool::Placement) -> Vec<String> {
+    match placement {
+        surge_bb::pool::Placement::Dedicated => vec!["--node-listen".into(), m.ip(machines::POOL)],
+        surge_bb::pool::Placement::CoLocated => {
+            let host = m.host(machines::CLIENT);
+            let (name, launcher) = match &host.netns {
+                Some(ns) => {
+                    let name = ns.file_name().map_or_else(|| machines::CLIENT.to_string(), |n| n.to_string_lossy().into_owned());
+                    let dir = ns.parent().map_or_else(String::new, |d| d.display().to_string());
+                    (name, format!("nsenter --net={dir}/{{host}} --"))
+                }
+                None => (machines::CLIENT.to_string(), String::new()),
+            };
+            vec!["--placement".into(), "co-located".into(), "--compute-host".into(), format!("{name}={}", host.bind), "--launcher".into(), launcher]
+        }
+    }
 }
 
 /// surge: redis + I/O nodes + `surge bb mount`, daemon defaults.
@@ -211,7 +233,7 @@ impl Surge {
         let mut s = Surge { surge: surge.to_path_buf(), machines: machines.clone(), dir: dir.to_path_buf(), env, redis: Some(redis), nodes: Vec::new(), node_seconds_done: 0.0, mounts: Vec::new(), mounts_started: 0, pool: None };
         match nodes {
             Nodes::Fixed(n) => s.start_nodes(n)?,
-            Nodes::Pool { min, max, node_memory_mib } => s.start_pool(min, max, node_memory_mib)?,
+            Nodes::Pool { min, max, node_memory_mib, placement } => s.start_pool(min, max, node_memory_mib, placement)?,
         }
         Ok(s)
     }
@@ -249,9 +271,14 @@ impl Surge {
     }
 
     /// The pool daemon, sizing the pool every second; returns once `min` nodes are live.
-    fn start_pool(&mut self, min: usize, max: usize, node_memory_mib: u64) -> anyhow::Result<()> {
-        let mut c = self.cmd_on(Some(machines::POOL));
-        c.args(["bb", "pool", "--node-listen", &self.machines.ip(machines::POOL), "--min", &min.to_string(), "--max", &max.to_string(), "--interval", "1s", "--node-memory", &format!("{node_memory_mib}MiB")]);
+    fn start_pool(&mut self, min: usize, max: usize, node_memory_mib: u64, placement: surge_bb::pool::Placement) -> anyhow::Result<()> {
+        let role = match placement {
+            surge_bb::pool::Placement::Dedicated => machines::POOL,
+            surge_bb::pool::Placement::CoLocated => machines::CLIENT,
+        };
+        let mut c = self.cmd_on(Some(role));
+        c.args(["bb", "pool", "--min", &min.to_string(), "--max", &max.to_string(), "--interval", "1s", "--node-memory", &format!("{node_memory_mib}MiB")]);
+        c.args(pool_placement_args(&self.machines, placement));
         self.pool = Some(Proc::spawn("surge bb pool", &mut c, &self.dir.join("pool.log"))?);
         proc::wait_until("the pool's first nodes", Duration::from_secs(60), || self.live_nodes().is_ok_and(|k| k >= min))
     }

@@ -92,6 +92,36 @@ pub const METRICS: [(&str, &str, Metric); 12] = [
     ("throughput.fresh_read_mbps", "seq read, fresh mount on the other client MB/s", |s| s.throughput.cold_read_mbps),
 ];
 
+/// The parts of Montage's bill: (results.json key, label, value).
+pub const BILL_PARTS: [(&str, &str, Metric); 4] = [
+    ("compute_usd", "client (the job's compute node)", |s| s.montage_bill.compute_usd),
+    ("io_nodes_usd", "I/O-node instances", |s| s.montage_bill.io_nodes_usd),
+    ("s3_requests_usd", "S3 requests", |s| s.montage_bill.s3_requests_usd),
+    ("storage_usd", "S3 storage", |s| s.montage_bill.storage_usd),
+];
+
+/// Montage's bill by part, medians per approach (each part its own median).
+fn montage_bills(by: &BTreeMap<&str, Vec<Sample>>) -> serde_json::Value {
+    let mut v = json!({});
+    for (approach, samples) in by {
+        for (key, _, f) in BILL_PARTS {
+            v[*approach][key] = json!(stats(samples.iter().map(f)).0);
+        }
+        v[*approach]["total_usd"] = json!(stats(samples.iter().map(|s| s.montage_usd)).0);
+    }
+    v
+}
+
+/// Is surge's Montage cost (median) below each JuiceFS mode's, and both?
+pub fn cost_verdict(by: &BTreeMap<&str, Vec<Sample>>) -> BTreeMap<&'static str, bool> {
+    let m = |a: &str| med(by, a, |s| s.montage_usd);
+    let surge = m("surge");
+    let mut v: BTreeMap<&'static str, bool> = ["juicefs", "juicefs-writeback"].into_iter().map(|j| (j, surge < m(j))).collect();
+    let both = v.values().all(|b| *b);
+    v.insert("both", both);
+    v
+}
+
 fn med(by: &BTreeMap<&str, Vec<Sample>>, approach: &str, f: Metric) -> f64 {
     by.get(approach).map(|v| stats(v.iter().map(f)).0).unwrap_or(f64::NAN)
 }
@@ -108,6 +138,10 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
             v[format!("{group}_spread")][*approach][key] = json!({"min": lo, "max": hi, "n": samples.len()});
         }
     }
+    for (approach, bill) in montage_bills(by).as_object().into_iter().flatten() {
+        v["cost"][approach.as_str()]["montage_bill"] = bill.clone();
+    }
+    v["cost"]["montage_below_juicefs"] = json!(cost_verdict(by));
     let serde_json::Value::Object(mut root) = v else { unreachable!("built as an object") };
     root.insert(
         "consistency".into(),
@@ -117,8 +151,12 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
         "node_loss".into(),
         json!({"bytes_lost": checks.bytes_lost, "bytes_written": checks.loss_bytes_written, "dirty_chunks_at_kill": checks.dirty_chunks_at_kill, "replicas": 2, "all_persisted": checks.loss_persisted, "note": checks.loss_note}),
     );
-    if let super::fs::Nodes::Pool { min, max, .. } = plan.nodes {
-        root.insert("pool".into(), pool_json(by.get("surge").map(Vec::as_slice).unwrap_or(&[]), min, max));
+    if let super::fs::Nodes::Pool { min, max, node_memory_mib, placement } = plan.nodes {
+        let mut p = pool_json(by.get("surge").map(Vec::as_slice).unwrap_or(&[]), min, max);
+        p["placement"] = json!(placement);
+        p["node_memory_mib"] = json!(node_memory_mib);
+        p["placement_note"] = json!(placement_note(placement, max, node_memory_mib));
+        root.insert("pool".into(), p);
     }
     root.insert("ratios_vs_s3fs".into(), json!(ratios(by)));
     root.insert("samples".into(), json!(by));
@@ -142,11 +180,14 @@ fn results_json(by: &BTreeMap<&str, Vec<Sample>>, checks: &Checks, plan: &Plan, 
         },
     );
     let mut daemon = vec![json!({"setting": "none but the pool's (below); mount, nodes and writeback with their defaults", "reason": "-"})];
-    if let super::fs::Nodes::Pool { min, max, node_memory_mib } = plan.nodes {
+    if let super::fs::Nodes::Pool { min, max, node_memory_mib, placement } = plan.nodes {
         daemon = vec![
             json!({"setting": format!("surge bb pool --node-memory {node_memory_mib}MiB (default 512 MiB)"), "reason": "so this small workflow is a comparable share of the pool's memory"}),
             json!({"setting": format!("surge bb pool --min {min} --max {max} (defaults 2, 8)"), "reason": "as many nodes as one 2-core machine holds next to the clients and S3 server"}),
         ];
+        if placement == surge_bb::pool::Placement::CoLocated {
+            daemon.push(json!({"setting": "surge bb pool --placement co-located --compute-host CLIENT --launcher 'nsenter --net=/run/netns/{host} --' (default: --placement dedicated); the daemon runs on the client too", "reason": "Montage is a short job on one compute node: its burst buffer shares that node instead of paying for I/O-node instances (SURGE_BB_PLACEMENT=dedicated runs the earlier setting)"}));
+        }
     }
     if let super::fs::Nodes::Fixed(n) = plan.nodes {
         daemon = vec![json!({"setting": format!("{n} I/O nodes, fixed"), "reason": "the elastic pool daemon is not in this build"})];
@@ -217,6 +258,17 @@ pub fn pool_round(trace: &[super::pool::Point], montage: (f64, f64)) -> PoolRoun
     let peak = trace.iter().map(|p| p.nodes).max().unwrap_or(0);
     let end = trace.last().map_or(0, |p| p.nodes);
     PoolRound { start, montage_peak, peak, end, grew: montage_peak > start, shrank: end < peak }
+}
+
+/// Where the pool's nodes ran and what that costs, in a sentence.
+pub fn placement_note(placement: surge_bb::pool::Placement, max: usize, node_memory_mib: u64) -> String {
+    match placement {
+        surge_bb::pool::Placement::CoLocated => format!(
+            "co-located: the pool's nodes are processes of the client machine (the job's one compute node, an m5.xlarge of 16 GiB), started in its namespace by the daemon, which runs there too: no I/O-node instance is billed, they take up to {max} x {node_memory_mib} MiB = {} MiB of the client's memory, and the client is billed until Montage's files are in S3 (its memory holds them until then). With one compute machine both replicas of a chunk are on it: a node process dying loses nothing, the machine dying before write-back loses what was not yet in S3 (as JuiceFS write-back's staging on the client's disk would); with two compute hosts or more the pool puts one node on each, so the 2 replicas are on 2 machines. surge's writes reach nodes on the writer's own machine (no link); a fresh mount on the other client reads them across its link",
+            max as u64 * node_memory_mib
+        ),
+        surge_bb::pool::Placement::Dedicated => "dedicated: the pool's nodes are processes of the pool's machine, each billed as an r5.large instance for its lifetime".to_string(),
+    }
 }
 
 fn pool_json(surge: &[Sample], min: usize, max: usize) -> serde_json::Value {
@@ -318,6 +370,23 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
             fmt(r[&format!("{k}_vs_juicefs-writeback")])
         );
     }
+    let _ = writeln!(s, "\n## Montage's bill by part\n\nMedians of each part, $ (the parts' medians need not add up to the median total).\n\n| part | {} |\n|---|---|---|---|---|", APPROACHES.join(" | "));
+    for (_, label, f) in BILL_PARTS {
+        let _ = writeln!(s, "| {label} | {} |", APPROACHES.map(|a| fmt(med(by, a, f))).join(" | "));
+    }
+    let _ = writeln!(s, "| **total** | {} |", APPROACHES.map(|a| fmt(med(by, a, |x| x.montage_usd))).join(" | "));
+    let v = cost_verdict(by);
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let _ = writeln!(
+        s,
+        "\nsurge's Montage cost below JuiceFS's: {} (default mode), {} (write-back); below both: **{}**.",
+        yes(v["juicefs"]),
+        yes(v["juicefs-writeback"]),
+        yes(v["both"])
+    );
+    if let super::fs::Nodes::Pool { max, node_memory_mib, placement, .. } = plan.nodes {
+        let _ = writeln!(s, "\nsurge's pool: {}.", placement_note(placement, max, node_memory_mib));
+    }
     if setup.topology.is_some() {
         let link = super::machines::CLUSTER_LINK.rate_mbit as f64 / 8.0;
         let w = med(by, "surge", METRICS[1].2);
@@ -392,11 +461,11 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
 - Throughput (`fsbench.py`, one client process): sequential write of a {} MiB file in {} KiB writes then fsync and close, {} times (a new file each time, once the file system's write-back of the last one is done: the median counts); sequential read of the last file as many times, the page cache dropped before each (the median counts); page cache dropped; {} random {} KiB reads, then {} random {} KiB writes + fsync, at aligned offsets of that file. MB = 10^6 bytes. Where the read bytes come from is each file system's default: surge's mount keeps the chunks it wrote in its chunk cache (256 MiB, keyed by chunk version) and answers the read from it; s3fs keeps no cache and reads S3; JuiceFS does not keep full blocks it uploaded (`--cache-large-write` is off by default) and reads them back from S3 in the first read, which fills its local disk cache (its default) for the next two. Then the file system is unmounted and mounted on the other client machine (a fresh client process with its own, empty, disk cache; JuiceFS write-back first uploads what it staged, as another client could not read it before), the page cache dropped, and the file read again (\"seq read, fresh mount on the other client\", the paper's setting: surge's bytes come from its I/O nodes); the random I/O runs on that fresh mount.\n\
 - Metadata (`fsbench.py mdtest`, mdtest-style): {} processes, each {} files in its own directory; phases create (open O_CREAT|O_EXCL + close), stat, unlink, each timed from a common start to the last process's end.\n\
 - Montage (Debian `montage`): {} synthetic FITS images of {}x{} float32 pixels with TAN WCS headers ({:.1} MB, generated by `fsbench.py fits`, 10 % overlap on a grid), staged in with `cp -r`, then mImgtbl, mMakeHdr, mProjExec, mImgtbl, mOverlaps, mDiffExec, mFitExec, mBgModel, mBgExec, mAdd, all with their working directory on the file system; timed from stage-in to the mosaic written.\n\
-- Costs (computed from measured seconds and counted requests, per second without the 60 s minimum): the client {} at ${}/h for the approach's wall time (mount to everything in S3, unmounted), each surge I/O node as {} at ${}/h for its lifetime, S3 requests counted from the S3 server's request log at ${} per 1,000 PUT/COPY/POST/LIST and ${} per 1,000 GET/HEAD/other (S3 Standard, us-east-1). The Redis servers are not priced separately (on EC2 they would share an instance with the pool daemon). Montage's own cost: the client for Montage's seconds, and the I/O nodes and S3 requests until Montage's files are all in S3 (surge's write-back included).",
+- Costs (computed from measured seconds and counted requests, per second without the 60 s minimum): the client {} at ${}/h for the approach's wall time (mount to everything in S3, unmounted), each dedicated surge I/O node as {} at ${}/h for its lifetime (co-located ones: nothing, their machine is the client), S3 requests counted from the S3 server's request log at ${} per 1,000 PUT/COPY/POST/LIST and ${} per 1,000 GET/HEAD/other (S3 Standard, us-east-1). The Redis servers and the pool daemon are not priced separately, for any approach (small processes; on EC2 they would share an instance). Montage's own cost: the client for Montage's seconds (until Montage's files are all in S3 where the client holds them: JuiceFS write-back, co-located surge nodes), and the I/O nodes and S3 requests until Montage's files are all in S3 (surge's write-back included); its storage at ${} per GB-month for the bytes Montage left (the whole tree, an upper bound) over that window.",
         network(setup.topology.as_ref()),
         match plan.nodes {
             super::fs::Nodes::Fixed(n) => format!("{n} I/O nodes of 1 GiB (the node default) started up front"),
-            super::fs::Nodes::Pool { min, max, node_memory_mib } => format!("I/O nodes started and drained by `surge bb pool --min {min} --max {max} --interval 1s --node-memory {node_memory_mib}MiB` (its other settings default; deviation: nodes of {node_memory_mib} MiB instead of the daemon's 512 MiB, so this small workflow is a comparable share of the pool's memory)"),
+            super::fs::Nodes::Pool { min, max, node_memory_mib, placement } => format!("I/O nodes started and drained by `surge bb pool --min {min} --max {max} --interval 1s --node-memory {node_memory_mib}MiB{}` (its other settings default; deviation: nodes of {node_memory_mib} MiB instead of the daemon's 512 MiB, so this small workflow is a comparable share of the pool's memory)", if placement == surge_bb::pool::Placement::CoLocated { " --placement co-located --compute-host CLIENT" } else { "" }),
         },
         plan.seq_mib,
         plan.seq_bs_kib,
@@ -416,12 +485,16 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
         prices.node_instance,
         prices.node_usd_hour,
         prices.s3_put_per_1000,
-        prices.s3_get_per_1000
+        prices.s3_get_per_1000,
+        prices.s3_storage_gb_month
     );
     let _ = writeln!(s, "\n## Deviations from the paper and the issue\n");
     let mut devs = vec![
         "The paper ran on EC2 against Amazon S3 with up to 8 I/O nodes and 8 clients; here one host (2 cores) plays every machine, with one client at a time writing, a local moto S3 server (a Python emulation, itself a CPU consumer on the same 2 cores), the links emulated as stated above.".to_string(),
-        "The nodes of `surge bb pool` are processes of the pool's machine (its local node provider starts them), so they share its one link; the check's fixed nodes have a machine each.".to_string(),
+        match plan.nodes {
+            super::fs::Nodes::Pool { placement: surge_bb::pool::Placement::CoLocated, .. } => "The nodes of `surge bb pool` are processes of the client machine (co-located placement), so the client's writes reach them without crossing a link; the check's fixed nodes have a machine each.".to_string(),
+            _ => "The nodes of `surge bb pool` are processes of the pool's machine (its local node provider starts them), so they share its one link; the check's fixed nodes have a machine each.".to_string(),
+        },
         "The paper's throughput clients read/wrote 100 MB per client (random: one byte 10,000 times); here the sizes above, one client.".to_string(),
         "Each round runs Montage first (so surge's pool starts at its minimum when the workflow does), then throughput, then metadata, on a freshly mounted file system (fresh bucket, fresh metadata). Before the throughput phase the round waits until everything Montage wrote is in S3 (surge's and JuiceFS write-back's; s3fs and default JuiceFS upload before close returns, so they have nothing to wait for): every file system's throughput starts from a quiet machine. The write-back of the throughput file itself still runs during the reads that follow it.".to_string(),
         "stat: surge's default mount and JuiceFS both keep names and attributes in the kernel for 1 s (their defaults), so their stat rates are mostly the kernel's; surge checks them at every open (close-to-open).".to_string(),
@@ -472,5 +545,47 @@ mod pool_tests {
         assert!(r.grew && !r.shrank, "{r:?}");
         let r = pool_round(&trace(&[(0.0, 2), (5.0, 2)]), (1.0, 10.0));
         assert!(!r.grew && !r.shrank, "{r:?}");
+    }
+}
+
+#[cfg(test)]
+mod bill_tests {
+    use super::*;
+    use crate::experiment::burstbuffer::{s3::Requests, Bill};
+
+    fn prices() -> Prices {
+        Prices { client_instance: "m5.xlarge".into(), client_usd_hour: 0.192, node_instance: "r5.large".into(), node_usd_hour: 0.126, s3_put_per_1000: 0.005, s3_get_per_1000: 0.0004, s3_storage_gb_month: 0.023, seconds_per_month: 2_592_000.0 }
+    }
+
+    #[test]
+    fn a_bill_prices_each_part_and_sums_them() {
+        let b = prices().bill(3600.0, 1800.0, Requests { put_class: 1000, get_class: 1000 }, 1 << 30, 2_592_000.0);
+        assert!((b.compute_usd - 0.192).abs() < 1e-12);
+        assert!((b.io_nodes_usd - 0.063).abs() < 1e-12);
+        assert!((b.s3_requests_usd - 0.0054).abs() < 1e-12);
+        assert!((b.storage_usd - 0.023).abs() < 1e-12, "a GiB for a month");
+        assert!((b.total() - (0.192 + 0.063 + 0.0054 + 0.023)).abs() < 1e-12);
+        assert_eq!(prices().usd(10.0, 0.0, Requests::default()), prices().bill(10.0, 0.0, Requests::default(), 0, 0.0).total());
+    }
+
+    fn sample(approach: &'static str, bill: Bill) -> Sample {
+        Sample { approach, montage_usd: bill.total(), montage_bill: bill, ..Default::default() }
+    }
+
+    #[test]
+    fn surge_is_below_both_juicefs_modes_only_when_below_each() {
+        let b = |c: f64, n: f64| Bill { compute_usd: c, io_nodes_usd: n, ..Default::default() };
+        let mut by: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
+        by.insert("surge", vec![sample("surge", b(0.001, 0.0))]);
+        by.insert("juicefs", vec![sample("juicefs", b(0.002, 0.0))]);
+        by.insert("juicefs-writeback", vec![sample("juicefs-writeback", b(0.0015, 0.0))]);
+        let v = cost_verdict(&by);
+        assert!(v["juicefs"] && v["juicefs-writeback"] && v["both"], "{v:?}");
+        by.insert("surge", vec![sample("surge", b(0.001, 0.0006))]);
+        let v = cost_verdict(&by);
+        assert!(v["juicefs"] && !v["juicefs-writeback"] && !v["both"], "{v:?}");
+        let bills = montage_bills(&by);
+        assert_eq!(bills["surge"]["io_nodes_usd"], json!(0.0006));
+        assert!((bills["surge"]["total_usd"].as_f64().unwrap() - 0.0016).abs() < 1e-12);
     }
 }

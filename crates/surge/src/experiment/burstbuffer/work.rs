@@ -126,6 +126,17 @@ pub fn fits(tool: &Tool, dir: &Path, plan: &Plan) -> anyhow::Result<(u64, u64)> 
     Ok((v["images"].as_u64().unwrap_or(0), v["bytes"].as_u64().unwrap_or(0)))
 }
 
+/// Bytes of the files under `dir` (what the job keeps in S3).
+pub fn tree_bytes(dir: &Path) -> anyhow::Result<u64> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
+        let e = e?;
+        let t = e.file_type()?;
+        n += if t.is_dir() { tree_bytes(&e.path())? } else { e.metadata()?.len() };
+    }
+    Ok(n)
+}
+
 /// Montage's mosaic workflow, every program with its working directory on
 /// the file system: stage the raw images in, project, fit and remove the
 /// background differences, add into one mosaic. Seconds, stage-in included.
