@@ -71,14 +71,17 @@ pub struct Plan {
     pub creates: meta_bench::BenchMetaArgs,
 }
 
-/// Where the pool's nodes run: co-located on the client (the Montage job's
-/// compute node: no instance-hours), unless `SURGE_BB_PLACEMENT=dedicated`
-/// (a machine of their own, billed as r5.large each: the earlier setting).
+/// Where the pool's nodes run: on a machine of their own (the paper's
+/// topology, billed as r5.large each: every figure crosses a link), unless
+/// `SURGE_BB_PLACEMENT=co-located` (on the client, the Montage job's compute
+/// node: no instance-hours, but surge's writes then reach nodes on the
+/// writer's own machine, which would flatter its throughput against peers
+/// that cross links, so it is not the experiment's default).
 fn placement() -> anyhow::Result<surge_bb::pool::Placement> {
     use surge_bb::pool::Placement;
     match std::env::var("SURGE_BB_PLACEMENT").ok().as_deref() {
-        None | Some("") | Some("co-located") => Ok(Placement::CoLocated),
-        Some("dedicated") => Ok(Placement::Dedicated),
+        Some("co-located") => Ok(Placement::CoLocated),
+        None | Some("") | Some("dedicated") => Ok(Placement::Dedicated),
         Some(v) => anyhow::bail!("SURGE_BB_PLACEMENT={v:?}: expected co-located or dedicated"),
     }
 }

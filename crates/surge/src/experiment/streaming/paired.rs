@@ -171,7 +171,7 @@ pub fn section(s: &mut String, plan: &Plan, samples: &[PairSample], configs: &[S
     let _ = writeln!(s, "\n## Paired rounds: {} against {base}, back to back\n", configs[1..].join(", "));
     let _ = writeln!(
         s,
-        "Each configuration's volume provisioned once ({base}: the copy of the image its last run made) and kept mounted; each pattern in {rounds} rounds of {} s (pgbench {} s), the configurations in an order rotated every round. Files: reads and rewrites over {} MiB files written whole before the rounds, random writes to a new {} MiB file each round, sequential writes to a new file of at most {} MiB each round. The ratio is each round's rate over {base}'s in the same round: median [min, max] over the rounds. CPU: the serving process's µs per I/O (per transaction for pgbench; from its CPU-time clock), pooled over the rounds.\n",
+        "Each configuration's volume provisioned once ({base}: the copy of the image its last run made, that run's workload files removed) and kept mounted; each pattern in {rounds} rounds of {} s (pgbench {} s), the configurations in an order rotated every round. Files: reads and rewrites over {} MiB files written whole before the rounds, random writes to a new {} MiB file each round, sequential writes to a new file of at most {} MiB each round. The ratio is each round's rate over {base}'s in the same round: median [min, max] over the rounds. CPU: the serving process's µs per I/O (per transaction for pgbench; from its CPU-time clock), pooled over the rounds.\n",
         plan.paired_secs,
         plan.paired_pg_secs,
         plan.fio_read_bytes >> 20,
