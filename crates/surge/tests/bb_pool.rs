@@ -9,7 +9,7 @@ use bb_support::*;
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use surge_bb::meta::{ChunkEntry, MetaStore};
@@ -374,17 +374,25 @@ fn a_drain_target_that_dies_after_taking_chunks_loses_nothing() {
 }
 
 /// Accepts connections at `addr` and never answers (a hung host, as the
-/// network sees it), for the rest of the test.
-fn black_hole(addr: &str) -> String {
+/// network sees it), for the rest of the test; counts who connects.
+struct BlackHole {
+    addr: String,
+    connects: Arc<AtomicUsize>,
+}
+
+fn black_hole(addr: &str) -> BlackHole {
     let hole = std::net::TcpListener::bind(addr).unwrap();
     let addr = hole.local_addr().unwrap().to_string();
+    let connects = Arc::new(AtomicUsize::new(0));
+    let counted = connects.clone();
     std::thread::spawn(move || {
         let mut held = Vec::new();
         for c in hole.incoming() {
+            counted.fetch_add(1, Ordering::SeqCst);
             held.push(c);
         }
     });
-    addr
+    BlackHole { addr, connects }
 }
 
 /// A drain target that hangs (registered live in membership, as a node does
@@ -402,7 +410,8 @@ fn a_hung_drain_target_does_not_stall_the_drain() {
     let m = bb.mount("m", &[]);
     let acked = write_acked(&m, 12, 900_000);
     let victim = most_dirty(&bb, &nodes);
-    let hung = black_hole("127.0.0.1:0");
+    let hole = black_hole("127.0.0.1:0");
+    let hung = hole.addr.clone();
     let meta = surge_bb::meta::redis::RedisMeta::connect(&bb.redis.url(), "default").unwrap();
     meta.register_node(&surge_bb::meta::NodeInfo::new(&hung, 256 << 20), HUNG_LEASE.as_millis() as u64).unwrap();
     let start = Instant::now();
@@ -412,8 +421,12 @@ fn a_hung_drain_target_does_not_stall_the_drain() {
     assert!(st.success(), "surge bb drain failed\n{}", bb.logs());
     let logs = bb.logs();
     assert!(logs.contains(&format!("to {hung}: I/O node {hung} did not answer")), "the drain must have tried the hung node:\n{logs}");
-    // One 10 s timeout on the hung node, plus the 1 s pause and the copying.
-    assert!(took < Duration::from_secs(22), "the drain took {took:?}: it waited on the hung node for more than one chunk\n{logs}");
+    // One connection (one 10 s timeout) per drain pass that still had
+    // chunks to hand over, not one per chunk (there are about 40): counted,
+    // not timed, so a loaded machine does not fail it.
+    let tried = hole.connects.load(Ordering::SeqCst);
+    eprintln!("the drain took {took:?} and connected {tried} times to the hung node");
+    assert!(tried <= 3, "the drain connected {tried} times to the hung node: it waited on it for more than one chunk per pass\n{logs}");
     assert!(logs.contains("handed to"), "the drain must have handed chunks over, not waited for write-back");
     // The hung node's registration lapses; publishing waits a write-back
     // delay after each requeue: allow several.
@@ -425,8 +438,9 @@ fn a_hung_drain_target_does_not_stall_the_drain() {
 
 /// After a drain, no chunk names the drained node as a holder, and reads
 /// never wait for it: a listener that accepts and never answers is put at
-/// its address, and a new mount still reads every file at once (before, each
-/// persisted chunk tried the drained node first and waited 10 s for it).
+/// its address, and a new mount reads every file without once connecting to
+/// it (before, each persisted chunk tried the drained node first and waited
+/// 10 s for it). Counted, not timed: a loaded machine made an 8 s bound fail.
 #[test]
 fn a_drained_node_is_gone_from_holder_lists_and_reads_do_not_wait_for_it() {
     let bb = Bb::new("drain-holders", "256KiB");
@@ -451,10 +465,12 @@ fn a_drained_node_is_gone_from_holder_lists_and_reads_do_not_wait_for_it() {
     let vi = nodes.iter().position(|n| n.addr == victim).unwrap();
     assert!(nodes[vi].wait_exit(Duration::from_secs(10)).is_some_and(|s| s.success()), "the drained node must exit 0");
     assert_eq!(holders(&victim), 0, "chunks still name the drained node {victim} as a holder");
-    black_hole(&victim);
+    let hole = black_hole(&victim);
     let start = Instant::now();
     assert_reads_back(&bb, "m2", &acked);
-    assert!(start.elapsed() < Duration::from_secs(8), "reading back took {:?}", start.elapsed());
+    eprintln!("read back through a new mount in {:?}", start.elapsed());
+    let tried = hole.connects.load(Ordering::SeqCst);
+    assert_eq!(tried, 0, "reads connected {tried} times to the drained node's address\n{}", bb.logs());
 }
 
 /// Every chunk of `files` with its current entry, as metadata has it.
