@@ -32,7 +32,7 @@ pub mod conformance;
 #[cfg(test)]
 mod faultcheck;
 
-pub use clock::{Clock, ClockThread, SystemClock, VirtualClock};
+pub use clock::{spawn_registered, Clock, ClockThread, SystemClock, VirtualClock};
 pub use simclock::{Hold, SimClock};
 pub use counted::{Counted, IoStats};
 pub use dev::{check_range, BlockDev, Caps, Extent, ExtentKind, FileSpan, SpanObserver, ZeroMode};

@@ -25,22 +25,4 @@ pub trait Controllable: Send + Sync {
     }
 }
 
-/// Spawn a thread registered on `clock` before this returns, so that a
-/// discrete-event clock (`SimClock`) cannot move time on before it starts,
-/// nor while it works between its sleeps (a no-op for the system clock).
-pub(crate) fn spawn_registered(name: String, clock: std::sync::Arc<dyn surge_block::Clock>, f: impl FnOnce() + Send + 'static) -> std::io::Result<std::thread::JoinHandle<()>> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    // The caller waits spinning, not blocked in the kernel: a discrete-event
-    // clock would take a blocked caller as waiting for time and move it on.
-    let started = std::sync::Arc::new(AtomicBool::new(false));
-    let s = started.clone();
-    let t = std::thread::Builder::new().name(name).spawn(move || {
-        let _t = surge_block::ClockThread::enter(clock);
-        s.store(true, Ordering::Release);
-        f()
-    })?;
-    while !started.load(Ordering::Acquire) {
-        std::thread::yield_now();
-    }
-    Ok(t)
-}
+pub(crate) use surge_block::spawn_registered;

@@ -607,6 +607,61 @@ fn a_replay_lands_overlapping_writes_in_acknowledgement_order() {
     }
 }
 
+/// The server restarts again while the client reconnects (CI caught this in
+/// the remote stress test as a stale read): a connection made after the
+/// replay went over the first one reaches a server that lost the replayed
+/// write, and it stays up. So every connection is made before the replay: a
+/// restart then cuts the one the replay uses, and the client replays again.
+/// Two moments for the second restart: when a connection is accepted while
+/// the server's cache holds the replayed write (after the replay), and on
+/// the second connection accepted.
+#[test]
+fn a_restart_while_the_client_reconnects_loses_no_replayed_write() {
+    for second_restart in ["after the replay", "on the second connection"] {
+        let disk = Arc::new(VolatileDisk::memory(1 << 20));
+        let srv = Arc::new(InProcess::start(disk.clone()));
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = Proxy::start(dir.path().join("proxy.sock"), srv.sock.clone());
+        let dev = RemoteDev::open(&uri_for(&proxy.path, "disk"), RemoteOptions { connections: 2, ..opts() }).unwrap();
+        dev.write_at(&[1; 4096], 0, false).unwrap();
+        dev.flush().unwrap();
+        dev.write_at(&[2; 4096], 0, false).unwrap();
+        let server_idle = |srv: &InProcess| {
+            while srv.server.as_ref().unwrap().stats().exports.iter().any(|e| e.active_connections > 0) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        };
+        proxy.down();
+        server_idle(&srv);
+        assert_eq!(disk.lose(), 1, "the restart lost the unflushed write");
+        let (accepted, fired) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+        let (a, f, d, s) = (accepted.clone(), fired.clone(), disk.clone(), srv.clone());
+        *proxy.before_forward.lock() = Some(Box::new(move |cut: &dyn Fn()| {
+            let n = a.fetch_add(1, Ordering::SeqCst) + 1;
+            let now = match second_restart {
+                "after the replay" => d.waiting() > 0,
+                _ => n == 2,
+            };
+            if now && !f.swap(true, Ordering::SeqCst) {
+                cut();
+                server_idle(&s);
+                d.lose();
+            }
+        }));
+        proxy.resume();
+        let mut got = vec![0u8; 4096];
+        for _ in 0..4 {
+            dev.read_at(&mut got, 0).unwrap();
+            assert!(got.iter().all(|&b| b == 2), "second restart {second_restart}: read version {}, the replayed write was lost", got[0]);
+        }
+        assert!(accepted.load(Ordering::SeqCst) >= 2, "both connections were made again (accepted: {})", accepted.load(Ordering::SeqCst));
+        dev.flush().unwrap();
+        let mut durable = vec![0u8; 4096];
+        disk.disk.read_at(&mut durable, 0).unwrap();
+        assert!(durable.iter().all(|&b| b == 2), "second restart {second_restart}: flushed, but the disk holds version {}", durable[0]);
+    }
+}
+
 /// The server fails a FLUSH and drops what it held (a writeback error). The
 /// writes it covered are still in the replay log: the next FLUSH must send
 /// them again before it is acknowledged, so they reach the disk.

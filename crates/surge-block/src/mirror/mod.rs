@@ -34,7 +34,7 @@
 
 pub mod meta;
 
-use crate::clock::{Clock, ClockThread};
+use crate::clock::{spawn_registered, Clock};
 use crate::dev::{check_range, BlockDev, Caps, Extent, ExtentKind, ZeroMode};
 use crate::error::{BlockError, Result};
 use crate::ledger::FlushLedger;
@@ -845,34 +845,31 @@ impl Drop for Rebuilder {
 
 /// Run `mirror`'s rebuild to completion on a thread, paced to its rate limit
 /// on `clock` (sleeps are cut into pieces of at most `poll` so a stop is
-/// noticed). The thread registers with the clock.
+/// noticed). The thread is registered with the clock before this returns.
 pub fn spawn_rebuild(mirror: Arc<Mirror>, clock: Arc<dyn Clock>, name: String, poll: Duration) -> Rebuilder {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
-    let handle = std::thread::Builder::new()
-        .name(name)
-        .spawn(move || {
-            let _t = ClockThread::enter(clock.clone());
-            let mut next = clock.now();
-            while !s.load(SeqCst) {
-                let started = clock.now();
-                match mirror.rebuild_step()? {
-                    Step::Done => return Ok(()),
-                    Step::Copied { bytes } => {
-                        let Some(rate) = mirror.rate_limit() else { continue };
-                        if bytes == 0 {
-                            continue;
-                        }
-                        next = next.max(started) + Duration::from_secs_f64(bytes as f64 / rate as f64);
-                        while clock.now() < next && !s.load(SeqCst) {
-                            clock.sleep_until(next.min(clock.now() + poll));
-                        }
+    let handle = spawn_registered(name, clock.clone(), move || {
+        let mut next = clock.now();
+        while !s.load(SeqCst) {
+            let started = clock.now();
+            match mirror.rebuild_step()? {
+                Step::Done => return Ok(()),
+                Step::Copied { bytes } => {
+                    let Some(rate) = mirror.rate_limit() else { continue };
+                    if bytes == 0 {
+                        continue;
+                    }
+                    next = next.max(started) + Duration::from_secs_f64(bytes as f64 / rate as f64);
+                    while clock.now() < next && !s.load(SeqCst) {
+                        clock.sleep_until(next.min(clock.now() + poll));
                     }
                 }
             }
-            Ok(())
-        })
-        .expect("spawn rebuild thread");
+        }
+        Ok(())
+    })
+    .expect("spawn rebuild thread");
     Rebuilder { stop, handle: Some(handle) }
 }
 

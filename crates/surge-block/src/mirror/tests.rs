@@ -212,6 +212,26 @@ impl Rebuilder {
 }
 
 #[test]
+fn the_rebuild_thread_is_on_a_discrete_event_clock_before_spawn_returns() {
+    // Registered only once it ran, the thread would let a SimClock take the
+    // caller's next sleep as the whole system waiting, and move time past
+    // the rebuild's pacing before it started.
+    let (size, region) = (4 << 20, 1 << 20);
+    let l = legs(size, region);
+    let clock = crate::SimClock::new();
+    let m = Arc::new(Mirror::create(l.source.clone(), l.target.clone(), l.meta.clone(), cfg(region), TAG, clock.clone()).unwrap());
+    m.set_rate_limit(Some(1 << 20));
+    let hold = clock.hold();
+    let r = spawn_rebuild(m.clone(), clock.clone(), "t".into(), Duration::from_millis(100));
+    assert_eq!(clock.registered(), 1, "the rebuild thread, registered as spawn_rebuild returned");
+    drop(hold);
+    r.stop_when_done();
+    assert!(m.is_complete());
+    assert_eq!(clock.now(), Duration::from_secs(4), "4 MiB at 1 MiB/s, on virtual time");
+    assert_eq!(clock.registered(), 0);
+}
+
+#[test]
 fn writes_reach_the_target_only_in_copied_regions() {
     let l = legs(8 * 4096, 4096);
     let m = create(&l, 4096);

@@ -23,7 +23,9 @@
 //!   the writer is not held up by the server's sync; past twice the limit
 //!   writers wait for one) and sent again on the new connection before any other request (pipelined: the log keeps
 //!   only the newest change of each byte, so its entries are disjoint and a
-//!   server may run them in any order). A FLUSH the
+//!   server may run them in any order). Every new connection is made before
+//!   that replay starts: a server that restarts after it cuts them all, so
+//!   none is left up on a server that lost what the replay sent. A FLUSH the
 //!   server fails may have lost what it covered (a writeback error), so the
 //!   log is sent again before the next FLUSH. FUA writes are logged too,
 //!   though durable: they cut what they overwrite out of older entries.
@@ -314,10 +316,13 @@ impl RemoteDev {
             let result = connect(&self.uri, self.tls.as_ref())
                 .map_err(|e| e.to_string())
                 .and_then(|c| self.check_same_export(&c).map(|_| c))
-                .and_then(|c| self.replay_on(&c).map(|_| c));
+                .and_then(|first| {
+                    let spares = self.spare_connections();
+                    self.replay_on(&first).map(|_| (first, spares))
+                });
             match result {
-                Ok(first) => {
-                    self.install(first);
+                Ok((first, spares)) => {
+                    self.install(first, spares);
                     *self.gone.lock() = None;
                     self.counters.reconnects.fetch_add(1, Relaxed);
                     tracing::info!(uri = %self.text, attempts, "reconnected");
@@ -403,19 +408,29 @@ impl RemoteDev {
         })
     }
 
-    /// Put `first` into a broken slot, and fresh connections into the others
-    /// (best effort: a slot that fails stays broken until needed).
-    fn install(&self, first: Arc<Conn>) {
-        let mut first = Some(first);
+    /// Connections for the broken slots but one (best effort: a slot that
+    /// fails stays broken until needed). They are made before the replay, not
+    /// after: one made after it could reach a server that restarted since and
+    /// lost what the replay sent, and nothing would send it again while that
+    /// connection stayed up (the restart cut the others, so their requests
+    /// fail; this one's would read stale data).
+    fn spare_connections(&self) -> Vec<Arc<Conn>> {
+        let broken = self.slots.iter().filter(|s| s.lock().conn.as_ref().is_none_or(|c| c.is_broken())).count();
+        (1..broken).filter_map(|_| connect(&self.uri, self.tls.as_ref()).ok().filter(|c| c.info.size == self.size)).collect()
+    }
+
+    /// Put `first`, then the spares, into the broken slots.
+    fn install(&self, first: Arc<Conn>, spares: Vec<Arc<Conn>>) {
+        let mut fresh = std::iter::once(first).chain(spares);
         for slot in &self.slots {
             let mut s = slot.lock();
             if s.conn.as_ref().is_some_and(|c| !c.is_broken()) {
                 continue;
             }
-            s.conn = match first.take() {
-                Some(c) => Some(c),
-                None => connect(&self.uri, self.tls.as_ref()).ok().filter(|c| c.info.size == self.size),
-            };
+            match fresh.next() {
+                Some(c) => s.conn = Some(c),
+                None => break,
+            }
         }
     }
 

@@ -55,11 +55,16 @@ pub struct Proxy {
     pub up: Arc<AtomicBool>,
     /// Bumped by `resume`: an older acceptor registers nothing.
     pub generation: Arc<std::sync::atomic::AtomicU64>,
+    /// Run before each accepted connection is forwarded, with a function that
+    /// cuts every connection forwarded so far (a restart at that moment).
+    pub before_forward: Arc<Mutex<Option<AcceptHook>>>,
 }
+
+pub type AcceptHook = Box<dyn FnMut(&dyn Fn()) + Send>;
 
 impl Proxy {
     pub fn start(path: PathBuf, target: PathBuf) -> Proxy {
-        let p = Proxy { path, target, conns: Arc::default(), up: Arc::new(AtomicBool::new(false)), generation: Arc::default() };
+        let p = Proxy { path, target, conns: Arc::default(), up: Arc::new(AtomicBool::new(false)), generation: Arc::default(), before_forward: Arc::default() };
         p.resume();
         p
     }
@@ -72,10 +77,13 @@ impl Proxy {
             self.up.store(true, Ordering::SeqCst);
             self.generation.fetch_add(1, Ordering::SeqCst) + 1
         };
-        let (target, conns, up, generation) = (self.target.clone(), self.conns.clone(), self.up.clone(), self.generation.clone());
+        let (target, conns, up, generation, hook) = (self.target.clone(), self.conns.clone(), self.up.clone(), self.generation.clone(), self.before_forward.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
+                if let Some(h) = hook.lock().as_mut() {
+                    h(&|| cut_all(&conns));
+                }
                 let Ok(server) = UnixStream::connect(&target) else { continue };
                 // Registered under the lock `down` takes, or refused: a
                 // connection must never outlive a "restart" uncut.
@@ -96,9 +104,7 @@ impl Proxy {
     }
 
     pub fn cut(&self) {
-        for s in self.conns.lock().drain(..) {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
+        cut_all(&self.conns);
     }
 
     pub fn down(&self) {
@@ -110,6 +116,12 @@ impl Proxy {
     }
 }
 
+
+fn cut_all(conns: &Mutex<Vec<UnixStream>>) {
+    for s in conns.lock().drain(..) {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+}
 
 /// A disk behind a volatile write cache that a server restart empties:
 /// writes wait in memory until FLUSH (or FUA); `lose()` drops them, as a
@@ -126,6 +138,11 @@ impl VolatileDisk {
 
     pub fn memory(size: u64) -> Self {
         Self::new(Arc::new(surge_block::MemoryDev::new(size)))
+    }
+
+    /// Writes waiting in the cache.
+    pub fn waiting(&self) -> usize {
+        self.pending.lock().len()
     }
 
     pub fn lose(&self) -> usize {
