@@ -77,6 +77,6 @@ pub use access::{AllowList, AllowRule, Peer};
 pub use fuzz::{fuzz_handshake, fuzz_requests};
 pub use io::{bind_unix, Socket};
 pub use remote::{NbdUri, RemoteDev, RemoteError, RemoteOptions, RemoteStats};
-pub use server::{Export, ExportStats, PeerRoute, Listen, Result, Server, ServerConfig, ServerError, ServerStats, UNIX_SOCKET_MODE};
+pub use server::{Export, ExportStats, PeerRoute, Listen, Result, Server, ServerConfig, ServerError, ServerStats, GRACE_OVER, UNIX_SOCKET_MODE};
 pub use tls::TlsMode;
 pub use transmission::{HARD_MAX_PAYLOAD, MAX_BLOCK};

@@ -390,6 +390,8 @@ pub const UNIX_SOCKET_MODE: u32 = 0o660;
 const ACCEPT_POLL_MS: i32 = 100;
 /// Default [`ServerConfig::shutdown_grace`].
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Logged when clients are still connected as the grace period ends.
+pub const GRACE_OVER: &str = "shutdown: clients still connected at the end of the grace period; no more requests are read from them";
 /// At shutdown, how long in-flight requests get to be answered once reading stopped.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
@@ -511,6 +513,10 @@ impl Server {
         }
         let start = std::time::Instant::now();
         self.wait_for_connections(start + self.shared.shutdown_grace);
+        let left = self.shared.live.lock().len();
+        if left > 0 {
+            warn!(connections = left, grace_ms = self.shared.shutdown_grace.as_millis() as u64, "{GRACE_OVER}");
+        }
         // Half-close: readers see EOF, answer what they read, and exit.
         self.shutdown_sockets(Shutdown::Read);
         self.wait_for_connections(std::time::Instant::now() + SHUTDOWN_DRAIN);

@@ -271,5 +271,9 @@ print("disconnected", flush=True)
     assert!(all.contains("disconnected"), "{all}");
     let st = s.wait(Duration::from_secs(10));
     assert!(st.success(), "exit status {st}:\n{}", s.logs());
-    assert!(t0.elapsed() < Duration::from_millis(1500), "serve waited {:?} after the client left", t0.elapsed());
+    // Not a time bound (a loaded machine can take longer than the 2 s grace
+    // to run the client): the server says when it waited the grace out.
+    let logs = s.logs();
+    assert!(logs.contains("shutting down"), "serve's log is read:\n{logs}");
+    assert!(!logs.contains(surge_nbd::GRACE_OVER), "serve waited out the grace period after the client left ({:?}):\n{logs}", t0.elapsed());
 }

@@ -218,6 +218,8 @@ fn the_rebuild_thread_is_on_a_discrete_event_clock_before_spawn_returns() {
     // the rebuild's pacing before it started.
     let (size, region) = (4 << 20, 1 << 20);
     let l = legs(size, region);
+    // Data in every region (a rebuild skips the source's holes).
+    l.source.write_at(&pattern(1, 0, size), 0, false).unwrap();
     let clock = crate::SimClock::new();
     let m = Arc::new(Mirror::create(l.source.clone(), l.target.clone(), l.meta.clone(), cfg(region), TAG, clock.clone()).unwrap());
     m.set_rate_limit(Some(1 << 20));
