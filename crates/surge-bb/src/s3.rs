@@ -5,13 +5,16 @@
 //! Layout in the bucket (see docs/burst-buffer.md):
 //! - `.surge/chunks/{ino}/{idx}/{ver}`: one immutable chunk version
 //! - `.surge/manifests/{ino}/{gen}.json`: one immutable file version, written
-//!   after all its chunks
+//!   after all its chunks, for a file whose manifest does not ride on its
+//!   export object (sparse files, which get none, and files of many chunks)
 //! - `.surge/layout.json`: written before the first manifest of a bucket that
 //!   had none: its export keys are UTF-8 paths ([`keys`]); its absence where
 //!   manifests exist means an older surge wrote them percent-encoded
 //! - `{path}`: the file's content as an ordinary object (the export view), for
 //!   other S3 tools, keyed by its UTF-8 path ([`keys`]); surge itself reads it
-//!   only when importing
+//!   only when importing. Its user metadata `surge-manifest` (the header
+//!   `x-amz-meta-surge-manifest`) is the manifest of that version when it fits
+//!   ([`EMBEDDED_MANIFEST_MAX`]): one PUT for both
 //! - `{path}/`: an empty marker object per directory (as s3fs and the AWS
 //!   console write them), so empty directories exist for other tools and imports
 
@@ -19,7 +22,7 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
-use object_store::{ClientOptions, ObjectStore, PutPayload, RetryConfig, WriteMultipart};
+use object_store::{Attribute, Attributes, ClientOptions, ObjectStore, PutMultipartOpts, PutOptions, PutPayload, RetryConfig, WriteMultipart};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -30,6 +33,12 @@ pub use keys::{dir_marker_key, export_key};
 
 pub const INTERNAL_PREFIX: &str = ".surge";
 pub const LAYOUT_KEY: &str = ".surge/layout.json";
+/// The user-metadata name of the manifest an export object carries.
+pub const MANIFEST_METADATA: &str = "surge-manifest";
+/// S3 keeps at most 2 KB of user metadata per object (names and values): a
+/// manifest up to this size rides on the export object, a longer one is an
+/// object of its own.
+pub const EMBEDDED_MANIFEST_MAX: usize = 1536;
 
 pub(crate) static RT: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
     tokio::runtime::Builder::new_multi_thread()
@@ -187,9 +196,29 @@ impl S3 {
     }
 
     pub fn put(&self, key: &str, data: Bytes) -> Result<(), S3Error> {
+        self.put_with(key, data, Attributes::new())
+    }
+
+    fn put_with(&self, key: &str, data: Bytes, attributes: Attributes) -> Result<(), S3Error> {
         self.counts.put(data.len());
-        RT.block_on(self.store.put(&obj_path(key), PutPayload::from_bytes(data))).map_err(|e| Self::err("PUT", key, e))?;
+        let opts = PutOptions { attributes, ..Default::default() };
+        RT.block_on(self.store.put_opts(&obj_path(key), PutPayload::from_bytes(data), opts)).map_err(|e| Self::err("PUT", key, e))?;
         Ok(())
+    }
+
+    /// The user metadata `name` of object `key` (a HEAD); `Ok(None)` when the
+    /// object or the metadata does not exist.
+    pub fn metadata(&self, key: &str, name: &str) -> Result<Option<String>, S3Error> {
+        let opts = object_store::GetOptions { head: true, ..Default::default() };
+        let r = RT.block_on(async {
+            match self.store.get_opts(&obj_path(key), opts).await {
+                Ok(g) => Ok(g.attributes.get(&Attribute::Metadata(name.to_string().into())).map(|v| v.as_ref().to_string())),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        self.counts.get(0);
+        r.map_err(|e| Self::err("HEAD", key, e))
     }
 
     /// `Ok(None)` when the object does not exist.
@@ -272,21 +301,26 @@ impl S3 {
     }
 
     /// Writes one object from a sequence of pieces produced on demand (a
-    /// multipart upload for big objects), so a large file never sits in memory whole.
+    /// multipart upload for big objects), so a large file never sits in memory
+    /// whole; `metadata` is its user metadata (name, value: visible ASCII).
     pub fn put_streamed(
         &self,
         key: &str,
+        metadata: &[(&str, &str)],
         mut next: impl FnMut() -> Result<Option<Bytes>, S3Error>,
     ) -> Result<(), S3Error> {
         let path = obj_path(key);
+        let attributes: Attributes =
+            metadata.iter().map(|(k, v)| (Attribute::Metadata(k.to_string().into()), object_store::AttributeValue::from(v.to_string()))).collect();
         let first = next()?;
-        let Some(first) = first else { return self.put(key, Bytes::new()) };
+        let Some(first) = first else { return self.put_with(key, Bytes::new(), attributes) };
         let second = next()?;
-        let Some(second) = second else { return self.put(key, first) };
+        let Some(second) = second else { return self.put_with(key, first, attributes) };
         // Pieces are produced outside the runtime (producing one may itself do
         // blocking S3 reads); each is handed to the upload inside it.
+        let opts = PutMultipartOpts { attributes, ..Default::default() };
         let mut w = RT
-            .block_on(self.store.put_multipart(&path))
+            .block_on(self.store.put_multipart_opts(&path, opts))
             .map(|u| WriteMultipart::new_with_chunk_size(u, 8 << 20))
             .map_err(|e| Self::err("multipart PUT", key, e))?;
         self.counts.put(0); // initiate; each 8 MiB part and the completion are counted below

@@ -1,13 +1,15 @@
 //! Write-back, run by every I/O node: dirty chunk versions go to S3 oldest
 //! first (each by the first live node holding it), then each changed file's
-//! manifest and export object (and each directory's marker object); dirty chunks that lost a holder are copied to
-//! another node first. Every step is idempotent: S3 keys are never reused, so
+//! export object with its manifest (as the object's user metadata, or an
+//! object of its own when it does not fit or the file has no export object)
+//! and each directory's marker object; dirty chunks that lost a holder are
+//! copied to another node first. Every step is idempotent: S3 keys are never reused, so
 //! a node dying half-way leaves nothing another node cannot redo.
 
 use crate::meta::{self, ChunkEntry, ChunkUpdate, Ino, Kind, MetaError};
 use crate::placement;
 use crate::proto::ChunkId;
-use crate::s3::{chunk_key, dir_marker_key, export_key, manifest_key};
+use crate::s3::{chunk_key, dir_marker_key, export_key, manifest_key, EMBEDDED_MANIFEST_MAX, MANIFEST_METADATA};
 use crate::store::ChunkStore;
 use crate::tier::{DataError, Tier};
 use parking_lot::Mutex;
@@ -58,7 +60,10 @@ impl AsRef<[u8]> for StoredChunk {
 #[derive(serde::Serialize)]
 struct Manifest<'a> {
     ino: Ino,
-    path: &'a str,
+    /// Left out of the manifest an export object carries: its key is the path
+    /// (and S3 metadata is ASCII).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path: Option<&'a str>,
     size: u64,
     gen: u64,
     chunk_size: u64,
@@ -247,8 +252,8 @@ impl Writeback {
         Ok(())
     }
 
-    /// Writes the manifest and the export object of one file once all its
-    /// chunks are in S3; a directory gets its marker object (`dir/`) and,
+    /// Writes the export object of one file and its manifest (on the object
+    /// when it fits: one PUT) once all its chunks are in S3; a directory gets its marker object (`dir/`) and,
     /// after a rename, queues its children (their keys changed too).
     fn publish_one(&self, ino: Ino) -> Result<(), DataError> {
         let meta = &self.tier.meta;
@@ -311,30 +316,37 @@ impl Writeback {
                 None => {}
             }
         }
-        let manifest = Manifest {
+        let mut manifest = Manifest {
             ino,
-            path: &path,
+            path: None,
             size: a.size,
             gen: a.gen,
             chunk_size: cs,
             chunks: map.iter().filter(|(i, _)| **i < n).map(|(i, e)| ManifestChunk { idx: *i, key: chunk_key(ino, *i, e.ver), len: e.len }).collect(),
         };
-        let body = serde_json::to_vec_pretty(&manifest).map_err(|e| MetaError::Corrupt(e.to_string()))?;
         if !self.layout_recorded.load(std::sync::atomic::Ordering::Relaxed) {
             s3.ensure_layout()?;
             self.layout_recorded.store(true, std::sync::atomic::Ordering::Relaxed);
         }
-        s3.put(&manifest_key(ino, a.gen), bytes::Bytes::from(body))?;
         let want = |idx: u64| (a.size - idx * cs).min(cs);
         let data: u64 = map.iter().filter(|(i, _)| **i < n).map(|(i, e)| e.len.min(want(*i))).sum();
         let holes = a.size - data;
-        if holes > self.cfg.export_holes_max.max(data) {
-            // Sparse: no export view (an older, denser one is removed, so
-            // the bucket never shows stale content); the manifest says it all.
+        let sparse = holes > self.cfg.export_holes_max.max(data);
+        let embedded = serde_json::to_string(&manifest).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+        let embed = !sparse && embedded.len() <= EMBEDDED_MANIFEST_MAX;
+        if !embed {
+            manifest.path = Some(&path);
+            let body = serde_json::to_vec_pretty(&manifest).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+            s3.put(&manifest_key(ino, a.gen), bytes::Bytes::from(body))?;
+        }
+        if sparse {
+            // No export view (an older, denser one is removed, so the bucket
+            // never shows stale content); the manifest says it all.
             tracing::info!("{path} (inode {ino}): {holes} bytes of holes, {data} of data: no export object at {xkey}, only its manifest");
             s3.delete(&xkey)?;
         } else {
-            self.put_export(s3, &xkey, ino, n, &map, want)?;
+            let metadata: &[(&str, &str)] = if embed { &[(MANIFEST_METADATA, embedded.as_str())] } else { &[] };
+            self.put_export(s3, &xkey, metadata, ino, n, &map, want)?;
         }
         if meta.mark_published(ino, a.gen, &xkey, a.import.is_some())? {
             tracing::debug!("published {path} (inode {ino}, generation {})", a.gen);
@@ -344,10 +356,12 @@ impl Writeback {
 
     /// Streams the export object of a file: its chunks, and holes as zeros
     /// lent from one shared buffer (no read, no allocation per hole).
+    #[allow(clippy::too_many_arguments)]
     fn put_export(
         &self,
         s3: &crate::s3::S3,
         xkey: &str,
+        metadata: &[(&str, &str)],
         ino: Ino,
         n: u64,
         map: &std::collections::BTreeMap<u64, ChunkEntry>,
@@ -355,7 +369,7 @@ impl Writeback {
     ) -> Result<(), DataError> {
         let zeros = bytes::Bytes::from(vec![0u8; self.tier.params.chunk_size as usize]);
         let mut idx = 0;
-        s3.put_streamed(xkey, || {
+        s3.put_streamed(xkey, metadata, || {
             if idx >= n {
                 return Ok(None);
             }

@@ -662,6 +662,53 @@ fn uploaded(bb: &Bb) -> u64 {
     v["nodes"].as_array().unwrap().iter().map(|n| n["stat"]["s3_bytes_up"].as_u64().unwrap_or(0)).sum()
 }
 
+/// PUT-class requests the live nodes have made so far (`surge bb status --json`).
+fn puts(bb: &Bb) -> u64 {
+    let (ok, out, err) = bb.run(&["status", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["nodes"].as_array().unwrap().iter().map(|n| n["stat"]["s3_puts"].as_u64().unwrap_or(0)).sum()
+}
+
+/// A small file's manifest rides on its export object as user metadata: its
+/// write-back is two PUTs (its chunk, its export object), not three, and the
+/// manifest is there for any S3 client (`x-amz-meta-surge-manifest`). A file
+/// of many chunks, whose manifest would pass S3's 2 KB of user metadata,
+/// keeps a manifest object of its own.
+#[test]
+fn a_small_files_manifest_rides_on_its_export_object() {
+    use surge_bb::s3::MANIFEST_METADATA;
+    let mut bb = Bb::new("manifest", "64KiB");
+    bb.replicas = 1;
+    let _node = bb.node(&[]);
+    let m = bb.mount("m", &[]);
+    fs::write(m.dir.join("first"), b"the layout record comes before this").unwrap();
+    bb.wait_persisted("/", Duration::from_secs(60));
+    let before = puts(&bb);
+    fs::write(m.dir.join("small.txt"), b"one chunk").unwrap();
+    bb.wait_persisted("/", Duration::from_secs(60));
+    assert_eq!(puts(&bb) - before, 2, "a one-chunk file: its chunk and its export object");
+    let s3 = bb.s3();
+    let man = s3.metadata("small.txt", MANIFEST_METADATA).unwrap().expect("the export object carries the manifest");
+    let man: serde_json::Value = serde_json::from_str(&man).unwrap();
+    assert_eq!(man["size"], 9, "{man}");
+    assert!(man.get("path").is_none(), "the key is the path: {man}");
+    let chunks = man["chunks"].as_array().unwrap();
+    assert_eq!(chunks.len(), 1, "{man}");
+    let chunk = s3.get(chunks[0]["key"].as_str().unwrap()).unwrap().expect("the chunk the manifest names");
+    assert_eq!(&chunk[..], b"one chunk");
+
+    let big = pattern(3, 40 << 16); // 40 chunks of 64 KiB
+    fs::write(m.dir.join("big.bin"), &big).unwrap();
+    bb.wait_persisted("/", Duration::from_secs(60));
+    assert!(s3.get("big.bin").unwrap().unwrap() == big);
+    assert_eq!(s3.metadata("big.bin", MANIFEST_METADATA).unwrap(), None, "too big for S3's user metadata");
+    let manifests = s3.list(Some(".surge/manifests")).unwrap();
+    assert_eq!(manifests.len(), 1, "only the big file's manifest is an object: {manifests:?}");
+    let man: serde_json::Value = serde_json::from_slice(&s3.get(&manifests[0].0).unwrap().unwrap()).unwrap();
+    assert_eq!((man["path"].as_str(), man["chunks"].as_array().unwrap().len()), (Some("big.bin"), 40), "{man}");
+}
+
 /// Issue 38 item 7, "skip holes": a file published dense, then `truncate -s
 /// 5T` through the mount and 4 bytes at its end. Write-back persists it (its
 /// chunks and manifest) uploading its last chunk, not 5 TiB of zeros: the file gets
