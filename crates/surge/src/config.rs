@@ -222,6 +222,9 @@ pub struct ExportEntry {
     /// Client addresses that may use the export (as `--allow NAME=...`); absent: everyone.
     #[serde(default)]
     pub allow: Option<Vec<String>>,
+    /// Record every request into this directory (as `--record NAME=DIR`).
+    #[serde(default)]
+    pub record: Option<PathBuf>,
 }
 
 /// One `[[pool]]` table.
@@ -269,6 +272,8 @@ pub struct FileConfig {
     /// Cooperation with other daemons' pools (as `--coop-*`).
     #[serde(default)]
     pub coop: Option<CoopEntry>,
+    /// Disk space a recording keeps at most (as `--record-max-size`).
+    pub record_max_size: Option<String>,
 }
 
 /// The `[coop]` table.
@@ -294,6 +299,11 @@ impl FileConfig {
     /// The exports as specs, with their read-only flags.
     pub fn export_specs(&self) -> Result<Vec<(ExportSpec, bool)>, SpecError> {
         self.exports.iter().map(|e| Ok((entry_spec(&e.name, &e.spec)?, e.read_only))).collect()
+    }
+
+    /// The exports recorded from the start, and where (`record = DIR`).
+    pub fn export_records(&self) -> Vec<(String, PathBuf)> {
+        self.exports.iter().filter_map(|e| Some((e.name.clone(), e.record.clone()?))).collect()
     }
 
     /// The `allow` lists of the exports that have one.

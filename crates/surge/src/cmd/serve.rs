@@ -232,9 +232,10 @@ pub struct Args {
     /// On a running daemon: `surge set NAME record=on|off` (and `record_dir=DIR`).
     #[arg(long = "record", value_name = "NAME=DIR")]
     pub record: Vec<String>,
-    /// Disk space a recording keeps at most (its oldest segments are deleted).
-    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
-    pub record_max_size: String,
+    /// Disk space a recording keeps at most (its oldest segments are deleted);
+    /// default 1GiB.
+    #[arg(long, value_name = "SIZE")]
+    pub record_max_size: Option<String>,
 }
 
 /// Everything `serve` will do, resolved from flags, the config file and defaults.
@@ -345,8 +346,8 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
     }
     let provider = args.provider.or(file.provider).unwrap_or_default();
     let local = LocalCloud { scale: args.local_scale.unwrap_or_default(), modify_rules: args.local_modify_rules.unwrap_or_default(), instance: args.local_instance };
-    let record = record_plan(&args.record, &exports)?;
-    let record_limits = record_limits(&args.record_max_size)?;
+    let record = record_plan(file.export_records(), &args.record, &exports)?;
+    let record_limits = record_limits(args.record_max_size.as_deref().or(file.record_max_size.as_deref()).unwrap_or("1GiB"))?;
     Ok(Plan {
         record,
         record_limits,
@@ -373,16 +374,20 @@ pub fn plan(args: Args) -> anyhow::Result<Plan> {
     })
 }
 
-/// `--record NAME=DIR`: every NAME an export, each recorded once.
-fn record_plan(flags: &[String], exports: &[(ExportSpec, bool)]) -> anyhow::Result<Vec<(String, PathBuf)>> {
-    let mut v: Vec<(String, PathBuf)> = Vec::new();
+/// The config file's `record = DIR` of each export, then `--record NAME=DIR`
+/// (every NAME an export, each flag given once; a flag overrides the file).
+fn record_plan(from_file: Vec<(String, PathBuf)>, flags: &[String], exports: &[(ExportSpec, bool)]) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut v = from_file;
+    let mut flagged: Vec<&str> = Vec::new();
     for f in flags {
         let (name, dir) = f.split_once('=').filter(|(n, d)| !n.is_empty() && !d.is_empty()).ok_or_else(|| anyhow::anyhow!("--record {f}: expected NAME=DIR"))?;
         if !exports.iter().any(|(s, _)| s.name == name) {
             let known: Vec<&str> = exports.iter().map(|(s, _)| s.name.as_str()).collect();
             anyhow::bail!("--record {name}: no such export (exports: {})", known.join(", "));
         }
-        anyhow::ensure!(!v.iter().any(|(n, _)| n == name), "--record {name}: given twice");
+        anyhow::ensure!(!flagged.contains(&name), "--record {name}: given twice");
+        flagged.push(name);
+        v.retain(|(n, _)| n != name);
         v.push((name.to_string(), PathBuf::from(dir)));
     }
     Ok(v)
@@ -1021,6 +1026,27 @@ mod tests {
             let e = plan(args(&a)).unwrap_err().to_string();
             assert!(e.contains(why), "{a:?}: {e}");
         }
+    }
+
+    #[test]
+    fn the_config_file_records_an_export_and_a_flag_overrides_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(
+            &cfg,
+            "record_max_size='8MiB'\n[[export]]\nname='a'\nspec='memory:1M'\nrecord='/t/a'\n[[export]]\nname='b'\nspec='memory:1M'\nrecord='/t/b'\n",
+        )
+        .unwrap();
+        let c = cfg.to_str().unwrap();
+        let p = plan(args(&["--data-dir", "/d", "--config", c])).unwrap();
+        assert_eq!(p.record, vec![("a".to_string(), PathBuf::from("/t/a")), ("b".to_string(), PathBuf::from("/t/b"))]);
+        assert_eq!(p.record_limits.max_bytes, 8 << 20);
+        let p = plan(args(&["--data-dir", "/d", "--config", c, "--record", "b=/u/b", "--record-max-size", "2GiB"])).unwrap();
+        assert_eq!(p.record, vec![("a".to_string(), PathBuf::from("/t/a")), ("b".to_string(), PathBuf::from("/u/b"))]);
+        assert_eq!(p.record_limits.max_bytes, 2 << 30);
+        std::fs::write(&cfg, "[[export]]\nname='a'\nspec='memory:1M'\nrecord=3\n").unwrap();
+        let e = format!("{:#}", plan(args(&["--data-dir", "/d", "--config", c])).unwrap_err());
+        assert!(e.contains("record"), "{e}");
     }
 
     #[test]
