@@ -387,7 +387,10 @@ fn markdown(plan: &Plan, prices: &Prices, by: &BTreeMap<&str, Vec<Sample>>, chec
     if let super::fs::Nodes::Pool { max, node_memory_mib, placement, .. } = plan.nodes {
         let _ = writeln!(s, "\nsurge's pool: {}.", placement_note(placement, max, node_memory_mib));
     }
-    if setup.topology.is_some() {
+    let co_located = matches!(plan.nodes, super::fs::Nodes::Pool { placement: surge_bb::pool::Placement::CoLocated, .. });
+    if co_located {
+        let _ = writeln!(s, "\nsurge's write here crosses no link: the pool's nodes are on the writing client, so its figure is not bounded by the client's link as the dedicated pool's is.");
+    } else if setup.topology.is_some() {
         let link = super::machines::CLUSTER_LINK.rate_mbit as f64 / 8.0;
         let w = med(by, "surge", METRICS[1].2);
         let _ = writeln!(
