@@ -51,6 +51,12 @@ one() { # label binary args round
   echo $(( $(awk '{print $14 + $15}' "/proc/$pid/stat") - before )) >"$work/$label-$round.cpu"
   kill "$pid"; wait "$pid" 2>/dev/null || true
   rm -f "$sock" "$work/$label.ctl"
+  # A recorder that dropped requests would look cheaper than one that kept
+  # them all: say how many each recording kept and dropped.
+  if [ "$label" = B ] && [ "$b_record" = 1 ]; then
+    "$bin" --log error trace show "$work/trace-$round" --json --no-plot >"$work/trace-$round.json"
+    rm -rf "$work/trace-$round"
+  fi
 }
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -73,5 +79,9 @@ for label, desc in (("A", a), ("B", b)):
     runs = [run(label, r) for r in range(1, int(rounds) + 1)]
     print(f"{label} ({desc}): " + ", ".join(f"{i:.0f} IOPS {c:.1f} us/op" for i, c in runs))
     med[label] = (sorted(i for i, _ in runs)[len(runs) // 2], sorted(c for _, c in runs)[len(runs) // 2])
+traces = [f"{work}/trace-{r}.json" for r in range(1, int(rounds) + 1)]
+if all(os.path.exists(t) for t in traces):
+    kept = [json.load(open(t)) for t in traces]
+    print("B's traces: " + ", ".join(f"{k['requests']} requests kept, {k['dropped']} dropped" for k in kept))
 print(f"medians: A {med['A'][0]:.0f} IOPS {med['A'][1]:.1f} us/op, B {med['B'][0]:.0f} IOPS {med['B'][1]:.1f} us/op, B/A IOPS {med['B'][0] / med['A'][0]:.2f}x")
 EOF
