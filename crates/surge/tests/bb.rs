@@ -654,20 +654,22 @@ fn the_internal_prefix_and_huge_sizes_are_refused_through_the_mount() {
     assert!(bb.s3().get(".surge").unwrap().is_none());
 }
 
-/// Bytes the live nodes have uploaded to S3 so far (`surge bb status --json`).
-fn uploaded(bb: &Bb) -> u64 {
+/// A counter of the live nodes' S3 use so far, summed (`surge bb status --json`).
+fn node_s3_total(bb: &Bb, counter: &str) -> u64 {
     let (ok, out, err) = bb.run(&["status", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["nodes"].as_array().unwrap().iter().map(|n| n["stat"]["s3_bytes_up"].as_u64().unwrap_or(0)).sum()
+    v["nodes"].as_array().unwrap().iter().map(|n| n["stat"][counter].as_u64().unwrap_or(0)).sum()
 }
 
-/// PUT-class requests the live nodes have made so far (`surge bb status --json`).
+/// Bytes the live nodes have uploaded to S3 so far.
+fn uploaded(bb: &Bb) -> u64 {
+    node_s3_total(bb, "s3_bytes_up")
+}
+
+/// PUT-class requests the live nodes have made so far.
 fn puts(bb: &Bb) -> u64 {
-    let (ok, out, err) = bb.run(&["status", "--json"]);
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["nodes"].as_array().unwrap().iter().map(|n| n["stat"]["s3_puts"].as_u64().unwrap_or(0)).sum()
+    node_s3_total(bb, "s3_puts")
 }
 
 /// A small file's manifest rides on its export object as user metadata: its
